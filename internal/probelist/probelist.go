@@ -1,0 +1,332 @@
+package probelist
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// Format and Version identify the document; Read rejects any other.
+const (
+	Format  = "edgeprobe-probes"
+	Version = 1
+)
+
+// ErrFormat is wrapped by every error Read returns for a malformed document.
+var ErrFormat = errors.New("invalid probe list")
+
+// Placeholder styles: how an inert site is encoded.
+const (
+	// PlaceholderFlip keeps the instruction's length and operand and changes
+	// only its first opcode byte, so one atomic byte store toggles the site.
+	PlaceholderFlip = "flip"
+	// PlaceholderNop replaces calls with a multi-byte NOP (and jumps with a
+	// return); toggling needs a multi-byte protocol.
+	PlaceholderNop = "nop"
+)
+
+// Kinds of probe.
+const (
+	KindEntry = "entry"
+	KindExit  = "exit"
+)
+
+// Encodings of a hook site, as compiled.
+const (
+	EncCallRel32  = "call_rel32"  // e8 rel32
+	EncJmpRel32   = "jmp_rel32"   // e9 rel32 (tail call)
+	EncCallGOT    = "call_got"    // ff 15 disp32
+	EncJmpGOT     = "jmp_got"     // ff 25 disp32 (tail call)
+	EncAddr32Call = "addr32_call" // 67 e8 rel32 (relaxed -fno-plt call)
+)
+
+// List is one probe list: one ELF object and its hook sites.
+type List struct {
+	Format      string  `json:"format"`
+	Version     int     `json:"version"`
+	Binary      Binary  `json:"binary"`
+	Placeholder string  `json:"placeholder"`
+	Probes      []Probe `json:"probes"`
+}
+
+// Binary identifies the object the probe list describes.
+type Binary struct {
+	Path    string `json:"path"`               // absolute path when the list was made
+	BuildID string `json:"build_id,omitempty"` // hex GNU build-id note; empty when the object has none
+	Size    int64  `json:"size"`               // file size in bytes
+	Type    string `json:"type"`               // "exec" (ET_EXEC) or "dyn" (ET_DYN: PIE or shared library)
+	Soname  string `json:"soname,omitempty"`   // DT_SONAME of a shared library
+}
+
+// Probe is one hook site.
+type Probe struct {
+	ID   int    `json:"id"`   // dense, 0-based, in address order
+	Kind string `json:"kind"` // KindEntry or KindExit
+	// Function is the function the hook reports (its first argument), which
+	// differs from Container where the compiler inlined an instrumented callee;
+	// "sub_<hex address>" when the address has no symbol, and Container when
+	// the argument could not be recovered (then Resolved is false).
+	Function        string `json:"function"`
+	FunctionAddress Hex    `json:"function_address,omitempty"` // ELF virtual address of Function; 0 when unresolved
+	Resolved        bool   `json:"resolved"`
+	Container       string `json:"container"` // symbol (or sub_<hex>) whose code holds the site
+	Hook            string `json:"hook"`      // the hook symbol the active form reaches
+	Address         Hex    `json:"address"`   // ELF virtual address of the site
+	Offset          Hex    `json:"offset"`    // file offset of the site
+	Encoding        string `json:"encoding"`  // one of the Enc* constants
+	Placeholder     string `json:"placeholder"`
+	Active          Bytes  `json:"active"`             // the site's bytes with the hook on
+	Inert           Bytes  `json:"inert"`              // the site's bytes with the hook off
+	Straddle        string `json:"straddle,omitempty"` // "k|n": k bytes before a 64-byte line boundary, n after; empty if none
+	Source          string `json:"source,omitempty"`   // file:line from DWARF
+}
+
+// Hex is an unsigned integer written as a "0x..." JSON string.
+type Hex uint64
+
+func (h Hex) String() string { return "0x" + strconv.FormatUint(uint64(h), 16) }
+
+// MarshalJSON writes h as a hex string.
+func (h Hex) MarshalJSON() ([]byte, error) { return json.Marshal(h.String()) }
+
+// UnmarshalJSON accepts only a "0x"-prefixed hex string.
+func (h *Hex) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a \"0x...\" hex string, got %s", b)
+	}
+	if !strings.HasPrefix(s, "0x") {
+		return fmt.Errorf("want a \"0x...\" hex string, got %q", s)
+	}
+	v, err := strconv.ParseUint(s[2:], 16, 64)
+	if err != nil {
+		return fmt.Errorf("want a \"0x...\" hex string, got %q", s)
+	}
+	*h = Hex(v)
+	return nil
+}
+
+// Bytes is a byte string written as space-free lowercase hex ("e8a1b2c3d4").
+type Bytes []byte
+
+func (b Bytes) String() string { return hex.EncodeToString(b) }
+
+// MarshalJSON writes b as hex.
+func (b Bytes) MarshalJSON() ([]byte, error) { return json.Marshal(b.String()) }
+
+// UnmarshalJSON reads hex.
+func (b *Bytes) UnmarshalJSON(data []byte) error {
+	var s string
+	if err := json.Unmarshal(data, &s); err != nil {
+		return fmt.Errorf("want a hex byte string, got %s", data)
+	}
+	v, err := hex.DecodeString(s)
+	if err != nil {
+		return fmt.Errorf("want a hex byte string, got %q", s)
+	}
+	*b = v
+	return nil
+}
+
+// Straddle returns the "k|n" split of an n-byte instruction at addr across a
+// 64-byte cache line boundary, or "" when it lies within one line. Load biases
+// are page-aligned, so the split at run time equals the split at addr.
+func Straddle(addr uint64, n int) string {
+	const line = 64
+	k := line - int(addr%line)
+	if k >= n {
+		return ""
+	}
+	return fmt.Sprintf("%d|%d", k, n-k)
+}
+
+// DifferingBytes returns how many bytes of Active and Inert differ: 1 for every
+// flip-form site, which hotpatch toggles with one atomic byte store.
+func (p *Probe) DifferingBytes() int {
+	n := 0
+	for i := range p.Active {
+		if p.Active[i] != p.Inert[i] {
+			n++
+		}
+	}
+	return n
+}
+
+// Validate checks the list's internal consistency; errors name the probe.
+func (l *List) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrFormat, fmt.Sprintf(format, args...))
+	}
+	if l.Format != Format {
+		return bad("format is %q, want %q", l.Format, Format)
+	}
+	if l.Version != Version {
+		return bad("version %d is not supported (this build reads version %d)", l.Version, Version)
+	}
+	if l.Binary.Path == "" {
+		return bad("binary.path is empty")
+	}
+	if l.Binary.Size <= 0 {
+		return bad("binary.size %d is not positive", l.Binary.Size)
+	}
+	if l.Binary.Type != "exec" && l.Binary.Type != "dyn" {
+		return bad("binary.type %q is neither \"exec\" nor \"dyn\"", l.Binary.Type)
+	}
+	if l.Binary.BuildID != "" {
+		if _, err := hex.DecodeString(l.Binary.BuildID); err != nil {
+			return bad("binary.build_id %q is not hex", l.Binary.BuildID)
+		}
+	}
+	if l.Placeholder != PlaceholderFlip && l.Placeholder != PlaceholderNop {
+		return bad("placeholder %q is neither %q nor %q", l.Placeholder, PlaceholderFlip, PlaceholderNop)
+	}
+	if l.Probes == nil {
+		return bad("probes is missing")
+	}
+	var prevEnd uint64
+	for i := range l.Probes {
+		p := &l.Probes[i]
+		where := func(format string, args ...any) error {
+			return bad("probes[%d] (id %d at %s): %s", i, p.ID, p.Address, fmt.Sprintf(format, args...))
+		}
+		if p.ID != i {
+			return where("id is %d, want %d (ids are dense and in order)", p.ID, i)
+		}
+		if p.Kind != KindEntry && p.Kind != KindExit {
+			return where("kind %q is neither %q nor %q", p.Kind, KindEntry, KindExit)
+		}
+		if p.Function == "" || p.Container == "" {
+			return where("function and container must be named")
+		}
+		if p.Placeholder != PlaceholderFlip && p.Placeholder != PlaceholderNop {
+			return where("placeholder %q is neither %q nor %q", p.Placeholder, PlaceholderFlip, PlaceholderNop)
+		}
+		want, ok := encodingLength[p.Encoding]
+		if !ok {
+			return where("unknown encoding %q", p.Encoding)
+		}
+		if len(p.Active) != want || len(p.Inert) != want {
+			return where("%s site has %d active and %d inert bytes, want %d", p.Encoding, len(p.Active), len(p.Inert), want)
+		}
+		if p.DifferingBytes() == 0 {
+			return where("active and inert bytes are equal")
+		}
+		if p.Placeholder == PlaceholderFlip && p.DifferingBytes() != 1 {
+			return where("flip placeholder differs from the active form in %d bytes, want 1", p.DifferingBytes())
+		}
+		if uint64(p.Address) < prevEnd {
+			return where("overlaps or precedes the previous probe")
+		}
+		prevEnd = uint64(p.Address) + uint64(want)
+		if uint64(p.Offset)+uint64(want) > uint64(l.Binary.Size) {
+			return where("offset %s lies past the end of the %d-byte binary", p.Offset, l.Binary.Size)
+		}
+		if s := Straddle(uint64(p.Address), want); s != p.Straddle {
+			return where("straddle is %q, want %q", p.Straddle, s)
+		}
+	}
+	return nil
+}
+
+// encodingLength is the length in bytes of each site encoding.
+var encodingLength = map[string]int{
+	EncCallRel32:  5,
+	EncJmpRel32:   5,
+	EncCallGOT:    6,
+	EncJmpGOT:     6,
+	EncAddr32Call: 6,
+}
+
+// EncodingLength returns the byte length of a site encoding, or 0 if unknown.
+func EncodingLength(enc string) int { return encodingLength[enc] }
+
+// Read decodes and validates a probe list. Unknown fields are errors, so a
+// typo or a list from a newer version is refused rather than half-understood.
+func Read(r io.Reader) (*List, error) {
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	var l List
+	if err := dec.Decode(&l); err != nil {
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return nil, fmt.Errorf("%w: JSON syntax error at byte %d: %v", ErrFormat, se.Offset, err)
+		}
+		return nil, fmt.Errorf("%w: %v", ErrFormat, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: trailing data after the JSON document", ErrFormat)
+	}
+	if err := l.Validate(); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
+// ReadFile reads the probe list at path; errors name the file.
+func ReadFile(path string) (*List, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	l, err := Read(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return l, nil
+}
+
+// Write encodes l as indented JSON with a trailing newline.
+func (l *List) Write(w io.Writer) error {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(l); err != nil {
+		return err
+	}
+	_, err := w.Write(buf.Bytes())
+	return err
+}
+
+// WriteFile writes l to path through a temporary file and a rename, so a
+// reader never sees half a list.
+func (l *List) WriteFile(path string) error {
+	var buf bytes.Buffer
+	if err := l.Write(&buf); err != nil {
+		return err
+	}
+	return WriteFileAtomic(path, buf.Bytes(), 0o644)
+}
+
+// WriteFileAtomic writes data to path via a temporary file in the same
+// directory, fsync and rename: readers see the old file or the new one.
+func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // no-op after a successful rename
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
