@@ -1,0 +1,48 @@
+# edgeprobe: `make demo` runs the main job end to end, `make test` runs every test.
+GO      ?= go
+CC      ?= gcc
+GOFLAGS ?=
+RUNTIME_CFLAGS = -O2 -g -fPIC -shared -fno-plt -pthread -ftls-model=initial-exec \
+                 -fvisibility=hidden -Wall -Wextra -Werror
+RUNTIME_SRC    = $(wildcard runtime/*.c runtime/*.h runtime/*.S)
+
+.PHONY: all build test test-short vet fuzz demo bench bench-quick clean FORCE
+
+all: build
+
+build: bin/coldpatch bin/hotpatch bin/libedgeprobe.so
+
+# Go's own cache decides what to rebuild; FORCE makes make always ask it.
+bin/coldpatch bin/hotpatch: FORCE
+	$(GO) build $(GOFLAGS) -o $@ ./cmd/$(notdir $@)
+
+bin/libedgeprobe.so: $(RUNTIME_SRC)
+	@mkdir -p bin
+	$(CC) $(RUNTIME_CFLAGS) $(filter %.c %.S,$^) -o $@
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
+
+# Every test. The ptrace and /proc/PID/mem tests skip with a reason unless run as root.
+test: build vet
+	$(GO) test $(GOFLAGS) -count=1 -timeout 30m ./...
+
+test-short: build
+	$(GO) test $(GOFLAGS) -short ./...
+
+# Each fuzz target for a while (the seed corpora also run in `make test`).
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzRead$$' -fuzztime $(FUZZTIME) ./internal/probelist
+	$(GO) test -run '^$$' -fuzz '^FuzzScan$$' -fuzztime $(FUZZTIME) ./internal/elfscan
+	$(GO) test -run '^$$' -fuzz '^FuzzEhFrame$$' -fuzztime $(FUZZTIME) ./internal/elfscan
+
+demo: build
+	./scripts/demo.sh
+
+bench: build
+	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./... 
+
+clean:
+	rm -rf bin out

@@ -1,0 +1,222 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
+	"github.com/edgeprobe/edgeprobe/internal/probelist"
+)
+
+// HotpatchMain runs the hotpatch command and returns its exit code.
+func HotpatchMain(args []string, stdout, stderr io.Writer) int {
+	return run(newHotpatchCmd(stdout, stderr), args, stderr)
+}
+
+// actionFlag appends to a shared list, so --enable and --disable keep the
+// order they were given in: later ones win for a probe both select.
+type actionFlag struct {
+	enable bool
+	list   *[]string
+}
+
+func (a actionFlag) String() string { return "" }
+func (a actionFlag) Type() string   { return "SEL" }
+func (a actionFlag) Set(v string) error {
+	verb := "-"
+	if a.enable {
+		verb = "+"
+	}
+	*a.list = append(*a.list, verb+v)
+	return nil
+}
+
+type targetFlags struct {
+	pid    int
+	probes []string
+	json   bool
+}
+
+func (f *targetFlags) register(cmd *cobra.Command) {
+	cmd.Flags().IntVarP(&f.pid, "pid", "p", 0, "the target process")
+	cmd.Flags().StringArrayVar(&f.probes, "probes", nil, "probe list `FILE` from coldpatch (repeatable, one per object); default: scan the process's objects")
+	cmd.Flags().BoolVar(&f.json, "json", false, "print the result as JSON on stdout")
+	_ = cmd.RegisterFlagCompletionFunc("pid", cobra.NoFileCompletions)
+}
+
+func (f *targetFlags) check() error {
+	if f.pid <= 0 {
+		return usagef("--pid is required (a positive process id)")
+	}
+	return nil
+}
+
+func newHotpatchCmd(stdout, stderr io.Writer) *cobra.Command {
+	var (
+		tf             targetFlags
+		actions        []string
+		kind, protocol string
+		waitLock       bool
+		verbose        bool
+		int3Wait       time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "hotpatch --pid N (--enable SEL | --disable SEL)... [flags]",
+		Short: "Turn probes on and off in a running process without stopping it",
+		Long: `hotpatch enables and disables -finstrument-functions probes in a running, multi-threaded
+process by cross-modifying its code through /proc/PID/mem while every thread keeps running.
+
+SEL is a function name, a glob ('http_*', '*') or id:N. A name selects every copy of the
+function, including its hook calls inlined into other functions. --enable and --disable
+may be repeated and mixed; a later one wins for a probe both select.
+
+Without --probes, hotpatch scans every instrumented object the process maps (the
+executable and its shared libraries), so any -finstrument-functions binary works, cold or
+not. With --probes it uses coldpatch's lists and checks each against the mapped object.
+Every site's live bytes are verified before anything is written; a site holding anything
+but its active or inert form refuses the whole request.
+
+Protocols: flip (one atomic byte store, no stop; the default wherever a site allows it),
+int3 and int3-async (multi-byte sites: int3 first, threads that hit it are held by
+hotpatch as tracer), stop (stop the world; the iProbe/Dyninst baseline). See
+docs/protocols.md.
+
+Exit status: 0 every selected site ended in the asked state; 1 failure (no such process,
+permission, stale probe list, interrupted); 2 usage; 3 a selector matched no probe.`,
+		Example: `  hotpatch --pid 4242 --enable handle_request
+  hotpatch --pid 4242 --probes probes.json --enable 'http_*' --kind entry
+  hotpatch --pid 4242 --disable '*' --json
+  hotpatch list --pid 4242`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := tf.check(); err != nil {
+				return err
+			}
+			if len(actions) == 0 {
+				return usagef("nothing to do: give --enable SEL or --disable SEL (or a subcommand; see --help)")
+			}
+			switch protocol {
+			case hotpatch.ProtoAuto, hotpatch.ProtoFlip, hotpatch.ProtoInt3, hotpatch.ProtoInt3Async, hotpatch.ProtoStop:
+			default:
+				return usagef("--protocol must be auto, flip, int3, int3-async or stop, not %q", protocol)
+			}
+			req := hotpatch.Request{PID: tf.pid, ProbeFiles: tf.probes, Protocol: protocol, Int3Wait: int3Wait, WaitLock: waitLock}
+			for _, a := range actions {
+				sel, err := probelist.ParseSelector(a[1:], kind)
+				if err != nil {
+					return usageError{err}
+				}
+				req.Actions = append(req.Actions, hotpatch.Action{Enable: a[0] == '+', Selector: sel})
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			res, err := hotpatch.Apply(ctx, req)
+			if res != nil {
+				if tf.json {
+					if werr := writeJSON(stdout, res); werr != nil && err == nil {
+						err = werr
+					}
+				} else if verbose || !res.OK {
+					printSites(stderr, res)
+				}
+			}
+			if err != nil {
+				return classify(err)
+			}
+			if !res.OK {
+				return errors.New("some sites did not reach the asked state (see above)")
+			}
+			return nil
+		},
+	}
+	tf.register(cmd)
+	f := cmd.Flags()
+	f.VarP(actionFlag{true, &actions}, "enable", "e", "turn on the probes `SEL` selects (repeatable)")
+	f.VarP(actionFlag{false, &actions}, "disable", "d", "turn off the probes `SEL` selects (repeatable)")
+	f.StringVar(&kind, "kind", "both", "which probes of a function: entry, exit or both")
+	f.StringVar(&protocol, "protocol", hotpatch.ProtoAuto, "auto, flip, int3, int3-async or stop")
+	f.DurationVar(&int3Wait, "int3-wait", 0, "wait between int3 phases (default: calibrated, else 50µs)")
+	f.BoolVar(&waitLock, "wait", false, "if another hotpatch works on the process, wait for it instead of failing")
+	f.BoolVarP(&verbose, "verbose", "v", false, "print every site's result to stderr")
+	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"entry", "exit", "both"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions([]string{"auto", "flip", "int3", "int3-async", "stop"}, cobra.ShellCompDirectiveNoFileComp))
+	cmd.AddCommand(newListCmd(stdout))
+	return cmd
+}
+
+func newListCmd(stdout io.Writer) *cobra.Command {
+	var tf targetFlags
+	cmd := &cobra.Command{
+		Use:   "list --pid N [--probes FILE]... [--json]",
+		Short: "Show every probe of a process with its live state",
+		Long: `list reads every probe site's bytes from the running process, without attaching or
+stopping anything, and shows its state: on, off, mid-patch (an int3 of a patch in
+progress) or foreign (neither form: a stale probe list, or someone else's patch).`,
+		Example: `  hotpatch list --pid 4242
+  hotpatch list --pid 4242 --json | jq '.[] | select(.state=="on") | .function'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := tf.check(); err != nil {
+				return err
+			}
+			states, err := hotpatch.Status(tf.pid, tf.probes)
+			if err != nil {
+				return classify(err)
+			}
+			if tf.json {
+				return writeJSON(stdout, states)
+			}
+			tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tSTATE\tKIND\tFUNCTION\tADDRESS\tOBJECT\tSOURCE")
+			for _, s := range states {
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.State, s.Kind, s.Function, s.Address, shortPath(s.Object), s.Source)
+			}
+			return tw.Flush()
+		},
+	}
+	tf.register(cmd)
+	return cmd
+}
+
+func printSites(w io.Writer, res *hotpatch.Result) {
+	for _, s := range res.Sites {
+		mark := "ok"
+		if s.After != s.Want {
+			mark = "FAILED"
+		}
+		fmt.Fprintf(w, "%-6s %s %-5s %s at %s: %s -> %s (%s)\n", mark, shortPath(s.Object), s.Kind, s.Function, s.Address, s.Before, s.After, s.Protocol)
+	}
+	fmt.Fprintf(w, "%d changed, %d already so, %d threads held, %.3f ms\n", res.Changed, res.Unchanged, res.Held, float64(res.ElapsedNS)/1e6)
+}
+
+func shortPath(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[i+1:]
+	}
+	return p
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// classify gives errors the exit code a script expects.
+func classify(err error) error {
+	if errors.Is(err, probelist.ErrNoMatch) {
+		return codedError{err, ExitNoMatch}
+	}
+	return err
+}

@@ -1,0 +1,285 @@
+package hotpatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/ptrace"
+	"github.com/edgeprobe/edgeprobe/internal/xmod"
+)
+
+// Protocols a request may name.
+const (
+	ProtoAuto      = "auto"       // flip where the site allows it, int3 elsewhere
+	ProtoFlip      = "flip"       // one atomic byte store per site
+	ProtoInt3      = "int3"       // int3 first, wait and serialise, rest, wait, byte 0
+	ProtoInt3Async = "int3-async" // the same as outstanding patches advanced together
+	ProtoStop      = "stop"       // stop every thread, check PCs, write, resume
+)
+
+// ErrNotFlippable means --protocol flip was asked for a site whose forms
+// differ in more than one byte (a nop placeholder).
+var ErrNotFlippable = xmod.ErrNotFlippable
+
+// Action turns the probes a selector matches on or off; later actions win.
+type Action struct {
+	Enable   bool
+	Selector probelist.Selector
+}
+
+// Request is one hotpatch invocation.
+type Request struct {
+	PID        int
+	ProbeFiles []string // empty: scan the process's objects
+	Actions    []Action
+	Protocol   string        // one of the Proto* constants; "" is auto
+	Int3Wait   time.Duration // 0: xmod.DefaultWait
+	WaitLock   bool          // queue behind another hotpatch instead of failing
+}
+
+// SiteResult is what happened to one selected site.
+type SiteResult struct {
+	Object   string `json:"object"`
+	ID       int    `json:"id"`
+	Function string `json:"function"`
+	Kind     string `json:"kind"`
+	Address  string `json:"address"` // run-time address
+	Want     string `json:"want"`    // "on" or "off"
+	Before   string `json:"before"`  // "on", "off" or "foreign"
+	After    string `json:"after"`
+	Protocol string `json:"protocol"`
+}
+
+// Result is the outcome of Apply.
+type Result struct {
+	PID       int          `json:"pid"`
+	OK        bool         `json:"ok"` // every selected site ended in the asked state
+	Changed   int          `json:"changed"`
+	Unchanged int          `json:"unchanged"`
+	Held      int          `json:"threads_held"` // threads caught at an int3 and resumed
+	ElapsedNS int64        `json:"elapsed_ns"`   // attach to detach
+	Sites     []SiteResult `json:"sites"`
+}
+
+type selected struct {
+	target *Target
+	probe  *probelist.Probe
+	on     bool
+}
+
+// Apply carries out a request. On any error before the first write, nothing
+// is written; once writing, a cancelled ctx (SIGINT) or the target exiting
+// ends the batch with every site in one of its two forms.
+func Apply(ctx context.Context, req Request) (*Result, error) {
+	start := time.Now()
+	lock, err := AcquireLock(req.PID, req.WaitLock)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Release()
+	targets, err := LoadTargets(req.PID, req.ProbeFiles)
+	if err != nil {
+		return nil, err
+	}
+	sel, err := resolve(targets, req.Actions)
+	if err != nil {
+		return nil, err
+	}
+	proto := req.Protocol
+	if proto == "" {
+		proto = ProtoAuto
+	}
+	byProto := map[string][]xmod.Change{}
+	protoOf := make([]string, len(sel))
+	for i, s := range sel {
+		p := protocolFor(proto, s.probe)
+		if p == ProtoFlip && s.probe.DifferingBytes() != 1 {
+			return nil, fmt.Errorf("probe %d (%s %s) is a %s placeholder: %w; use --protocol auto or int3",
+				s.probe.ID, s.probe.Kind, s.probe.Function, s.probe.Placeholder, ErrNotFlippable)
+		}
+		protoOf[i] = p
+		byProto[p] = append(byProto[p], xmod.Change{Site: siteOf(s), On: s.on})
+	}
+
+	// Seize before touching memory: kernels booted with
+	// proc_mem.force_override=ptrace allow /proc/PID/mem writes to text only
+	// from the tracer. Flip alone needs no other thread and no stop.
+	onlyFlip := len(byProto) == 1 && byProto[ProtoFlip] != nil
+	tracer, err := ptrace.Attach(req.PID, ptrace.Options{LeaderOnly: onlyFlip})
+	if err != nil {
+		return nil, err
+	}
+	before, err := states(tracer, sel)
+	if err != nil {
+		tracer.Detach()
+		return nil, err
+	}
+	// Refuse the whole request if any site is foreign, so that no protocol's
+	// batch is written before another's is refused: all or nothing.
+	for i, st := range before {
+		if st == "foreign" {
+			tracer.Detach()
+			s := siteOf(sel[i])
+			return nil, fmt.Errorf("%v in %s holds neither its active nor its inert bytes: %w (nothing was written)",
+				s, sel[i].target.Object.Path, ErrStale)
+		}
+	}
+	res := &Result{PID: req.PID}
+	var runErr error
+	for _, p := range []string{ProtoFlip, ProtoStop, ProtoInt3, ProtoInt3Async} {
+		changes := byProto[p]
+		if len(changes) == 0 {
+			continue
+		}
+		r, err := run(ctx, tracer, p, changes, req.Int3Wait)
+		res.Changed += r.Changed
+		res.Unchanged += r.Unchanged
+		res.Held += r.Held
+		if err != nil {
+			runErr = fmt.Errorf("%s protocol: %w", p, err)
+			break
+		}
+	}
+	after, afterErr := states(tracer, sel)
+	if err := tracer.Detach(); err != nil && runErr == nil {
+		runErr = fmt.Errorf("detach: %w", err)
+	}
+	res.ElapsedNS = time.Since(start).Nanoseconds()
+	res.OK = runErr == nil && afterErr == nil
+	for i, s := range sel {
+		r := SiteResult{Object: s.target.Object.Path, ID: s.probe.ID, Function: s.probe.Function, Kind: s.probe.Kind,
+			Address: fmt.Sprintf("%#x", s.target.Object.Runtime(uint64(s.probe.Address))),
+			Want:    onOff(s.on), Before: before[i], Protocol: protoOf[i], After: "unknown"}
+		if afterErr == nil {
+			r.After = after[i]
+		}
+		res.OK = res.OK && r.After == r.Want
+		res.Sites = append(res.Sites, r)
+	}
+	if runErr == nil && afterErr != nil {
+		runErr = fmt.Errorf("reading sites back: %w", afterErr)
+	}
+	return res, runErr
+}
+
+// resolve applies the actions in order to every target's probes.
+func resolve(targets []*Target, actions []Action) ([]selected, error) {
+	if len(actions) == 0 {
+		return nil, errors.New("nothing to do: give --enable or --disable")
+	}
+	type key struct{ t, p int }
+	want := map[key]bool{}
+	var order []key
+	for _, a := range actions {
+		matched := false
+		for ti, t := range targets {
+			idx, err := t.List.Select(a.Selector)
+			if errors.Is(err, probelist.ErrNoMatch) {
+				continue
+			}
+			matched = true
+			for _, pi := range idx {
+				k := key{ti, pi}
+				if _, seen := want[k]; !seen {
+					order = append(order, k)
+				}
+				want[k] = a.Enable
+			}
+		}
+		if !matched {
+			return nil, fmt.Errorf("%w %q (kind %s)", probelist.ErrNoMatch, a.Selector.Pattern, kindOrBoth(a.Selector.Kind))
+		}
+	}
+	sel := make([]selected, len(order))
+	for i, k := range order {
+		sel[i] = selected{target: targets[k.t], probe: &targets[k.t].List.Probes[k.p], on: want[k]}
+	}
+	return sel, nil
+}
+
+func protocolFor(proto string, p *probelist.Probe) string {
+	if proto != ProtoAuto {
+		return proto
+	}
+	if p.DifferingBytes() == 1 {
+		return ProtoFlip
+	}
+	return ProtoInt3
+}
+
+func siteOf(s selected) xmod.Site {
+	return xmod.Site{
+		Addr:   s.target.Object.Runtime(uint64(s.probe.Address)),
+		Active: s.probe.Active,
+		Inert:  s.probe.Inert,
+		Name:   fmt.Sprintf("%d (%s %s)", s.probe.ID, s.probe.Kind, s.probe.Function),
+	}
+}
+
+func run(ctx context.Context, t *ptrace.Tracer, proto string, changes []xmod.Change, wait time.Duration) (xmod.Result, error) {
+	opts := xmod.Int3Options{Wait: wait}
+	switch proto {
+	case ProtoFlip:
+		return xmod.Flip(ctx, t, changes, xmod.FlipOptions{})
+	case ProtoStop:
+		return xmod.Stop(ctx, t, changes, xmod.StopOptions{})
+	case ProtoInt3:
+		return xmod.Int3(ctx, t, changes, opts)
+	case ProtoInt3Async:
+		a := xmod.NewAsync(t, opts)
+		r, err := a.Start(ctx, changes)
+		if err != nil {
+			return r, err
+		}
+		if err := a.Drain(ctx); err != nil {
+			return r, err
+		}
+		r.Held = a.Held()
+		return r, nil
+	}
+	return xmod.Result{}, fmt.Errorf("unknown protocol %q", proto)
+}
+
+// states reads each selected site's live state.
+func states(m xmod.Mem, sel []selected) ([]string, error) {
+	sites := make([]xmod.Site, len(sel))
+	for i, s := range sel {
+		sites[i] = siteOf(s)
+	}
+	st, err := xmod.Classify(m, sites)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(st))
+	for i, s := range st {
+		out[i] = stateName(s)
+	}
+	return out, nil
+}
+
+func stateName(s xmod.State) string {
+	switch s {
+	case xmod.StateActive:
+		return "on"
+	case xmod.StateInert:
+		return "off"
+	}
+	return "foreign"
+}
+
+func onOff(on bool) string {
+	if on {
+		return "on"
+	}
+	return "off"
+}
+
+func kindOrBoth(k string) string {
+	if k == "" {
+		return probelist.KindBoth
+	}
+	return k
+}
