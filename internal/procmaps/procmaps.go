@@ -1,0 +1,376 @@
+package procmaps
+
+import (
+	"bufio"
+	"bytes"
+	"debug/elf"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// Sentinel errors.
+var (
+	// ErrNoProcess: /proc/PID/maps does not exist.
+	ErrNoProcess = errors.New("no such process")
+	// ErrNotELF: a mapped object's file is not an ELF file we can read.
+	ErrNotELF = errors.New("not a readable ELF object")
+	// ErrNoObject: no mapped object matched.
+	ErrNoObject = errors.New("object not mapped")
+)
+
+// Mapping is one line of /proc/PID/maps.
+type Mapping struct {
+	Start, End uint64
+	Perms      string // e.g. "r-xp"
+	Offset     uint64 // file offset of Start
+	Dev        string // "major:minor"
+	Inode      uint64
+	Path       string // without the " (deleted)" suffix
+	Deleted    bool   // the file was deleted (or replaced) since it was mapped
+}
+
+// Exec reports whether the mapping is executable.
+func (m Mapping) Exec() bool { return len(m.Perms) > 2 && m.Perms[2] == 'x' }
+
+// Range is a half-open run-time address range.
+type Range struct{ Start, End uint64 }
+
+// Contains reports whether [addr, addr+n) lies inside r.
+func (r Range) Contains(addr, n uint64) bool {
+	return addr >= r.Start && addr+n <= r.End && addr+n >= addr
+}
+
+// Object is one ELF file mapped into the process.
+type Object struct {
+	Path     string
+	Deleted  bool
+	Dev      string
+	Inode    uint64
+	Type     elf.Type // ET_EXEC or ET_DYN
+	BuildID  string   // hex GNU build-id, "" if the object has none
+	Size     int64    // size of the mapped file
+	Bias     uint64   // run-time address = ELF virtual address + Bias
+	Exec     []Range  // executable mappings, run-time addresses
+	Mappings []Mapping
+}
+
+// Runtime converts an ELF virtual address of the object to a run-time address.
+func (o *Object) Runtime(vaddr uint64) uint64 { return vaddr + o.Bias }
+
+// InExec reports whether the run-time range [addr, addr+n) lies wholly in one
+// executable mapping of the object.
+func (o *Object) InExec(addr, n uint64) bool {
+	for _, r := range o.Exec {
+		if r.Contains(addr, n) {
+			return true
+		}
+	}
+	return false
+}
+
+// Read parses /proc/PID/maps.
+func Read(pid int) ([]Mapping, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
+		}
+		return nil, err
+	}
+	defer f.Close()
+	return Parse(f)
+}
+
+// Parse parses the text of a maps file.
+func Parse(r io.Reader) ([]Mapping, error) {
+	var out []Mapping
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		m, err := parseLine(sc.Text())
+		if err != nil {
+			return nil, fmt.Errorf("maps line %d: %w", n, err)
+		}
+		out = append(out, m)
+	}
+	return out, sc.Err()
+}
+
+func parseLine(line string) (Mapping, error) {
+	var m Mapping
+	// address perms offset dev inode [path]; the path may contain spaces.
+	fields := make([]string, 0, 5)
+	rest := line
+	for len(fields) < 5 {
+		rest = strings.TrimLeft(rest, " ")
+		i := strings.IndexByte(rest, ' ')
+		if i < 0 {
+			fields = append(fields, rest)
+			rest = ""
+			break
+		}
+		fields = append(fields, rest[:i])
+		rest = rest[i:]
+	}
+	if len(fields) < 5 {
+		return m, fmt.Errorf("malformed %q", line)
+	}
+	lo, hi, ok := strings.Cut(fields[0], "-")
+	var err1, err2, err3, err4 error
+	m.Start, err1 = strconv.ParseUint(lo, 16, 64)
+	m.End, err2 = strconv.ParseUint(hi, 16, 64)
+	m.Offset, err3 = strconv.ParseUint(fields[2], 16, 64)
+	m.Inode, err4 = strconv.ParseUint(fields[4], 10, 64)
+	if !ok || err1 != nil || err2 != nil || err3 != nil || err4 != nil || len(fields[1]) != 4 {
+		return m, fmt.Errorf("malformed %q", line)
+	}
+	m.Perms, m.Dev = fields[1], fields[3]
+	m.Path = strings.TrimLeft(rest, " ")
+	if p, ok := strings.CutSuffix(m.Path, " (deleted)"); ok && m.Inode != 0 {
+		m.Path, m.Deleted = p, true
+	}
+	return m, nil
+}
+
+// Objects returns every file-backed ELF object mapped into pid, in address
+// order. Mappings of files that are not ELF (locale archives, fonts) are
+// skipped; an ELF object whose headers cannot be read is an error naming it.
+func Objects(pid int) ([]Object, error) {
+	maps, err := Read(pid)
+	if err != nil {
+		return nil, err
+	}
+	return objects(pid, maps)
+}
+
+type key struct {
+	dev   string
+	inode uint64
+	path  string
+}
+
+func objects(pid int, maps []Mapping) ([]Object, error) {
+	var order []key
+	groups := map[key][]Mapping{}
+	for _, m := range maps {
+		if m.Inode == 0 || !strings.HasPrefix(m.Path, "/") {
+			continue
+		}
+		k := key{m.Dev, m.Inode, m.Path}
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], m)
+	}
+	var out []Object
+	for _, k := range order {
+		ms := groups[k]
+		if !hasExec(ms) {
+			continue // data-only file mappings cannot hold probe sites
+		}
+		o, err := inspect(pid, ms)
+		if errors.Is(err, ErrNotELF) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, o)
+	}
+	return out, nil
+}
+
+func hasExec(ms []Mapping) bool {
+	for _, m := range ms {
+		if m.Exec() {
+			return true
+		}
+	}
+	return false
+}
+
+// Find returns the object whose path (as mapped) equals path; if none does,
+// the one whose base name matches uniquely.
+func Find(pid int, path string) (*Object, error) {
+	objs, err := Objects(pid)
+	if err != nil {
+		return nil, err
+	}
+	var base []int
+	for i := range objs {
+		if objs[i].Path == path {
+			return &objs[i], nil
+		}
+		if lastElem(objs[i].Path) == lastElem(path) {
+			base = append(base, i)
+		}
+	}
+	if len(base) == 1 {
+		return &objs[base[0]], nil
+	}
+	return nil, fmt.Errorf("%s in pid %d: %w", path, pid, ErrNoObject)
+}
+
+// Main returns the main executable's object (the one /proc/PID/exe names).
+func Main(pid int) (*Object, error) {
+	objs, err := Objects(pid)
+	if err != nil {
+		return nil, err
+	}
+	var st os.FileInfo
+	if st, err = os.Stat(fmt.Sprintf("/proc/%d/exe", pid)); err == nil {
+		for i := range objs {
+			if inodeOf(st) == objs[i].Inode {
+				return &objs[i], nil
+			}
+		}
+	}
+	exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	exe = strings.TrimSuffix(exe, " (deleted)")
+	for i := range objs {
+		if objs[i].Path == exe {
+			return &objs[i], nil
+		}
+	}
+	return nil, fmt.Errorf("main executable of pid %d: %w", pid, ErrNoObject)
+}
+
+func lastElem(p string) string { return p[strings.LastIndexByte(p, '/')+1:] }
+
+// openMapped opens the file behind a mapping: map_files first (the mapped
+// inode itself), then the path as the process sees it.
+func openMapped(pid int, m Mapping) (*os.File, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, m.Start, m.End))
+	if err == nil {
+		return f, nil
+	}
+	if m.Deleted {
+		return nil, fmt.Errorf("%s (deleted): map_files: %w", m.Path, err)
+	}
+	f, err2 := os.Open(fmt.Sprintf("/proc/%d/root%s", pid, m.Path))
+	if err2 != nil {
+		return nil, fmt.Errorf("%s: %v; %w", m.Path, err, err2)
+	}
+	// The path may now name another file: insist on the mapped inode.
+	if st, err := f.Stat(); err == nil && inodeOf(st) != m.Inode {
+		f.Close()
+		return nil, fmt.Errorf("%s: replaced on disk since it was mapped and map_files is unavailable: %w", m.Path, ErrNotELF)
+	}
+	return f, nil
+}
+
+func inspect(pid int, ms []Mapping) (Object, error) {
+	o := Object{Path: ms[0].Path, Deleted: ms[0].Deleted, Dev: ms[0].Dev, Inode: ms[0].Inode, Mappings: ms}
+	var exe Mapping
+	for _, m := range ms {
+		if m.Exec() {
+			o.Exec = append(o.Exec, Range{m.Start, m.End})
+			if exe.End == 0 {
+				exe = m
+			}
+		}
+	}
+	f, err := openMapped(pid, exe)
+	if err != nil {
+		return o, err
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil {
+		o.Size = st.Size()
+	}
+	var magic [4]byte
+	if _, err := f.ReadAt(magic[:], 0); err != nil || string(magic[:]) != elf.ELFMAG {
+		return o, fmt.Errorf("%s: %w", o.Path, ErrNotELF)
+	}
+	ef, err := elf.NewFile(f)
+	if err != nil {
+		return o, fmt.Errorf("%s: %v: %w", o.Path, err, ErrNotELF)
+	}
+	o.Type = ef.Type
+	bias, err := loadBias(ef, ms)
+	if err != nil {
+		return o, fmt.Errorf("%s: %w", o.Path, err)
+	}
+	o.Bias = bias
+	o.BuildID = buildID(ef)
+	return o, nil
+}
+
+// loadBias computes the bias from each executable mapping: the mapping at
+// file offset O starting at S belongs to the PT_LOAD p with
+// p.Off&^(page-1) <= O < p.Off+p.Filesz, and S = p.Vaddr - (p.Off - O) + bias.
+// Every executable mapping must agree.
+func loadBias(ef *elf.File, ms []Mapping) (uint64, error) {
+	const pageMask = 4096 - 1
+	found := false
+	var bias uint64
+	for _, m := range ms {
+		if !m.Exec() {
+			continue
+		}
+		var seg *elf.Prog
+		for _, p := range ef.Progs {
+			if p.Type == elf.PT_LOAD && p.Flags&elf.PF_X != 0 && p.Off&^pageMask <= m.Offset && m.Offset < p.Off+p.Filesz {
+				seg = p
+				break
+			}
+		}
+		if seg == nil {
+			return 0, fmt.Errorf("executable mapping %x-%x at offset %#x matches no executable PT_LOAD", m.Start, m.End, m.Offset)
+		}
+		b := m.Start - seg.Vaddr + seg.Off - m.Offset
+		if found && b != bias {
+			return 0, fmt.Errorf("executable mappings disagree on the load bias (%#x vs %#x)", bias, b)
+		}
+		bias, found = b, true
+	}
+	if !found {
+		return 0, fmt.Errorf("no executable mapping")
+	}
+	if ef.Type == elf.ET_EXEC && bias != 0 {
+		return 0, fmt.Errorf("ET_EXEC object loaded with bias %#x", bias)
+	}
+	return bias, nil
+}
+
+// buildID returns the GNU build-id from the PT_NOTE segments (present even in
+// stripped objects), or "".
+func buildID(ef *elf.File) string {
+	for _, p := range ef.Progs {
+		if p.Type != elf.PT_NOTE {
+			continue
+		}
+		data, err := io.ReadAll(io.LimitReader(p.Open(), 1<<20))
+		if err != nil {
+			continue
+		}
+		if id := findNote(data, ef.ByteOrder); id != "" {
+			return id
+		}
+	}
+	return ""
+}
+
+func findNote(data []byte, bo binary.ByteOrder) string {
+	align := func(n uint32) uint32 { return (n + 3) &^ 3 }
+	for len(data) >= 12 {
+		namesz, descsz, typ := bo.Uint32(data), bo.Uint32(data[4:]), bo.Uint32(data[8:])
+		data = data[12:]
+		if uint64(align(namesz))+uint64(align(descsz)) > uint64(len(data)) {
+			return ""
+		}
+		name := data[:namesz]
+		desc := data[align(namesz) : align(namesz)+descsz]
+		data = data[align(namesz)+align(descsz):]
+		if typ == 3 /* NT_GNU_BUILD_ID */ && bytes.Equal(bytes.TrimRight(name, "\x00"), []byte("GNU")) {
+			return hex.EncodeToString(desc)
+		}
+	}
+	return ""
+}

@@ -1,0 +1,19 @@
+package ptrace
+
+import "errors"
+
+var (
+	// ErrNoProcess: the pid names no process (or a kernel thread).
+	ErrNoProcess = errors.New("no such process")
+	// ErrPermission: the kernel refused to let us trace or write the target.
+	ErrPermission = errors.New("permission denied")
+	// ErrExited: the target exited while we worked on it.
+	ErrExited = errors.New("target process exited")
+	// ErrExec: the target called execve; its old code is gone and no further
+	// write is made.
+	ErrExec = errors.New("target process called execve")
+	// ErrDetached: the tracer was detached; no further request is served.
+	ErrDetached = errors.New("tracer is detached")
+	// ErrArmed: Detach was called while a trap address is still armed.
+	ErrArmed = errors.New("trap addresses still armed")
+)

@@ -1,0 +1,53 @@
+package ptrace
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// seize issues PTRACE_SEIZE with options, which unix.PtraceSeize cannot pass.
+func seize(tid int, options uintptr) error {
+	_, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_SEIZE, uintptr(tid), 0, options, 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// siginfo is the head of the kernel's siginfo_t; the rest is padding.
+type siginfo struct {
+	Signo int32
+	Errno int32
+	Code  int32
+	_     [128 - 12]byte
+}
+
+// getSiginfo returns the siginfo of the signal a tracee is stopped for.
+func getSiginfo(tid int) (siginfo, error) {
+	var si siginfo
+	_, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_GETSIGINFO, uintptr(tid), 0, uintptr(unsafe.Pointer(&si)), 0, 0)
+	if e != 0 {
+		return si, e
+	}
+	return si, nil
+}
+
+// listen issues PTRACE_LISTEN: a group-stopped tracee stays stopped, but we
+// are told when it leaves the stop.
+func listen(tid int) error {
+	_, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_LISTEN, uintptr(tid), 0, 0, 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// detach issues PTRACE_DETACH, delivering sig (0 for none) as the tracee resumes.
+func detach(tid, sig int) error {
+	_, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_DETACH, uintptr(tid), 0, uintptr(sig), 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}

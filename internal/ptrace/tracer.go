@@ -1,0 +1,941 @@
+package ptrace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Options configure Attach.
+type Options struct {
+	// LeaderOnly seizes only the thread-group leader and traces no clones:
+	// enough to make /proc/PID/mem writes legal on kernels booted with
+	// proc_mem.force_override=ptrace (the flip protocol needs nothing more),
+	// but StopAll, Sync and trap addresses are unavailable.
+	LeaderOnly bool
+	// StopTimeout bounds how long StopAll, Sync and Detach wait for every
+	// thread to report a stop (a thread in uninterruptible sleep reports only
+	// when it wakes). Zero means 5s.
+	StopTimeout time.Duration
+}
+
+// Stats counts what the event loop has seen since Attach.
+type Stats struct {
+	Threads    int    // threads currently tracked
+	Clones     uint64 // threads born while attached
+	Signals    uint64 // signal-delivery-stops re-injected unchanged
+	GroupStops uint64 // group-stops kept with PTRACE_LISTEN
+	TrapsHeld  uint64 // threads held at an armed int3
+	StaleTraps uint64 // threads that hit an int3 already removed, rewound
+	Syncs      uint64 // Sync rounds completed
+}
+
+// Regs is a stopped thread's registers.
+type Regs = unix.PtraceRegs
+
+// ThreadState is one thread of a stopped process.
+type ThreadState struct {
+	Tid  int
+	Regs Regs
+}
+
+type stopKind int
+
+const (
+	running        stopKind = iota // not in a ptrace-stop known to us
+	stopPlain                      // interrupt-stop, new-thread stop, event stop: resume with nothing to deliver
+	stopGroup                      // group-stop: resume with PTRACE_LISTEN
+	stopSignal                     // signal-delivery-stop: resume re-injecting sig
+	stopTrap                       // held at an armed int3 (PC = addr+1)
+	stopSuppressed                 // a stale int3 already rewound: resume with no signal
+)
+
+type thread struct {
+	tid       int
+	announced bool // its clone event was seen (or it was seized at attach)
+	kind      stopKind
+	sig       int
+	syncWant  bool // Sync waits for this thread to pass through a stop
+	trapAt    uint64
+}
+
+type trap struct {
+	armed bool
+	held  []int
+}
+
+// Tracer traces one process from one locked OS thread.
+type Tracer struct {
+	pid  int
+	opts Options
+	reqs chan func()
+	done chan struct{} // closed when the server goroutine returns
+	tid  int           // the tracer OS thread
+
+	// Everything below is touched only on the tracer thread.
+	mem      int
+	threads  map[int]*thread
+	unborn   map[int]bool // exited before its creator's clone event was seen
+	traps    map[uint64]*trap
+	hold     bool // keep every thread stopped (StopAll .. ResumeAll)
+	exited   bool
+	execed   bool
+	detached bool
+	sigchld  chan os.Signal
+	stats    Stats
+}
+
+// Attach seizes every thread of pid and returns its tracer. The process is
+// not stopped. Threads created while the seize loop runs are caught either by
+// a rescan of /proc/PID/task or, once their creator is seized, as clone events.
+func Attach(pid int, opts Options) (*Tracer, error) {
+	if pid <= 0 {
+		return nil, fmt.Errorf("attach to pid %d: %w", pid, ErrNoProcess)
+	}
+	if opts.StopTimeout == 0 {
+		opts.StopTimeout = 5 * time.Second
+	}
+	t := &Tracer{
+		pid:     pid,
+		opts:    opts,
+		reqs:    make(chan func()),
+		done:    make(chan struct{}),
+		mem:     -1,
+		threads: map[int]*thread{},
+		unborn:  map[int]bool{},
+		traps:   map[uint64]*trap{},
+		sigchld: make(chan os.Signal, 1),
+	}
+	ready := make(chan error, 1)
+	go t.serve(ready)
+	if err := <-ready; err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// Pid is the traced process.
+func (t *Tracer) Pid() int { return t.pid }
+
+func (t *Tracer) serve(ready chan<- error) {
+	// The goroutine keeps its OS thread locked until it returns, so the
+	// thread exits with it and the kernel detaches anything still traced.
+	runtime.LockOSThread()
+	defer close(t.done)
+	t.tid = unix.Gettid()
+	signal.Notify(t.sigchld, unix.SIGCHLD)
+	if err := t.attach(); err != nil {
+		signal.Stop(t.sigchld)
+		t.cleanup()
+		ready <- err
+		return
+	}
+	ready <- nil
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !t.detached {
+		t.pump()
+		select {
+		case fn := <-t.reqs:
+			fn()
+		case <-t.sigchld:
+		case <-tick.C:
+		}
+	}
+	signal.Stop(t.sigchld)
+}
+
+func (t *Tracer) attach() error {
+	options := uintptr(unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_TRACEEXEC)
+	if t.opts.LeaderOnly {
+		options = unix.PTRACE_O_TRACEEXEC
+	}
+	if err := seize(t.pid, options); err != nil {
+		return attachErr(t.pid, err)
+	}
+	t.threads[t.pid] = &thread{tid: t.pid, announced: true}
+	if !t.opts.LeaderOnly {
+		if err := t.seizeAll(options); err != nil {
+			return err
+		}
+	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/mem", t.pid), unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open /proc/%d/mem: %w", t.pid, mapErrno(err))
+	}
+	t.mem = fd
+	return nil
+}
+
+// seizeAll seizes every thread in /proc/PID/task, rescanning until a scan
+// finds nothing new: a thread cloned by a thread we had not seized yet is
+// untraced and shows up in the next scan; one cloned by a seized thread is
+// auto-attached (seizing it again fails with EPERM; its TracerPid is us).
+func (t *Tracer) seizeAll(options uintptr) error {
+	for round := 0; ; round++ {
+		if round == 1000 {
+			return fmt.Errorf("attach to pid %d: thread list did not settle after %d scans", t.pid, round)
+		}
+		tids, err := listThreads(t.pid)
+		if err != nil {
+			return err
+		}
+		fresh := 0
+		for _, tid := range tids {
+			if _, ok := t.threads[tid]; ok {
+				continue
+			}
+			fresh++
+			err := seize(tid, options)
+			switch {
+			case err == nil:
+			case err == unix.ESRCH:
+				continue // exited between the scan and the seize
+			case err == unix.EPERM && tracerOf(tid) == t.tid: // TracerPid is the tracer thread's id
+				// auto-attached as a clone of a thread we seized
+			case threadGone(t.pid, tid):
+				continue // exiting: seizing a dying thread fails with EPERM
+			default:
+				return attachErr(tid, err)
+			}
+			if _, ok := t.threads[tid]; !ok {
+				t.threads[tid] = &thread{tid: tid, announced: true}
+			}
+		}
+		if fresh == 0 {
+			return nil
+		}
+	}
+}
+
+func (t *Tracer) cleanup() {
+	if t.mem >= 0 {
+		unix.Close(t.mem)
+		t.mem = -1
+	}
+	t.detached = true
+}
+
+func listThreads(pid int) ([]int, error) {
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
+		}
+		return nil, err
+	}
+	var tids []int
+	for _, e := range ents {
+		if tid, err := strconv.Atoi(e.Name()); err == nil {
+			tids = append(tids, tid)
+		}
+	}
+	sort.Ints(tids)
+	return tids, nil
+}
+
+// tracerOf returns the TracerPid of a thread, or -1.
+func tracerOf(tid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "TracerPid:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return -1
+			}
+			return n
+		}
+	}
+	return -1
+}
+
+func attachErr(tid int, err error) error {
+	switch err {
+	case unix.ESRCH:
+		return fmt.Errorf("attach to thread %d: %w", tid, ErrNoProcess)
+	case unix.EPERM:
+		if who := tracerOf(tid); who > 0 {
+			return fmt.Errorf("attach to thread %d: already traced by pid %d: %w", tid, who, ErrPermission)
+		}
+		if _, serr := os.Stat(fmt.Sprintf("/proc/%d", tid)); serr != nil {
+			return fmt.Errorf("attach to thread %d: %w", tid, ErrNoProcess)
+		}
+		return fmt.Errorf("attach to thread %d (needs root or CAP_SYS_PTRACE): %w", tid, ErrPermission)
+	}
+	return fmt.Errorf("attach to thread %d: %w", tid, err)
+}
+
+func mapErrno(err error) error {
+	switch err {
+	case unix.ENOENT, unix.ESRCH:
+		return fmt.Errorf("%v: %w", err, ErrNoProcess)
+	case unix.EPERM, unix.EACCES:
+		return fmt.Errorf("%v: %w", err, ErrPermission)
+	}
+	return err
+}
+
+// Do runs fn on the tracer thread and returns its error. Inside fn the
+// tracer's methods run directly; from any other goroutine each is a Do.
+func (t *Tracer) Do(fn func() error) error {
+	if t.onThread() {
+		return fn()
+	}
+	errc := make(chan error, 1)
+	select {
+	case t.reqs <- func() { errc <- fn() }:
+		return <-errc
+	case <-t.done:
+		return ErrDetached
+	}
+}
+
+func (t *Tracer) onThread() bool { return unix.Gettid() == t.tid }
+
+// ---- memory ----
+
+// ReadMem reads len(b) bytes at addr of the target through /proc/PID/mem.
+func (t *Tracer) ReadMem(addr uint64, b []byte) error {
+	return t.Do(func() error {
+		if err := t.usable(); err != nil {
+			return err
+		}
+		return memRead(t.mem, addr, b)
+	})
+}
+
+// WriteMem writes b at addr of the target through /proc/PID/mem (one pwrite,
+// a kernel memcpy: atomic only for a single byte).
+func (t *Tracer) WriteMem(addr uint64, b []byte) error {
+	return t.Do(func() error {
+		if err := t.usable(); err != nil {
+			return err
+		}
+		return memWrite(t.mem, addr, b)
+	})
+}
+
+func (t *Tracer) usable() error {
+	switch {
+	case t.detached:
+		return ErrDetached
+	case t.execed:
+		return fmt.Errorf("pid %d: %w", t.pid, ErrExec)
+	case t.exited:
+		return fmt.Errorf("pid %d: %w", t.pid, ErrExited)
+	}
+	return nil
+}
+
+func memRead(fd int, addr uint64, b []byte) error {
+	for {
+		n, err := unix.Pread(fd, b, int64(addr))
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.ESRCH || (err == nil && n == 0 && len(b) > 0):
+			return fmt.Errorf("read %#x: %w", addr, ErrExited)
+		case err != nil:
+			return fmt.Errorf("read %d bytes at %#x: %w", len(b), addr, mapErrno(err))
+		case n != len(b):
+			return fmt.Errorf("read %d bytes at %#x: short read (%d)", len(b), addr, n)
+		}
+		return nil
+	}
+}
+
+func memWrite(fd int, addr uint64, b []byte) error {
+	for {
+		n, err := unix.Pwrite(fd, b, int64(addr))
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.ESRCH || (err == nil && n == 0 && len(b) > 0):
+			return fmt.Errorf("write %#x: %w", addr, ErrExited)
+		case err != nil:
+			return fmt.Errorf("write %d bytes at %#x: %w", len(b), addr, mapErrno(err))
+		case n != len(b):
+			// Cannot happen within one page; a partial multi-byte write
+			// would be a torn site, so say so loudly.
+			return fmt.Errorf("write %d bytes at %#x: short write (%d)", len(b), addr, n)
+		}
+		return nil
+	}
+}
+
+// ---- event loop ----
+
+// pump reaps every pending event without blocking. __WNOTHREAD restricts
+// wait4 to this thread's tracees, so children that other goroutines of this
+// program started (and wait for) are never reaped here.
+func (t *Tracer) pump() bool {
+	got := false
+	for {
+		var ws unix.WaitStatus
+		wpid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL|unix.WNOTHREAD, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || wpid <= 0 {
+			if err == unix.ECHILD && len(t.threads) > 0 {
+				// No tracee left at all: the process is gone.
+				t.threads = map[int]*thread{}
+				t.exited = true
+			}
+			return got
+		}
+		got = true
+		t.handle(wpid, ws)
+	}
+}
+
+func (t *Tracer) handle(wpid int, ws unix.WaitStatus) {
+	if ws.Exited() || ws.Signaled() {
+		if th := t.threads[wpid]; th != nil && !th.announced {
+			// Its creator's clone event is still to come: remember, so that
+			// event does not bring the dead thread back.
+			t.unborn[wpid] = true
+		}
+		delete(t.threads, wpid)
+		if wpid == t.pid {
+			t.exited = true
+		}
+		return
+	}
+	if !ws.Stopped() {
+		return
+	}
+	th := t.threads[wpid]
+	if th == nil { // a new thread whose stop came before its creator's clone event
+		delete(t.unborn, wpid) // a reused tid is alive again
+		th = &thread{tid: wpid}
+		t.threads[wpid] = th
+		t.stats.Clones++
+	}
+	th.syncWant = false // any ptrace-stop is a kernel entry and exit
+	sig := int(ws.StopSignal())
+	event := int(ws) >> 16
+	switch {
+	case event == unix.PTRACE_EVENT_CLONE:
+		if msg, err := unix.PtraceGetEventMsg(wpid); err == nil {
+			tid := int(msg)
+			switch nt := t.threads[tid]; {
+			case t.unborn[tid]:
+				delete(t.unborn, tid) // born, ran and exited already
+			case nt != nil:
+				nt.announced = true
+			default:
+				t.threads[tid] = &thread{tid: tid, announced: true}
+				t.stats.Clones++
+			}
+		}
+		th.kind = stopPlain
+	case event == unix.PTRACE_EVENT_EXEC:
+		// Every other thread is gone; the execing thread now has tid pid.
+		t.execed = true
+		t.threads = map[int]*thread{wpid: th}
+		th.kind = stopPlain
+	case event == unix.PTRACE_EVENT_STOP:
+		if sig == int(unix.SIGTRAP) {
+			th.kind = stopPlain // our PTRACE_INTERRUPT, or a new thread's first stop
+		} else {
+			th.kind = stopGroup
+			t.stats.GroupStops++
+		}
+	case event != 0:
+		th.kind = stopPlain
+	case sig == int(unix.SIGTRAP) && t.isOurTrap(th):
+		if th.kind == stopTrap {
+			t.stats.TrapsHeld++
+			return // held until ReleaseTrap
+		}
+	default:
+		th.kind = stopSignal
+		th.sig = sig
+		t.stats.Signals++
+	}
+	t.dispose(th)
+}
+
+// isOurTrap reports whether a SIGTRAP stop is an int3 (si_code SI_KERNEL) at
+// an address we own. At an armed address the thread is marked to be held; at
+// a disarmed one (a stale int3) its PC is rewound to the site.
+func (t *Tracer) isOurTrap(th *thread) bool {
+	if len(t.traps) == 0 {
+		return false
+	}
+	si, err := getSiginfo(th.tid)
+	if err != nil || si.Code != 0x80 /* SI_KERNEL */ {
+		return false
+	}
+	var regs Regs
+	if err := unix.PtraceGetRegs(th.tid, &regs); err != nil {
+		return false
+	}
+	addr := regs.Rip - 1
+	tr := t.traps[addr]
+	if tr == nil {
+		return false
+	}
+	if tr.armed {
+		th.kind = stopTrap
+		th.trapAt = addr
+		tr.held = append(tr.held, th.tid)
+		return true
+	}
+	regs.Rip = addr
+	if err := unix.PtraceSetRegs(th.tid, &regs); err != nil {
+		return false
+	}
+	th.kind = stopSuppressed
+	t.stats.StaleTraps++
+	return true
+}
+
+// dispose resumes a stopped thread unless we hold every thread.
+func (t *Tracer) dispose(th *thread) {
+	if t.hold || th.kind == stopTrap {
+		return
+	}
+	t.resume(th)
+}
+
+func (t *Tracer) resume(th *thread) {
+	var err error
+	switch th.kind {
+	case running:
+		return
+	case stopGroup:
+		err = listen(th.tid)
+	case stopSignal:
+		err = unix.PtraceCont(th.tid, th.sig)
+	default:
+		err = unix.PtraceCont(th.tid, 0)
+	}
+	_ = err // ESRCH: the thread died; its exit arrives through wait4
+	th.kind, th.sig = running, 0
+}
+
+// waitFor pumps events until cond holds, the process is gone, ctx is done or
+// the timeout elapses. It spins briefly (events we provoked arrive within
+// microseconds), then sleeps on SIGCHLD.
+func (t *Tracer) waitFor(ctx context.Context, timeout time.Duration, what string, cond func() bool) error {
+	start := time.Now()
+	for spins := 0; ; spins++ {
+		t.pump()
+		if cond() {
+			return nil
+		}
+		if t.exited {
+			return fmt.Errorf("pid %d: %w", t.pid, ErrExited)
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("waiting for %s: %w", what, err)
+		}
+		if time.Since(start) > timeout {
+			return fmt.Errorf("waiting for %s: timed out after %v (%s)", what, timeout, t.describe())
+		}
+		if spins < 500 {
+			continue
+		}
+		tm := time.NewTimer(time.Millisecond)
+		select {
+		case <-t.sigchld:
+		case <-tm.C:
+		case <-ctx.Done():
+		}
+		tm.Stop()
+	}
+}
+
+// Pause keeps serving events (holding trapped threads, forwarding signals)
+// for d. It does not return early: the protocols' waits are a safety margin.
+func (t *Tracer) Pause(d time.Duration) {
+	_ = t.Do(func() error {
+		end := time.Now().Add(d)
+		for {
+			t.pump()
+			left := time.Until(end)
+			if left <= 0 {
+				return nil
+			}
+			if left > 500*time.Microsecond {
+				tm := time.NewTimer(left - 200*time.Microsecond)
+				select {
+				case <-t.sigchld:
+				case <-tm.C:
+				}
+				tm.Stop()
+			}
+		}
+	})
+}
+
+// Pump serves pending events now, without blocking.
+func (t *Tracer) Pump() { _ = t.Do(func() error { t.pump(); return nil }) }
+
+// ---- whole-process operations ----
+
+// Threads returns the tracked thread ids.
+func (t *Tracer) Threads() []int {
+	var tids []int
+	_ = t.Do(func() error {
+		for tid := range t.threads {
+			tids = append(tids, tid)
+		}
+		return nil
+	})
+	sort.Ints(tids)
+	return tids
+}
+
+// Stats returns the event counters.
+func (t *Tracer) Stats() Stats {
+	var s Stats
+	_ = t.Do(func() error {
+		t.pump()
+		s = t.stats
+		s.Threads = len(t.threads)
+		return nil
+	})
+	return s
+}
+
+func (t *Tracer) needAll(op string) error {
+	if t.opts.LeaderOnly {
+		return fmt.Errorf("%s: tracer was attached with LeaderOnly", op)
+	}
+	return t.usable()
+}
+
+// Sync makes every thread pass through the kernel once after the call:
+// each running thread is interrupted and resumed as soon as it reports its
+// stop (a rolling barrier, not a stop-the-world). Threads already in a
+// ptrace-stop are in the kernel and count at once. On x86 a thread
+// interrupted in user mode returns through IRET, a serialising instruction,
+// so afterwards no thread can execute instruction bytes fetched before the
+// call. On error (ctx, timeout, exit) some threads may not have synced.
+func (t *Tracer) Sync(ctx context.Context) error {
+	return t.Do(func() error {
+		if err := t.needAll("sync"); err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("sync: %w", err)
+		}
+		t.pump()
+		for _, th := range t.threads {
+			if th.kind == running {
+				th.syncWant = true
+				if err := unix.PtraceInterrupt(th.tid); err != nil {
+					th.syncWant = false // ESRCH: it is exiting
+				}
+			}
+		}
+		err := t.waitFor(ctx, t.opts.StopTimeout, "threads to sync", func() bool {
+			for _, th := range t.threads {
+				if th.syncWant {
+					return false
+				}
+			}
+			return true
+		})
+		if err == nil {
+			t.stats.Syncs++
+		}
+		return err
+	})
+}
+
+// StopAll interrupts every thread and waits until each is in a ptrace-stop,
+// returning their registers; threads born meanwhile are held at their first
+// stop. Call ResumeAll afterwards, also after an error.
+func (t *Tracer) StopAll(ctx context.Context) ([]ThreadState, error) {
+	var out []ThreadState
+	err := t.Do(func() error {
+		if err := t.needAll("stop"); err != nil {
+			return err
+		}
+		t.hold = true
+		t.pump()
+		for _, th := range t.threads {
+			if th.kind == running {
+				_ = unix.PtraceInterrupt(th.tid) // ESRCH: exiting, reported by wait4
+			}
+		}
+		if err := t.waitFor(ctx, t.opts.StopTimeout, "threads to stop", func() bool {
+			for _, th := range t.threads {
+				if th.kind == running {
+					return false
+				}
+			}
+			return true
+		}); err != nil {
+			return err
+		}
+		for _, th := range t.threads {
+			var r Regs
+			if err := unix.PtraceGetRegs(th.tid, &r); err != nil {
+				continue // it died while stopped (SIGKILL)
+			}
+			out = append(out, ThreadState{Tid: th.tid, Regs: r})
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i].Tid < out[j].Tid })
+		return nil
+	})
+	return out, err
+}
+
+// ResumeAll ends StopAll: every stopped thread not held at an armed trap
+// resumes with its pending signal, if any.
+func (t *Tracer) ResumeAll() error {
+	return t.Do(func() error {
+		t.hold = false
+		for _, th := range t.threads {
+			if th.kind != stopTrap {
+				t.resume(th)
+			}
+		}
+		t.pump()
+		return nil
+	})
+}
+
+// ---- trap addresses ----
+
+// ArmTrap declares that the caller is about to write int3 at addr: a thread
+// trapping there is held until ReleaseTrap. The address stays owned (stale
+// traps there are rewound) until Detach.
+func (t *Tracer) ArmTrap(addr uint64) error {
+	return t.Do(func() error {
+		if err := t.needAll("arm trap"); err != nil {
+			return err
+		}
+		tr := t.traps[addr]
+		if tr == nil {
+			tr = &trap{}
+			t.traps[addr] = tr
+		}
+		tr.armed = true
+		return nil
+	})
+}
+
+// ReleaseTrap disarms addr once the site is complete again: every thread
+// held there gets PC = addr and resumes (no SIGTRAP is delivered). It
+// returns how many threads were held.
+func (t *Tracer) ReleaseTrap(addr uint64) (int, error) {
+	n := 0
+	err := t.Do(func() error {
+		tr := t.traps[addr]
+		if tr == nil {
+			return nil
+		}
+		t.pump() // collect threads that trapped up to now
+		tr.armed = false
+		for _, tid := range tr.held {
+			th := t.threads[tid]
+			if th == nil || th.kind != stopTrap || th.trapAt != addr {
+				continue
+			}
+			n++
+			var r Regs
+			if err := unix.PtraceGetRegs(tid, &r); err == nil {
+				r.Rip = addr
+				_ = unix.PtraceSetRegs(tid, &r)
+			}
+			th.kind = stopSuppressed
+			t.dispose(th)
+		}
+		tr.held = nil
+		return nil
+	})
+	return n, err
+}
+
+// Held returns how many threads are held at addr now.
+func (t *Tracer) Held(addr uint64) int {
+	n := 0
+	_ = t.Do(func() error {
+		t.pump()
+		if tr := t.traps[addr]; tr != nil {
+			for _, tid := range tr.held {
+				if th := t.threads[tid]; th != nil && th.kind == stopTrap {
+					n++
+				}
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// ---- detach ----
+
+// Detach ends tracing and leaves no thread stopped by us: every thread is
+// interrupted once (so none can still see a stale int3), then detached with
+// its pending signal. It refuses with ErrArmed while a trap is armed: the
+// caller must complete or roll back its sites first. After Detach every
+// method returns ErrDetached.
+func (t *Tracer) Detach() error {
+	err := t.Do(func() error {
+		if t.detached {
+			return ErrDetached
+		}
+		for addr, tr := range t.traps {
+			if tr.armed && !t.exited && !t.execed {
+				return fmt.Errorf("detach from pid %d: trap at %#x: %w", t.pid, addr, ErrArmed)
+			}
+		}
+		var err error
+		if t.opts.LeaderOnly {
+			// Nothing was ever stopped on purpose; exiting the tracer thread
+			// detaches the leader without stopping it.
+			t.pump()
+		} else if !t.exited {
+			_, err = t.stopAllLocked()
+			if err == nil && len(t.traps) > 0 {
+				err = t.flushTraps()
+			}
+			for _, th := range t.threads {
+				if th.kind == running {
+					continue // never stopped (timeout): the thread exit below detaches it
+				}
+				sig := 0
+				if th.kind == stopSignal {
+					sig = th.sig
+				}
+				_ = detach(th.tid, sig)
+			}
+		}
+		t.threads = map[int]*thread{}
+		t.cleanup()
+		return err
+	})
+	if err == ErrDetached {
+		return nil
+	}
+	<-t.done
+	return err
+}
+
+func (t *Tracer) stopAllLocked() (int, error) {
+	t.hold = true
+	t.pump()
+	for _, th := range t.threads {
+		if th.kind == running {
+			_ = unix.PtraceInterrupt(th.tid)
+		}
+	}
+	err := t.waitFor(context.Background(), t.opts.StopTimeout, "threads to stop for detach", func() bool {
+		for _, th := range t.threads {
+			if th.kind == running {
+				return false
+			}
+		}
+		return true
+	})
+	if errors.Is(err, ErrExited) {
+		err = nil
+	}
+	return len(t.threads), err
+}
+
+// describe lists the threads that are not in a known stop, for errors.
+func (t *Tracer) describe() string {
+	var parts []string
+	for _, th := range t.threads {
+		if th.kind != running && !th.syncWant {
+			continue
+		}
+		state := "gone"
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", t.pid, th.tid)); err == nil {
+			if i := strings.LastIndexByte(string(b), ')'); i > 0 && i+2 < len(b) {
+				state = string(b[i+2 : i+3])
+			}
+		}
+		parts = append(parts, fmt.Sprintf("thread %d state %s", th.tid, state))
+	}
+	sort.Strings(parts)
+	if len(parts) > 8 {
+		parts = append(parts[:8], fmt.Sprintf("and %d more", len(parts)-8))
+	}
+	return "not stopped: " + strings.Join(parts, ", ")
+}
+
+// threadGone reports whether a thread has exited or is exiting.
+func threadGone(pid, tid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", pid, tid))
+	if err != nil {
+		return true
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i > 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
+}
+
+// flushTraps runs, before detaching, every stopped thread that still has a
+// SIGTRAP pending: an int3 it executed can be reported after the
+// PTRACE_INTERRUPT stop we just saw (the kernel handles job-control traps
+// before dequeuing signals). Detached with it pending, the thread would take
+// the SIGTRAP with no tracer and, without a handler, kill the process. Run
+// once more, it reports the SIGTRAP stop, which is rewound as a stale trap.
+func (t *Tracer) flushTraps() error {
+	for round := 0; round < 100; round++ {
+		n := 0
+		for _, th := range t.threads {
+			if th.kind != running && sigPending(t.pid, th.tid, unix.SIGTRAP) {
+				t.resume(th)
+				n++
+			}
+		}
+		if n == 0 {
+			return nil
+		}
+		if err := t.waitFor(context.Background(), t.opts.StopTimeout, "pending SIGTRAPs", func() bool {
+			for _, th := range t.threads {
+				if th.kind == running {
+					return false
+				}
+			}
+			return true
+		}); err != nil {
+			if errors.Is(err, ErrExited) {
+				return nil
+			}
+			return err
+		}
+	}
+	return fmt.Errorf("threads of pid %d keep a SIGTRAP pending", t.pid)
+}
+
+// sigPending reports whether sig is pending for the thread itself (SigPnd)
+// or its process (ShdPnd).
+func sigPending(pid, tid int, sig unix.Signal) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/status", pid, tid))
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		for _, key := range []string{"SigPnd:", "ShdPnd:"} {
+			if v, ok := strings.CutPrefix(line, key); ok {
+				mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+				if err == nil && mask&(1<<(uint(sig)-1)) != 0 {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}

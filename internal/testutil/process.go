@@ -1,0 +1,179 @@
+package testutil
+
+import (
+	"bufio"
+	"bytes"
+	"debug/elf"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Process is a fixture program running under a test. It follows the
+// fixtures' protocol: the program prints "ready PID" once its threads run,
+// and finishes when the stop file named by its first argument appears.
+type Process struct {
+	t        testing.TB
+	Cmd      *exec.Cmd
+	Pid      int
+	StopFile string
+	stdout   *bufio.Reader
+	stderr   bytes.Buffer
+	done     chan error
+}
+
+// Start runs bin with a fresh stop file as its first argument, then extra
+// args, and returns once the program has printed its ready line. The process
+// is killed when the test ends, if it still runs.
+func Start(t testing.TB, env []string, bin string, args ...string) *Process {
+	t.Helper()
+	stop := filepath.Join(t.TempDir(), "stop")
+	cmd := exec.Command(bin, append([]string{stop}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Process{t: t, Cmd: cmd, StopFile: stop, stdout: bufio.NewReader(out), done: make(chan error, 1)}
+	cmd.Stderr = &p.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	go func() { p.done <- cmd.Wait() }()
+	line, err := p.stdout.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "ready ") {
+		t.Fatalf("%s: want a ready line, got %q, %v (stderr %q)", bin, line, err, p.stderr.String())
+	}
+	p.Pid = cmd.Process.Pid
+	return p
+}
+
+// Alive reports whether the process still runs (it may be a zombie waiting
+// for us, which counts as dead).
+func (p *Process) Alive() bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
+}
+
+// Finish creates the stop file and waits for the program to exit, failing
+// the test if it does not exit cleanly within a minute. It returns the rest
+// of stdout and all of stderr.
+func (p *Process) Finish() (stdout, stderr string) {
+	p.t.Helper()
+	if err := os.WriteFile(p.StopFile, nil, 0o644); err != nil {
+		p.t.Fatal(err)
+	}
+	rest, _ := p.readRest()
+	select {
+	case err := <-p.done:
+		if err != nil {
+			p.t.Fatalf("pid %d exited: %v (stderr %q)", p.Pid, err, p.stderr.String())
+		}
+	case <-time.After(time.Minute):
+		p.t.Fatalf("pid %d did not exit within a minute of its stop file", p.Pid)
+	}
+	return rest, p.stderr.String()
+}
+
+// Wait waits for an exit the test caused some other way and returns its error.
+func (p *Process) Wait() error { return <-p.done }
+
+func (p *Process) readRest() (string, error) {
+	var b strings.Builder
+	_, err := p.stdout.WriteTo(&b)
+	return b.String(), err
+}
+
+// Symbol returns the run-time address of a symbol of the ELF object mapped
+// from path (the executable or a shared library) in the process.
+func (p *Process) Symbol(path, name string) uint64 {
+	p.t.Helper()
+	f, err := elf.Open(path)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer f.Close()
+	syms, _ := f.Symbols()
+	var value uint64
+	for _, s := range syms {
+		if s.Name == name {
+			value = s.Value
+		}
+	}
+	if value == 0 {
+		p.t.Fatalf("%s has no symbol %s", path, name)
+	}
+	if f.Type == elf.ET_EXEC {
+		return value
+	}
+	return value + p.base(path)
+}
+
+// base returns the load address of the object mapped from path: the start
+// of its mapping at file offset 0. Both fixtures and toolchain put the first
+// PT_LOAD at virtual address 0 for ET_DYN objects, which makes that the bias.
+func (p *Process) base(path string) uint64 {
+	p.t.Helper()
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", p.Pid))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	real, _ := filepath.EvalSymlinks(path)
+	for _, line := range strings.Split(string(maps), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 6 && (f[5] == path || f[5] == real) && f[2] == "00000000" {
+			var start uint64
+			fmt.Sscanf(f[0], "%x-", &start)
+			return start
+		}
+	}
+	p.t.Fatalf("%s is not mapped in pid %d", path, p.Pid)
+	return 0
+}
+
+// Read64 reads a 64-bit little-endian value from the process's memory.
+func (p *Process) Read64(addr uint64) uint64 {
+	p.t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/mem", p.Pid))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer f.Close()
+	var b [8]byte
+	if _, err := f.ReadAt(b[:], int64(addr)); err != nil {
+		p.t.Fatalf("reading pid %d at %#x: %v", p.Pid, addr, err)
+	}
+	return binary.LittleEndian.Uint64(b[:])
+}
+
+// AwaitProgress polls a counter in the process until it has grown by at
+// least n, failing after a minute. Polling a value the program itself
+// advances is the synchronisation: no fixed sleep stands in for it.
+func (p *Process) AwaitProgress(addr, n uint64) {
+	p.t.Helper()
+	start := p.Read64(addr)
+	deadline := time.Now().Add(time.Minute)
+	for p.Read64(addr)-start < n {
+		if time.Now().After(deadline) {
+			p.t.Fatalf("pid %d made less than %d progress in a minute", p.Pid, n)
+		}
+		runtime.Gosched()
+	}
+}
