@@ -14,7 +14,7 @@ import (
 
 // ColdpatchMain runs the coldpatch command and returns its exit code.
 func ColdpatchMain(args []string, stdout, stderr io.Writer) int {
-	return run(newColdpatchCmd(stdout, stderr), args, stderr)
+	return run(newColdpatchCmd(stdout, stderr), args, stdout, stderr)
 }
 
 func newColdpatchCmd(stdout, stderr io.Writer) *cobra.Command {

@@ -47,8 +47,10 @@ func exitCode(err error) int {
 
 // run executes a cobra command and turns its error into one line on stderr
 // and an exit code.
-func run(cmd *cobra.Command, args []string, stderr io.Writer) int {
+func run(cmd *cobra.Command, args []string, stdout, stderr io.Writer) int {
 	cmd.SetArgs(args)
+	cmd.SetOut(stdout)
+	cmd.SetErr(stderr)
 	cmd.SilenceErrors = true
 	cmd.SilenceUsage = true
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })

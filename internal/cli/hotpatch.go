@@ -21,7 +21,7 @@ import (
 
 // HotpatchMain runs the hotpatch command and returns its exit code.
 func HotpatchMain(args []string, stdout, stderr io.Writer) int {
-	return run(newHotpatchCmd(stdout, stderr), args, stderr)
+	return run(newHotpatchCmd(stdout, stderr), args, stdout, stderr)
 }
 
 // actionFlag appends to a shared list, so --enable and --disable keep the
@@ -127,7 +127,7 @@ permission, stale probe list, interrupted); 2 usage; 3 a selector matched no pro
 					if werr := writeJSON(stdout, res); werr != nil && err == nil {
 						err = werr
 					}
-				} else if verbose || !res.OK {
+				} else if verbose {
 					printSites(stderr, res)
 				}
 			}
@@ -135,7 +135,7 @@ permission, stale probe list, interrupted); 2 usage; 3 a selector matched no pro
 				return classify(err)
 			}
 			if !res.OK {
-				return errors.New("some sites did not reach the asked state (see above)")
+				return fmt.Errorf("some sites did not reach the asked state (sites now: %s; -v lists them)", hotpatch.Tally(res.Sites))
 			}
 			return nil
 		},

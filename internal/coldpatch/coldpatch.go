@@ -60,10 +60,11 @@ func Run(path string, opts Options) (*Result, error) {
 			return nil, err
 		}
 	}
-	list, report, err := elfscan.ScanReader(bytes.NewReader(image), int64(len(image)), out, elfscan.Options{Placeholder: opts.Placeholder})
+	list, report, err := elfscan.ScanReader(bytes.NewReader(image), int64(len(image)), abs, elfscan.Options{Placeholder: opts.Placeholder})
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, err
 	}
+	list.Binary.Path = out // the list describes the cold binary
 	res := &Result{List: list, Report: report}
 	patched := append([]byte(nil), image...)
 	for i := range list.Probes {
@@ -78,8 +79,8 @@ func Run(path string, opts Options) (*Result, error) {
 			return nil, fmt.Errorf("%s: probe %d at %s: bytes %x are neither active %s nor inert %s", path, p.ID, p.Address, site, p.Active, p.Inert)
 		}
 	}
-	if err := selfCheck(list, patched, out, opts.Placeholder); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+	if err := selfCheck(list, patched, abs, opts.Placeholder); err != nil {
+		return nil, fmt.Errorf("%s: %w", abs, err)
 	}
 	if opts.DryRun || (res.Patched == 0 && out == abs) {
 		return res, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
@@ -162,7 +163,30 @@ func Apply(ctx context.Context, req Request) (*Result, error) {
 	if runErr == nil && afterErr != nil {
 		runErr = fmt.Errorf("reading sites back: %w", afterErr)
 	}
+	if runErr != nil {
+		if ctx.Err() != nil {
+			runErr = fmt.Errorf("interrupted: %w", runErr)
+		}
+		runErr = fmt.Errorf("%w (sites now: %s)", runErr, Tally(res.Sites))
+	}
 	return res, runErr
+}
+
+// Tally summarises where sites ended, e.g. "3 on, 5 off", for one-line errors.
+func Tally(sites []SiteResult) string {
+	var order []string
+	n := map[string]int{}
+	for _, s := range sites {
+		if n[s.After] == 0 {
+			order = append(order, s.After)
+		}
+		n[s.After]++
+	}
+	parts := make([]string, len(order))
+	for i, st := range order {
+		parts[i] = fmt.Sprintf("%d %s", n[st], st)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // resolve applies the actions in order to every target's probes.

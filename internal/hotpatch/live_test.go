@@ -1,0 +1,437 @@
+package hotpatch
+
+// Live tests: real multi-threaded fixtures, patched by the real hotpatch
+// command run as a separate process, as users run it. (A test process that
+// both parents and traces a target would race its own wait4 against the
+// tracer's, so the tracer must live in another process anyway.)
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/testutil"
+)
+
+var commands struct {
+	dir string
+	err error
+}
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "edgeprobe-bin-")
+	if err != nil {
+		panic(err)
+	}
+	for _, c := range []string{"hotpatch", "coldpatch"} {
+		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, c), "../../cmd/"+c).CombinedOutput()
+		if err != nil {
+			commands.err = fmt.Errorf("go build %s: %v\n%s", c, err, out)
+		}
+	}
+	commands.dir = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type cmdResult struct {
+	code           int
+	stdout, stderr string
+}
+
+func command(t *testing.T, name string, args ...string) cmdResult {
+	t.Helper()
+	if commands.err != nil {
+		t.Fatal(commands.err)
+	}
+	cmd := exec.Command(filepath.Join(commands.dir, name), args...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return cmdResult{code, o.String(), e.String()}
+}
+
+// hotpatch runs the command and fails the test unless it exits 0.
+func hotpatchOK(t *testing.T, args ...string) cmdResult {
+	t.Helper()
+	r := command(t, "hotpatch", args...)
+	if r.code != 0 {
+		t.Fatalf("hotpatch %s: exit %d: %s", strings.Join(args, " "), r.code, r.stderr)
+	}
+	return r
+}
+
+// subject is a running fixture and where its counters live.
+type subject struct {
+	*testutil.Process
+	enters, exits, progress uint64 // run-time addresses of the counters
+	probeArgs               []string
+}
+
+func (s *subject) counts() (uint64, uint64) { return s.Read64(s.enters), s.Read64(s.exits) }
+
+// settle lets the workers run for n iterations so that calls in flight when
+// a patch landed have finished, and returns the hook counts afterwards.
+func (s *subject) settle(n uint64) (uint64, uint64) {
+	s.AwaitProgress(s.progress, n)
+	return s.counts()
+}
+
+// expectFrozen asserts no hook runs while the workers make progress.
+func (s *subject) expectFrozen(t *testing.T, what string) {
+	t.Helper()
+	e0, x0 := s.settle(2000)
+	e1, x1 := s.settle(20000)
+	if e1 != e0 || x1 != x0 {
+		t.Fatalf("%s: hooks ran while they should be off: enters %d->%d, exits %d->%d", what, e0, e1, x0, x1)
+	}
+}
+
+// expectMoving asserts the selected hooks run and the others do not.
+func (s *subject) expectMoving(t *testing.T, what string, enters, exits bool) {
+	t.Helper()
+	e0, x0 := s.settle(2000)
+	e1, x1 := s.settle(20000)
+	if (e1 > e0) != enters || (x1 > x0) != exits {
+		t.Fatalf("%s: enters %d->%d (want moving=%v), exits %d->%d (want moving=%v)", what, e0, e1, enters, x0, x1, exits)
+	}
+}
+
+func (s *subject) hotpatch(t *testing.T, args ...string) cmdResult {
+	t.Helper()
+	return hotpatchOK(t, append([]string{"--pid", fmt.Sprint(s.Pid)}, append(s.probeArgs, args...)...)...)
+}
+
+func (s *subject) states(t *testing.T) []ProbeState {
+	t.Helper()
+	r := s.hotpatch(t, "list", "--json")
+	var st []ProbeState
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("list --json: %v\n%s", err, r.stdout)
+	}
+	return st
+}
+
+func (s *subject) finish(t *testing.T) {
+	t.Helper()
+	out, _ := s.Finish()
+	if !strings.Contains(out, "wrong=0") {
+		t.Fatalf("the program computed wrong results under patching: %q", out)
+	}
+}
+
+func hooksLib(t *testing.T) string {
+	t.Helper()
+	return testutil.Build(t, testutil.Spec{Sources: []string{"hooks.c"}, Shared: true, NoInstr: true, Name: "libhooks.so"}).Path
+}
+
+// startMT builds mt.c per spec, optionally coldpatches it, and starts it with
+// counting hooks (preloaded, or linked in for static builds).
+func startMT(t *testing.T, spec testutil.Spec, cold string, useList bool) *subject {
+	t.Helper()
+	spec.Sources = []string{"mt.c"}
+	hooksAt := ""
+	var env []string
+	if spec.Static {
+		spec.Sources = append(spec.Sources, "hooks.c")
+	} else {
+		hooksAt = hooksLib(t)
+		env = []string{"LD_PRELOAD=" + hooksAt}
+	}
+	fx := testutil.Build(t, spec)
+	if hooksAt == "" {
+		hooksAt = fx.Path
+	}
+	s := &subject{}
+	if cold != "" {
+		r := command(t, "coldpatch", "--placeholder", cold, fx.Path)
+		if r.code != 0 {
+			t.Fatalf("coldpatch: %s", r.stderr)
+		}
+		if useList {
+			list := filepath.Join(t.TempDir(), "probes.json")
+			os.WriteFile(list, []byte(r.stdout), 0o644)
+			s.probeArgs = []string{"--probes", list}
+		}
+	}
+	s.Process = testutil.Start(t, env, fx.Path)
+	s.enters = s.Symbol(hooksAt, "enters")
+	s.exits = s.Symbol(hooksAt, "exits")
+	s.progress = s.Symbol(fx.Path, "progress")
+	return s
+}
+
+func TestEnableDisable(t *testing.T) {
+	testutil.RequirePtrace(t)
+	cases := []struct {
+		spec    testutil.Spec
+		cold    string
+		useList bool
+	}{
+		{testutil.Spec{Compiler: "gcc", Opt: "-O2", PIE: testutil.Bool(true)}, "", false},
+		{testutil.Spec{Compiler: "clang", Opt: "-O2", PIE: testutil.Bool(true)}, "flip", true},
+		{testutil.Spec{Compiler: "gcc", Opt: "-O0", PIE: testutil.Bool(false)}, "flip", false},
+		{testutil.Spec{Compiler: "clang", Opt: "-O3", PIE: testutil.Bool(true), NoPLT: true}, "", false},
+		{testutil.Spec{Compiler: "gcc", Opt: "-O2", Static: true, PIE: testutil.Bool(false)}, "flip", true},
+	}
+	for _, c := range cases {
+		name := c.spec.String() + "-" + map[string]string{"": "nevercold", "flip": "cold"}[c.cold]
+		if c.useList {
+			name += "-list"
+		}
+		t.Run(name, func(t *testing.T) {
+			s := startMT(t, c.spec, c.cold, c.useList)
+			if c.cold == "" {
+				s.expectMoving(t, "never-cold binary at start", true, true)
+				s.hotpatch(t, "--disable", "*")
+			}
+			s.expectFrozen(t, "all probes off")
+			s.hotpatch(t, "--enable", "work", "--kind", "entry")
+			s.expectMoving(t, "work's entry on", true, false)
+			s.hotpatch(t, "--enable", "leaf")
+			s.expectMoving(t, "leaf's entry and exit on", true, true)
+			for _, st := range s.states(t) {
+				on := st.Function == "leaf" || (st.Function == "work" && st.Kind == probelist.KindEntry)
+				if (st.State == "on") != on || (st.State != "on" && st.State != "off") {
+					t.Errorf("probe %d (%s %s) is %s", st.ID, st.Kind, st.Function, st.State)
+				}
+			}
+			// Order matters: the later --disable wins for leaf.
+			s.hotpatch(t, "--enable", "*", "--disable", "leaf", "--disable", "work")
+			s.hotpatch(t, "--disable", "*")
+			s.expectFrozen(t, "all probes off again")
+			s.finish(t)
+		})
+	}
+}
+
+func TestSharedLibrary(t *testing.T) {
+	testutil.RequirePtrace(t)
+	hooks := hooksLib(t)
+	lib := testutil.Build(t, testutil.Spec{Sources: []string{"lib.c"}, Shared: true, Name: "libfix.so", Flags: []string{"-Wl,-soname,libfix.so"}})
+	dir := filepath.Dir(lib.Path)
+	r := command(t, "coldpatch", lib.Path)
+	if r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	list := filepath.Join(dir, "libfix.json")
+	os.WriteFile(list, []byte(r.stdout), 0o644)
+	loop := testutil.Build(t, testutil.Spec{Sources: []string{"libloop.c"}, LDFlags: []string{lib.Path, "-Wl,-rpath," + dir}})
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks}, loop.Path)
+	s := &subject{Process: p, enters: p.Symbol(hooks, "enters"), exits: p.Symbol(hooks, "exits"), progress: p.Symbol(loop.Path, "progress")}
+
+	s.expectFrozen(t, "cold library")
+	s.probeArgs = []string{"--probes", list}
+	s.hotpatch(t, "--enable", "lib_entry")
+	s.expectMoving(t, "lib_entry on through the library's list", true, true)
+	s.hotpatch(t, "--disable", "lib_entry")
+	s.expectFrozen(t, "lib_entry off")
+	s.probeArgs = nil // scan: the executable (never cold) and the library
+	s.hotpatch(t, "--enable", "lib_*", "--kind", "exit")
+	s.expectMoving(t, "library exits on by scan", false, true)
+	s.hotpatch(t, "--disable", "*")
+	s.expectFrozen(t, "everything off")
+	out, _ := s.Finish()
+	if !strings.Contains(out, "done") {
+		t.Fatalf("libloop: %q", out)
+	}
+}
+
+// TestProtocols toggles a nop-placeholder binary (multi-byte sites) and a
+// flip one with every protocol, many times, while four threads run the sites.
+func TestProtocols(t *testing.T) {
+	testutil.RequirePtrace(t)
+	for _, c := range []struct{ placeholder, protocol string }{
+		{"nop", ProtoInt3}, {"nop", ProtoInt3Async}, {"nop", ProtoStop}, {"nop", ProtoAuto},
+		{"flip", ProtoFlip}, {"flip", ProtoStop}, {"flip", ProtoInt3},
+	} {
+		t.Run(c.placeholder+"-"+c.protocol, func(t *testing.T) {
+			s := startMT(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, c.placeholder, true)
+			s.expectFrozen(t, "cold")
+			s.hotpatch(t, "--protocol", c.protocol, "--enable", "work")
+			s.expectMoving(t, "work on", true, true)
+			toggles := 20
+			if testing.Short() {
+				toggles = 4
+			}
+			for i := 0; i < toggles; i++ {
+				s.hotpatch(t, "--protocol", c.protocol, "--enable", "*")
+				s.hotpatch(t, "--protocol", c.protocol, "--disable", "*")
+			}
+			s.expectFrozen(t, "off after toggling")
+			if !s.Alive() {
+				t.Fatal("target died")
+			}
+			s.finish(t)
+		})
+	}
+	t.Run("flip-refuses-nop", func(t *testing.T) {
+		s := startMT(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "nop", true)
+		r := command(t, "hotpatch", append([]string{"--pid", fmt.Sprint(s.Pid), "--protocol", "flip", "--enable", "work"}, s.probeArgs...)...)
+		if r.code != 1 || !strings.Contains(r.stderr, "more than one byte") {
+			t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+		}
+		s.expectFrozen(t, "refused request")
+		s.finish(t)
+	})
+}
+
+// TestRefusals: stale and foreign probe lists, and a busy lock, change nothing.
+func TestRefusals(t *testing.T) {
+	testutil.RequirePtrace(t)
+	s := startMT(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "flip", false)
+	before := s.states(t)
+	check := func(what string, r cmdResult, want string) {
+		t.Helper()
+		if r.code != 1 || !strings.Contains(r.stderr, want) || strings.Count(r.stderr, "\n") != 1 {
+			t.Errorf("%s: exit %d, stderr %q; want 1 and one line containing %q", what, r.code, r.stderr, want)
+		}
+		after := s.states(t)
+		for i := range after {
+			if after[i].State != before[i].State {
+				t.Errorf("%s: probe %d changed from %s to %s", what, i, before[i].State, after[i].State)
+			}
+		}
+	}
+	pid := fmt.Sprint(s.Pid)
+
+	// A list made for another build of the program.
+	other := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O1", Sources: []string{"mt.c"}})
+	r := command(t, "coldpatch", "--dry-run", other.Path)
+	stale := filepath.Join(t.TempDir(), "stale.json")
+	os.WriteFile(stale, []byte(r.stdout), 0o644)
+	check("stale list", command(t, "hotpatch", "--pid", pid, "--probes", stale, "--enable", "*"), "stale probe list")
+
+	// The right build-id, but one site's bytes are not what the process holds.
+	l, _, err := scanRunning(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Probes[len(l.Probes)-1].Active[2] ^= 0xff
+	l.Probes[len(l.Probes)-1].Inert[2] ^= 0xff
+	foreign := filepath.Join(t.TempDir(), "foreign.json")
+	if err := l.WriteFile(foreign); err != nil {
+		t.Fatal(err)
+	}
+	check("foreign bytes", command(t, "hotpatch", "--pid", pid, "--probes", foreign, "--enable", "*"), "nothing was written")
+
+	// Another hotpatch at work.
+	lock, err := AcquireLock(s.Pid, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("busy", command(t, "hotpatch", "--pid", pid, "--enable", "*"), "another hotpatch")
+	waiter := exec.Command(filepath.Join(commands.dir, "hotpatch"), "--pid", pid, "--wait", "--enable", "work")
+	if err := waiter.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lock.Release()
+	if err := waiter.Wait(); err != nil {
+		t.Fatalf("--wait: %v", err)
+	}
+	s.expectMoving(t, "after --wait", true, true)
+	s.finish(t)
+}
+
+// scanRunning scans the running executable as hotpatch does.
+func scanRunning(s *subject) (*probelist.List, *Target, error) {
+	targets, err := LoadTargets(s.Pid, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, t := range targets {
+		if strings.Contains(t.Object.Path, "mt-") {
+			return t.List, t, nil
+		}
+	}
+	return nil, nil, errors.New("executable not found among targets")
+}
+
+// TestInterrupted: SIGINT to hotpatch, and the target dying, in the middle of
+// an int3 batch. The int3 wait is long so the test can see the batch in
+// flight (a site holding its int3) before it acts.
+func TestInterrupted(t *testing.T) {
+	testutil.RequirePtrace(t)
+	for _, how := range []string{"sigint", "target-exits"} {
+		t.Run(how, func(t *testing.T) {
+			s := startMT(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "nop", true)
+			args := append([]string{"--pid", fmt.Sprint(s.Pid), "--protocol", "int3", "--int3-wait", "2s", "--enable", "*"}, s.probeArgs...)
+			hp := exec.Command(filepath.Join(commands.dir, "hotpatch"), args...)
+			var stderr bytes.Buffer
+			hp.Stderr = &stderr
+			if err := hp.Start(); err != nil {
+				t.Fatal(err)
+			}
+			awaitMidPatch(t, s)
+			if how == "sigint" {
+				hp.Process.Signal(syscall.SIGINT)
+			} else {
+				s.Cmd.Process.Kill()
+			}
+			done := make(chan error, 1)
+			go func() { done <- hp.Wait() }()
+			select {
+			case err := <-done:
+				if err == nil {
+					t.Fatalf("hotpatch exited 0 after %s", how)
+				}
+			case <-time.After(time.Minute):
+				hp.Process.Kill()
+				t.Fatalf("hotpatch did not exit within a minute of %s", how)
+			}
+			if strings.Count(stderr.String(), "\n") != 1 {
+				t.Errorf("stderr is not one line: %q", stderr.String())
+			}
+			if how == "target-exits" {
+				return
+			}
+			for _, st := range s.states(t) {
+				if st.State != "on" && st.State != "off" {
+					t.Errorf("probe %d (%s %s) left %s: %s", st.ID, st.Kind, st.Function, st.State, st.Bytes)
+				}
+			}
+			// Rolled back or completed, depending on the phase SIGINT met;
+			// either is valid as long as every site holds a whole form.
+			if !s.Alive() {
+				t.Fatal("target died")
+			}
+			s.finish(t)
+		})
+	}
+}
+
+// awaitMidPatch polls the sites until one holds an int3: the batch is in
+// its first wait.
+func awaitMidPatch(t *testing.T, s *subject) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		st, err := Status(s.Pid, s.probeArgs[1:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range st {
+			if p.State == "mid-patch" {
+				return
+			}
+		}
+	}
+	t.Fatal("no site showed an int3 within a minute")
+}
