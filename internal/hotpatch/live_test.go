@@ -435,3 +435,32 @@ func awaitMidPatch(t *testing.T, s *subject) {
 	}
 	t.Fatal("no site showed an int3 within a minute")
 }
+
+// TestStrippedAfterColdpatch: iProbe's workflow for binaries shipped
+// stripped: coldpatch the build, keep its probe list, strip, deploy. The list
+// finds the stripped copy by build-id.
+func TestStrippedAfterColdpatch(t *testing.T) {
+	testutil.RequirePtrace(t)
+	testutil.RequireTool(t, "strip")
+	fx := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c", "hooks.c"}, Static: true, PIE: testutil.Bool(false)})
+	r := command(t, "coldpatch", fx.Path)
+	if r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	list := filepath.Join(t.TempDir(), "probes.json")
+	os.WriteFile(list, []byte(r.stdout), 0o644)
+	// Read the counters' addresses before the symbols go.
+	p := testutil.Start(t, nil, fx.Path)
+	enters, exits, progress := p.Symbol(fx.Path, "enters"), p.Symbol(fx.Path, "exits"), p.Symbol(fx.Path, "progress")
+	p.Finish()
+	if out, err := exec.Command("strip", "--strip-all", fx.Path).CombinedOutput(); err != nil {
+		t.Fatalf("strip: %v %s", err, out)
+	}
+	s := &subject{Process: testutil.Start(t, nil, fx.Path), enters: enters, exits: exits, progress: progress, probeArgs: []string{"--probes", list}}
+	s.expectFrozen(t, "stripped cold binary")
+	s.hotpatch(t, "--enable", "work")
+	s.expectMoving(t, "work on in the stripped copy", true, true)
+	s.hotpatch(t, "--disable", "work")
+	s.expectFrozen(t, "off again")
+	s.finish(t)
+}

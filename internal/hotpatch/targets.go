@@ -74,12 +74,12 @@ func matchLists(pid int, objs []procmaps.Object, files []string) ([]*Target, err
 }
 
 func matchObject(objs []procmaps.Object, l *probelist.List) (*procmaps.Object, error) {
+	// The build-id names the build, whatever was stripped from the file
+	// since: a list made before `strip` applies to the stripped copy, whose
+	// size differs but whose loaded code does not. Every site's bytes are
+	// verified before any write, which is what catches a wrong match.
 	for i := range objs {
-		o := &objs[i]
-		if l.Binary.BuildID != "" && o.BuildID == l.Binary.BuildID {
-			if o.Size != l.Binary.Size {
-				return nil, fmt.Errorf("%s has build-id %s but is %d bytes, the list says %d", o.Path, o.BuildID, o.Size, l.Binary.Size)
-			}
+		if o := &objs[i]; l.Binary.BuildID != "" && o.BuildID == l.Binary.BuildID {
 			return o, nil
 		}
 	}

@@ -139,11 +139,13 @@ func Build(t testing.TB, spec Spec) Fixture {
 	key := hex.EncodeToString(h.Sum(nil))[:20]
 	cached := filepath.Join(cacheDir(t), key, name)
 
-	buildMu.Lock()
-	if _, err := os.Stat(cached); err != nil {
-		build(t, spec, dir, cached)
-	}
-	buildMu.Unlock()
+	func() {
+		buildMu.Lock()
+		defer buildMu.Unlock() // build may t.Fatal, which unwinds through here
+		if _, err := os.Stat(cached); err != nil {
+			build(t, spec, dir, cached)
+		}
+	}()
 
 	out := filepath.Join(t.TempDir(), name)
 	copyFile(t, cached, out)

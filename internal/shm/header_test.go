@@ -1,0 +1,119 @@
+package shm
+
+import (
+	"encoding/binary"
+	"errors"
+	"math"
+	"testing"
+	"unsafe"
+)
+
+// validRegion builds a small, consistent region image in Go.
+func validRegion() []byte {
+	h := Header{
+		Magic: Magic, Version: Version, HeaderSize: HeaderSize, Pid: 42, HistBuckets: HistBuckets,
+		ClockKind: ClockMono, TSCMult: 1 << 32, FuncOff: HeaderSize, MaxFuncs: 4, FuncSize: funcSize,
+		MaxThreads: 2, ThreadLocalOff: threadSize, LocalFuncs: 2, LocalSize: localSize,
+		ThreadStackOff: 320, StackDepth: 4, FrameSize: frameSize, RingEvents: 4, EventSize: eventSize,
+		RingStride: 64, MaxProbe: 4, State: StateExited,
+	}
+	h.ThreadSize = 448 // 320 + 4*24 = 416, rounded to 64
+	h.ThreadOff = h.FuncOff + 4*funcSize
+	h.RingOff = h.ThreadOff + 2*uint64(h.ThreadSize)
+	h.RegionSize = h.RingOff + 2*h.RingStride
+	b := make([]byte, h.RegionSize)
+	*(*Header)(unsafe.Pointer(&b[0])) = h
+	return b
+}
+
+func TestParseHeaderValid(t *testing.T) {
+	b := validRegion()
+	h, err := ParseHeader(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Pid != 42 || h.MaxFuncs != 4 {
+		t.Errorf("parsed %+v", h)
+	}
+}
+
+func TestParseHeaderErrors(t *testing.T) {
+	put32 := func(off int, v uint32) func([]byte) []byte {
+		return func(b []byte) []byte { binary.LittleEndian.PutUint32(b[off:], v); return b }
+	}
+	put64 := func(off int, v uint64) func([]byte) []byte {
+		return func(b []byte) []byte { binary.LittleEndian.PutUint64(b[off:], v); return b }
+	}
+	off := func(f string) int {
+		typ := unsafe.Sizeof(Header{})
+		_ = typ
+		switch f {
+		case "version":
+			return int(unsafe.Offsetof(Header{}.Version))
+		case "max_funcs":
+			return int(unsafe.Offsetof(Header{}.MaxFuncs))
+		case "func_size":
+			return int(unsafe.Offsetof(Header{}.FuncSize))
+		case "thread_off":
+			return int(unsafe.Offsetof(Header{}.ThreadOff))
+		case "ring_stride":
+			return int(unsafe.Offsetof(Header{}.RingStride))
+		case "region_size":
+			return int(unsafe.Offsetof(Header{}.RegionSize))
+		case "max_threads":
+			return int(unsafe.Offsetof(Header{}.MaxThreads))
+		case "maps_len":
+			return int(unsafe.Offsetof(Header{}.MapsLen))
+		case "clock_kind":
+			return int(unsafe.Offsetof(Header{}.ClockKind))
+		}
+		panic(f)
+	}
+	for _, tc := range []struct {
+		name string
+		mod  func([]byte) []byte
+		want error
+	}{
+		{"short", func(b []byte) []byte { return b[:100] }, ErrTruncated},
+		{"magic", put64(0, 0x1234), ErrBadMagic},
+		{"version", put32(off("version"), 99), ErrVersion},
+		{"not-pow2", put32(off("max_funcs"), 3), ErrLayout},
+		{"func-size", put32(off("func_size"), 512), ErrLayout},
+		{"overlap", put64(off("thread_off"), HeaderSize+64), ErrLayout},
+		{"ring-stride", put64(off("ring_stride"), 8), ErrLayout},
+		{"region-size", put64(off("region_size"), 1<<40), ErrTruncated},
+		{"threads-overflow", put32(off("max_threads"), math.MaxUint32), ErrLayout},
+		{"maps-outside", put64(off("maps_len"), 10), ErrLayout},
+		{"clock", put32(off("clock_kind"), 7), ErrLayout},
+		{"truncated-tables", func(b []byte) []byte { return b[:len(b)-1] }, ErrTruncated},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseHeader(tc.mod(validRegion()))
+			if !errors.Is(err, tc.want) {
+				t.Errorf("got %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+// FuzzParseHeader: any input is rejected with an error or accepted with a
+// geometry whose every table lies inside the input; the reader's accessors
+// must then stay in bounds.
+func FuzzParseHeader(f *testing.F) {
+	f.Add(validRegion())
+	f.Add(make([]byte, HeaderSize))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := ParseHeader(b)
+		if err != nil {
+			return
+		}
+		r := &Region{mem: b, hdr: h}
+		r.Functions()
+		r.Threads()
+		r.Counters()
+		r.Maps()
+		for i := 0; i < int(h.MaxThreads) && i < 8; i++ {
+			r.Events(i)
+		}
+	})
+}

@@ -1,0 +1,176 @@
+package shm
+
+// The constants and structs below mirror runtime/edgeprobe_shm.h exactly
+// (TestLayoutMatchesC checks every offset and size against the C compiler).
+
+// Magic is "EDGEPRB1" read as a little-endian uint64.
+const Magic uint64 = 0x3142525045474445
+
+// Version is the layout version this package reads.
+const Version uint32 = 1
+
+const (
+	HeaderSize  = 4096 // bytes of Header
+	HistBuckets = 64   // bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2)
+	funcSize    = 576
+	threadSize  = 192
+	localSize   = 48
+	frameSize   = 24
+	eventSize   = 16
+)
+
+// KeyBare marks a function-table key recorded by clang's
+// __cyg_profile_func_enter_bare: the rest of the key is a return address
+// inside the instrumented function, not its entry point.
+const KeyBare uint64 = 1 << 63
+
+// Clock kinds (Header.ClockKind).
+const (
+	ClockTSC  = 1 // rdtsc ticks; ns = ticks * TSCMult >> 32
+	ClockMono = 2 // clock_gettime(CLOCK_MONOTONIC)
+)
+
+// Region states (Header.State).
+const (
+	StateRunning = 1
+	StateExited  = 2
+)
+
+// Control bits (Header.Control), written by readers and read by every hook.
+const (
+	CtlTrace  uint32 = 1 // append enter/exit events to the per-thread rings
+	CtlNoTime uint32 = 2 // count only: no clock reads, no latency
+	CtlPause  uint32 = 4 // record nothing
+)
+
+// Event kinds.
+const (
+	EvEnter  = 0
+	EvExit   = 1
+	EvThread = 2 // a thread claimed the slot; Event.Addr holds its tid
+)
+
+const (
+	evKindShift = 62
+	evTSMask    = 1<<62 - 1
+	slotOwned   = 1
+)
+
+// Header is struct ep_header.
+type Header struct {
+	Magic       uint64
+	Version     uint32
+	HeaderSize  uint32
+	RegionSize  uint64
+	Pid         int32
+	Ppid        int32
+	HistBuckets uint32
+	ClockKind   uint32
+	TSCMult     uint64
+	TSC0        uint64
+	Mono0       uint64
+
+	Real0          uint64
+	FuncOff        uint64
+	MaxFuncs       uint32
+	FuncSize       uint32
+	ThreadOff      uint64
+	MaxThreads     uint32
+	ThreadSize     uint32
+	ThreadLocalOff uint32
+	LocalFuncs     uint32
+	LocalSize      uint32
+	ThreadStackOff uint32
+	StackDepth     uint32
+	FrameSize      uint32
+	RingOff        uint64
+	RingStride     uint64
+	RingEvents     uint32
+	EventSize      uint32
+	MaxProbe       uint32
+	_              uint32
+	CalibNs        uint64
+	MapsOff        uint64
+	MapsLen        uint64
+	InitMono       uint64
+
+	State    uint32
+	_        uint32
+	ExitMono uint64
+	ExitTSC  uint64
+	_        [5]uint64
+
+	Control uint32
+	_       [15]uint32
+
+	FuncsUsed       uint64
+	FuncDropEnters  uint64
+	FuncDropExits   uint64
+	ThreadsClaimed  uint64
+	ThreadsActive   uint64
+	ThreadOverflows uint64
+	ThreadDropHits  uint64
+	PreinitDrops    uint64
+	LateDrops       uint64
+	_               [463]uint64
+}
+
+// funcEntry is struct ep_func.
+type funcEntry struct {
+	Addr      uint64
+	Entries   uint64
+	Exits     uint64
+	SumNs     uint64
+	MinInv    uint64
+	MaxNs     uint64
+	Orphans   uint64
+	Unmatched uint64
+	Hist      [HistBuckets]uint64
+}
+
+// threadSlot is struct ep_thread.
+type threadSlot struct {
+	State          uint32
+	Tid            int32
+	Generation     uint32
+	Depth          uint32
+	ClaimedMono    uint64
+	ReentrantDrops uint64
+	StackOverflows uint64
+	Orphans        uint64
+	Unmatched      uint64
+	LocalFull      uint64
+	RingHead       uint64
+	RingDropped    uint64
+	RingTailCache  uint64
+	Index          uint32
+	_              uint32
+	_              [4]uint64
+	RingTail       uint64
+	_              [7]uint64
+}
+
+// localEntry is struct ep_local.
+type localEntry struct {
+	Addr    uint64
+	Gidx    uint32
+	_       uint32
+	Entries uint64
+	Exits   uint64
+	SumNs   uint64
+	_       uint64
+}
+
+// frame is struct ep_frame.
+type frame struct {
+	Fn   uint64
+	TS   uint64
+	Gidx uint32
+	Lidx uint32
+}
+
+// event is struct ep_event.
+type event struct {
+	TSK uint64
+	Fn  uint64
+}

@@ -1,0 +1,340 @@
+package shm
+
+import (
+	"fmt"
+	"math/bits"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+)
+
+// Dir is where the runtime puts live regions (EDGEPROBE_DIR overrides it in
+// the runtime; pass the same path to Open then).
+const Dir = "/dev/shm"
+
+// Path is the live region of process pid.
+func Path(pid int) string { return Dir + "/edgeprobe." + strconv.Itoa(pid) }
+
+// Region is an open region: a live process's mapping or an output file.
+type Region struct {
+	path     string
+	mem      []byte
+	hdr      Header // validated copy of the immutable geometry
+	writable bool
+}
+
+// OpenPID opens the live region of process pid.
+func OpenPID(pid int) (*Region, error) { return Open(Path(pid)) }
+
+// Open maps the region file at path, read-write when permitted (needed for
+// SetControl and Consume), else read-only, and validates its header.
+func Open(path string) (*Region, error) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	writable := err == nil
+	if err != nil {
+		f, err = os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("shm: %w", err)
+		}
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("shm: %w", err)
+	}
+	size := st.Size()
+	if size < HeaderSize {
+		return nil, fmt.Errorf("shm: %s: %d bytes, need at least %d: %w", path, size, HeaderSize, ErrTruncated)
+	}
+	if int64(int(size)) != size {
+		return nil, fmt.Errorf("shm: %s: %d bytes: %w", path, size, ErrLayout)
+	}
+	prot := syscall.PROT_READ
+	if writable {
+		prot |= syscall.PROT_WRITE
+	}
+	mem, err := syscall.Mmap(int(f.Fd()), 0, int(size), prot, syscall.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("shm: mmap %s: %w", path, err)
+	}
+	h, err := ParseHeader(mem)
+	if err != nil {
+		syscall.Munmap(mem)
+		return nil, fmt.Errorf("shm: %s: %w", path, err)
+	}
+	return &Region{path: path, mem: mem, hdr: h, writable: writable}, nil
+}
+
+// Close unmaps the region.
+func (r *Region) Close() error {
+	if r.mem == nil {
+		return nil
+	}
+	err := syscall.Munmap(r.mem)
+	r.mem = nil
+	return err
+}
+
+// Path is the file the region was opened from.
+func (r *Region) Path() string { return r.path }
+
+// Writable reports whether SetControl and Consume may be used.
+func (r *Region) Writable() bool { return r.writable }
+
+func (r *Region) u64(off uint64) uint64 {
+	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&r.mem[off])))
+}
+
+func (r *Region) u32(off uint64) uint32 {
+	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.mem[off])))
+}
+
+var (
+	hdrControl = uint64(unsafe.Offsetof(Header{}.Control))
+	hdrState   = uint64(unsafe.Offsetof(Header{}.State))
+)
+
+// Header returns the header with its mutable fields (state, control,
+// counters, exit time) read atomically now.
+func (r *Region) Header() Header {
+	h := r.hdr
+	p := (*Header)(unsafe.Pointer(&r.mem[0]))
+	h.State = atomic.LoadUint32(&p.State)
+	h.Control = atomic.LoadUint32(&p.Control)
+	h.ExitMono = atomic.LoadUint64(&p.ExitMono)
+	h.ExitTSC = atomic.LoadUint64(&p.ExitTSC)
+	h.FuncsUsed = atomic.LoadUint64(&p.FuncsUsed)
+	h.FuncDropEnters = atomic.LoadUint64(&p.FuncDropEnters)
+	h.FuncDropExits = atomic.LoadUint64(&p.FuncDropExits)
+	h.ThreadsClaimed = atomic.LoadUint64(&p.ThreadsClaimed)
+	h.ThreadsActive = atomic.LoadUint64(&p.ThreadsActive)
+	h.ThreadOverflows = atomic.LoadUint64(&p.ThreadOverflows)
+	h.ThreadDropHits = atomic.LoadUint64(&p.ThreadDropHits)
+	h.PreinitDrops = atomic.LoadUint64(&p.PreinitDrops)
+	h.LateDrops = atomic.LoadUint64(&p.LateDrops)
+	return h
+}
+
+// Exited reports whether the process ran its exit handler (always true for
+// an EDGEPROBE_OUTPUT file).
+func (r *Region) Exited() bool { return r.u32(hdrState) == StateExited }
+
+// Maps is the copy of /proc/PID/maps an output file carries (nil for a live
+// region: read /proc/PID/maps instead).
+func (r *Region) Maps() []byte {
+	if r.hdr.MapsLen == 0 {
+		return nil
+	}
+	return append([]byte(nil), r.mem[r.hdr.MapsOff:r.hdr.MapsOff+r.hdr.MapsLen]...)
+}
+
+// Control returns the control bits.
+func (r *Region) Control() uint32 { return r.u32(hdrControl) }
+
+// SetControl sets the bits in set and clears those in clear, atomically with
+// respect to other readers doing the same; hooks see the change at their next
+// call.
+func (r *Region) SetControl(set, clear uint32) error {
+	if !r.writable {
+		return fmt.Errorf("shm: %s: %w", r.path, ErrReadOnly)
+	}
+	p := (*uint32)(unsafe.Pointer(&r.mem[hdrControl]))
+	for {
+		old := atomic.LoadUint32(p)
+		if atomic.CompareAndSwapUint32(p, old, old&^clear|set) {
+			return nil
+		}
+	}
+}
+
+// SetTrace switches the event rings on or off.
+func (r *Region) SetTrace(on bool) error {
+	if on {
+		return r.SetControl(CtlTrace, 0)
+	}
+	return r.SetControl(0, CtlTrace)
+}
+
+// Func is one function's totals.
+type Func struct {
+	Addr      uint64 // runtime address of the function (KeyBare cleared)
+	Bare      bool   // recorded by __cyg_profile_func_enter_bare: Addr is inside the function
+	Entries   uint64
+	Exits     uint64 // including orphans
+	Orphans   uint64 // exits with no enter on the thread's shadow stack
+	Unmatched uint64 // enters whose frame was popped without an exit (longjmp, ...)
+	Samples   uint64 // timed exits (sum of Hist)
+	SumNs     uint64
+	MinNs     uint64 // 0 when Samples == 0
+	MaxNs     uint64
+	Hist      [HistBuckets]uint64
+}
+
+// MeanNs is the mean latency, 0 without samples.
+func (f *Func) MeanNs() uint64 {
+	if f.Samples == 0 {
+		return 0
+	}
+	return f.SumNs / f.Samples
+}
+
+// Percentile estimates latency quantile q in [0,1] at bucket resolution.
+func (f *Func) Percentile(q float64) uint64 { return Percentile(&f.Hist, q, f.MinNs, f.MaxNs) }
+
+func (r *Region) funcAt(i uint64) *funcEntry {
+	return (*funcEntry)(unsafe.Pointer(&r.mem[r.hdr.FuncOff+i*funcSize]))
+}
+
+func (r *Region) slotAt(i uint64) *threadSlot {
+	return (*threadSlot)(unsafe.Pointer(&r.mem[r.hdr.ThreadOff+i*uint64(r.hdr.ThreadSize)]))
+}
+
+func (r *Region) localAt(slot, i uint64) *localEntry {
+	off := r.hdr.ThreadOff + slot*uint64(r.hdr.ThreadSize) + uint64(r.hdr.ThreadLocalOff) + i*localSize
+	return (*localEntry)(unsafe.Pointer(&r.mem[off]))
+}
+
+// Functions snapshots the function table, each function's shared counters
+// plus every thread cache entry naming it, in table order.
+func (r *Region) Functions() []Func {
+	n := uint64(r.hdr.MaxFuncs)
+	idx := make(map[uint32]int)
+	var out []Func
+	for i := uint64(0); i < n; i++ {
+		e := r.funcAt(i)
+		key := atomic.LoadUint64(&e.Addr)
+		if key == 0 {
+			continue
+		}
+		f := Func{Addr: key &^ KeyBare, Bare: key&KeyBare != 0}
+		f.Entries = atomic.LoadUint64(&e.Entries)
+		f.Exits = atomic.LoadUint64(&e.Exits)
+		f.SumNs = atomic.LoadUint64(&e.SumNs)
+		if inv := atomic.LoadUint64(&e.MinInv); inv != 0 {
+			f.MinNs = ^inv
+		}
+		f.MaxNs = atomic.LoadUint64(&e.MaxNs)
+		f.Orphans = atomic.LoadUint64(&e.Orphans)
+		f.Unmatched = atomic.LoadUint64(&e.Unmatched)
+		for b := range f.Hist {
+			f.Hist[b] = atomic.LoadUint64(&e.Hist[b])
+			f.Samples += f.Hist[b]
+		}
+		idx[uint32(i)] = len(out)
+		out = append(out, f)
+	}
+	for s := uint64(0); s < uint64(r.hdr.MaxThreads); s++ {
+		for i := uint64(0); i < uint64(r.hdr.LocalFuncs); i++ {
+			l := r.localAt(s, i)
+			if atomic.LoadUint64(&l.Addr) == 0 {
+				continue
+			}
+			k, ok := idx[atomic.LoadUint32(&l.Gidx)]
+			if !ok {
+				continue // a cache entry is published after its table entry; a torn read only
+			}
+			out[k].Entries += atomic.LoadUint64(&l.Entries)
+			out[k].Exits += atomic.LoadUint64(&l.Exits)
+			out[k].SumNs += atomic.LoadUint64(&l.SumNs)
+		}
+	}
+	if len(out) == 0 && r.hdr.MaxFuncs > 0 {
+		return []Func{}
+	}
+	return out
+}
+
+// Thread is one thread slot.
+type Thread struct {
+	Index          int
+	Owned          bool  // a live thread holds the slot
+	Tid            int32 // owner, or last owner of a free slot
+	Generation     uint32
+	Depth          uint32
+	ReentrantDrops uint64
+	StackOverflows uint64
+	Orphans        uint64
+	Unmatched      uint64
+	LocalFull      uint64
+	RingHead       uint64
+	RingTail       uint64
+	RingDropped    uint64
+}
+
+// Threads returns every slot that has ever been claimed.
+func (r *Region) Threads() []Thread {
+	var out []Thread
+	for i := uint64(0); i < uint64(r.hdr.MaxThreads); i++ {
+		s := r.slotAt(i)
+		gen := atomic.LoadUint32(&s.Generation)
+		if gen == 0 {
+			continue
+		}
+		out = append(out, Thread{
+			Index:          int(i),
+			Owned:          atomic.LoadUint32(&s.State) == slotOwned,
+			Tid:            int32(atomic.LoadUint32((*uint32)(unsafe.Pointer(&s.Tid)))),
+			Generation:     gen,
+			Depth:          atomic.LoadUint32(&s.Depth),
+			ReentrantDrops: atomic.LoadUint64(&s.ReentrantDrops),
+			StackOverflows: atomic.LoadUint64(&s.StackOverflows),
+			Orphans:        atomic.LoadUint64(&s.Orphans),
+			Unmatched:      atomic.LoadUint64(&s.Unmatched),
+			LocalFull:      atomic.LoadUint64(&s.LocalFull),
+			RingHead:       atomic.LoadUint64(&s.RingHead),
+			RingTail:       atomic.LoadUint64(&s.RingTail),
+			RingDropped:    atomic.LoadUint64(&s.RingDropped),
+		})
+	}
+	return out
+}
+
+// Counters are the region-wide drop and mismatch counts: the header's plus
+// the sums over thread slots.
+type Counters struct {
+	FuncsUsed       uint64
+	FuncDropEnters  uint64 // function table full
+	FuncDropExits   uint64
+	ThreadsClaimed  uint64
+	ThreadsActive   uint64
+	ThreadOverflows uint64 // threads that found no free slot
+	ThreadDropHits  uint64
+	PreinitDrops    uint64
+	LateDrops       uint64
+	ReentrantDrops  uint64 // hooks inside hooks (signal handlers), and during fork
+	StackOverflows  uint64
+	Orphans         uint64
+	Unmatched       uint64
+	LocalFull       uint64
+	RingDropped     uint64
+}
+
+// Counters snapshots the drop and mismatch counters.
+func (r *Region) Counters() Counters {
+	h := r.Header()
+	c := Counters{
+		FuncsUsed: h.FuncsUsed, FuncDropEnters: h.FuncDropEnters, FuncDropExits: h.FuncDropExits,
+		ThreadsClaimed: h.ThreadsClaimed, ThreadsActive: h.ThreadsActive,
+		ThreadOverflows: h.ThreadOverflows, ThreadDropHits: h.ThreadDropHits,
+		PreinitDrops: h.PreinitDrops, LateDrops: h.LateDrops,
+	}
+	for _, t := range r.Threads() {
+		c.ReentrantDrops += t.ReentrantDrops
+		c.StackOverflows += t.StackOverflows
+		c.Orphans += t.Orphans
+		c.Unmatched += t.Unmatched
+		c.LocalFull += t.LocalFull
+		c.RingDropped += t.RingDropped
+	}
+	return c
+}
+
+// NsFromTicks converts a difference of the runtime's clock readings to
+// nanoseconds (the runtime already stores latencies in ns; this serves
+// ExitTSC and similar raw readings).
+func (h *Header) NsFromTicks(ticks uint64) uint64 {
+	hi, lo := bits.Mul64(ticks, h.TSCMult)
+	return hi<<32 | lo>>32
+}

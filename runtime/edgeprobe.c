@@ -1,0 +1,957 @@
+/* edgeprobe.c: the LD_PRELOAD runtime behind edgeprobe's probes.
+ *
+ * It defines the -finstrument-functions hooks (__cyg_profile_func_enter/exit
+ * and clang's __cyg_profile_func_enter_bare) and records, per function
+ * address, entries, exits and inclusive latency into a shared-memory region
+ * (/dev/shm/edgeprobe.<pid>, layout in edgeprobe_shm.h, reader in
+ * internal/shm, description in docs/runtime.md).
+ *
+ * Rules this file keeps (the host is a production process):
+ *   - no locks, no malloc, no syscalls on the hook path once the calling
+ *     thread has its slot (the first hit of a thread claims one: gettid and
+ *     pthread_setspecific, no locks);
+ *   - every hook is async-signal-safe: per-thread state carries a busy flag
+ *     and a hook that interrupts another hook on the same thread is dropped
+ *     and counted (ep_thread.reentrant_drops);
+ *   - nothing here is instrumented (no_instrument_function everywhere and the
+ *     library is built without -finstrument-functions);
+ *   - a failure to set up (no /dev/shm space, bad limits) disables recording,
+ *     it never aborts the host.
+ *
+ * Build (see docs/runtime.md):
+ *   cc -O2 -fPIC -shared -fno-plt -pthread -fvisibility=hidden \
+ *      -ftls-model=initial-exec -Wall -Wextra runtime/edgeprobe.c -o bin/libedgeprobe.so
+ */
+#define _GNU_SOURCE
+#include "edgeprobe_shm.h"
+
+#include <cpuid.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h> /* rename */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#include <x86intrin.h>
+
+#define EP_FN __attribute__((no_instrument_function))
+#define EP_INLINE static inline __attribute__((no_instrument_function, always_inline))
+#define EP_STATIC static __attribute__((no_instrument_function))
+#define EP_COLD static __attribute__((no_instrument_function, noinline, cold))
+#define EP_EXPORT __attribute__((visibility("default"), no_instrument_function))
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+
+#define LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+#define ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_RELAXED)
+/* Single-writer increment: a plain load and store, atomic per access so a
+ * reader never sees a torn value, but no lock prefix. */
+#define OWN_ADD(p, v) STORE((p), LOAD(p) + (v))
+#define SIGFENCE() __atomic_signal_fence(__ATOMIC_SEQ_CST)
+
+#define EP_NONE 0xffffffffu
+
+/* Defaults and bounds of the configurable limits (docs/runtime.md). */
+#define EP_DEF_FUNCS 16384u
+#define EP_MAX_FUNCS_CAP (1u << 22)
+#define EP_DEF_THREADS 1024u
+#define EP_MAX_THREADS_CAP 65536u
+#define EP_DEF_RING 512u
+#define EP_MAX_RING_CAP (1u << 20)
+#define EP_DEF_STACK 256u
+#define EP_MAX_STACK_CAP 65536u
+#define EP_DEF_LOCAL 64u
+#define EP_MAX_LOCAL_CAP 4096u
+#define EP_PROBE_LIMIT 32u
+#define EP_LOCAL_PROBES 4u
+#define EP_REGION_CAP (1ull << 36)
+
+/* Sentinel values of ep_tls.slot below EP_SLOT_MIN. */
+#define EP_TS_NONE ((struct ep_thread *)0)     /* not claimed yet */
+#define EP_TS_DEAD ((struct ep_thread *)1)     /* released at thread exit */
+#define EP_TS_OVERFLOW ((struct ep_thread *)2) /* no free slot */
+#define EP_SLOT_MIN 16u
+
+/* Process-wide state, read-only on the hook path after init. */
+static struct {
+	char *base;               /* region */
+	struct ep_header *hdr;
+	struct ep_func *funcs;
+	uint32_t fmask;           /* max_funcs - 1 */
+	uint32_t max_probe;
+	uint32_t lmask;           /* local_funcs - 1 */
+	uint32_t nlocal;          /* local_funcs */
+	uint32_t stack_depth;
+	uint32_t stack_off;
+	uint32_t thread_size;
+	uint32_t max_threads;
+	uint32_t ring_mask;       /* ring_events - 1 */
+	uint32_t ring_events;
+	uint64_t ring_off;
+	uint64_t ring_stride;
+	uint64_t tsc_mult;
+	int tsc;                  /* 1: rdtsc, 0: clock_gettime */
+	uint64_t size;
+} ep __attribute__((aligned(64)));
+
+/* Init state machine: 0 none, 1 initialising, 2 ready, 3 failed. */
+static int ep_state;
+static uint64_t ep_early_drops; /* drops before a header exists */
+static int ep_calibrated;
+static uint64_t ep_cal_mult, ep_cal_tsc0, ep_cal_mono0, ep_cal_real0, ep_cal_ns;
+static int ep_clock_is_tsc;
+static pthread_key_t ep_key;
+static int ep_key_ok;
+static int ep_atfork_done;
+static int ep_keep;
+static int ep_forked; /* this image is a fork child of the process that loaded us */
+static char ep_path[256];
+static char ep_out[4096];
+static int ep_region_pid;
+
+struct ep_tls {
+	struct ep_thread *slot;
+	uint32_t busy;
+	uint32_t saved_busy; /* across fork */
+};
+static __thread struct ep_tls ep_tls __attribute__((tls_model("initial-exec")));
+
+/* ---- clocks ---- */
+
+EP_INLINE uint64_t ep_mono_ns(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+EP_INLINE uint64_t ep_ticks(void) {
+	if (likely(ep.tsc))
+		return __rdtsc();
+	return ep_mono_ns();
+}
+
+EP_INLINE uint64_t ep_to_ns(uint64_t ticks) {
+	return (uint64_t)(((unsigned __int128)ticks * ep.tsc_mult) >> 32);
+}
+
+EP_STATIC int ep_invariant_tsc(void) {
+	unsigned a, b, c, d;
+	if (!__get_cpuid(0x80000000u, &a, &b, &c, &d) || a < 0x80000007u)
+		return 0;
+	__get_cpuid(0x80000007u, &a, &b, &c, &d);
+	return (d >> 8) & 1;
+}
+
+EP_STATIC int ep_streq(const char *a, const char *b) {
+	while (*a && *a == *b)
+		a++, b++;
+	return *a == *b;
+}
+
+/* Calibrate the TSC against CLOCK_MONOTONIC over ~500us (once per process
+ * tree: a fork child keeps its parent's figures). */
+EP_STATIC void ep_calibrate(void) {
+	if (ep_calibrated)
+		return;
+	const char *c = getenv("EDGEPROBE_CLOCK");
+	int tsc = ep_invariant_tsc();
+	if (c && ep_streq(c, "mono"))
+		tsc = 0;
+	else if (c && ep_streq(c, "tsc"))
+		tsc = 1;
+	struct timespec rt;
+	if (tsc) {
+		uint64_t a = __rdtsc(), m0 = ep_mono_ns(), b = __rdtsc();
+		uint64_t t0 = a + (b - a) / 2, t1, m1;
+		do {
+			a = __rdtsc();
+			m1 = ep_mono_ns();
+			b = __rdtsc();
+			t1 = a + (b - a) / 2;
+		} while (m1 - m0 < 500000);
+		if (t1 <= t0) {
+			tsc = 0;
+		} else {
+			ep_cal_mult = (uint64_t)((((unsigned __int128)(m1 - m0)) << 32) / (t1 - t0));
+			ep_cal_tsc0 = t1;
+			ep_cal_mono0 = m1;
+			ep_cal_ns = m1 - m0;
+		}
+	}
+	if (!tsc) {
+		ep_cal_mult = 1ull << 32;
+		ep_cal_mono0 = ep_mono_ns();
+		ep_cal_tsc0 = ep_cal_mono0;
+		ep_cal_ns = 0;
+	}
+	clock_gettime(CLOCK_REALTIME, &rt);
+	ep_cal_real0 = (uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec;
+	ep_clock_is_tsc = tsc;
+	ep_calibrated = 1;
+}
+
+/* ---- small helpers (no stdio: async-signal-safe) ---- */
+
+EP_STATIC uint64_t ep_env_u64(const char *name, uint64_t def, uint64_t max) {
+	const char *s = getenv(name);
+	if (!s || !*s)
+		return def;
+	uint64_t v = 0;
+	for (; *s; s++) {
+		if (*s < '0' || *s > '9')
+			return def;
+		v = v * 10 + (uint64_t)(*s - '0');
+		if (v > max)
+			return max;
+	}
+	return v;
+}
+
+EP_STATIC uint32_t ep_pow2(uint64_t v) {
+	uint32_t p = 1;
+	while (p < v)
+		p <<= 1;
+	return p;
+}
+
+EP_STATIC char *ep_append(char *p, char *end, const char *s) {
+	while (*s && p < end)
+		*p++ = *s++;
+	return p;
+}
+
+EP_STATIC char *ep_append_u(char *p, char *end, uint64_t v) {
+	char tmp[24];
+	int n = 0;
+	do
+		tmp[n++] = (char)('0' + v % 10);
+	while ((v /= 10) && n < 24);
+	while (n && p < end)
+		*p++ = tmp[--n];
+	return p;
+}
+
+EP_STATIC void ep_say(const char *msg, int err) {
+	if (getenv("EDGEPROBE_QUIET"))
+		return;
+	char buf[512], *p = buf, *end = buf + sizeof buf - 2;
+	p = ep_append(p, end, "edgeprobe: ");
+	p = ep_append(p, end, msg);
+	if (err) {
+		p = ep_append(p, end, " (errno ");
+		p = ep_append_u(p, end, (uint64_t)err);
+		p = ep_append(p, end, ")");
+	}
+	p = ep_append(p, end, "; recording disabled\n");
+	ssize_t r = write(2, buf, (size_t)(p - buf));
+	(void)r;
+}
+
+EP_INLINE struct ep_thread *ep_slot(uint32_t i) {
+	return (struct ep_thread *)(ep.base + ep.hdr->thread_off + (uint64_t)i * ep.thread_size);
+}
+EP_INLINE struct ep_local *ep_locals(struct ep_thread *th) {
+	return (struct ep_local *)((char *)th + sizeof(struct ep_thread));
+}
+EP_INLINE struct ep_frame *ep_frames(struct ep_thread *th) {
+	return (struct ep_frame *)((char *)th + ep.stack_off);
+}
+EP_INLINE struct ep_event *ep_ring(struct ep_thread *th) {
+	return (struct ep_event *)(ep.base + ep.ring_off + (uint64_t)th->index * ep.ring_stride);
+}
+
+/* ---- region ---- */
+
+EP_STATIC void ep_thread_dtor(void *v);
+EP_STATIC void ep_atfork_prepare(void);
+EP_STATIC void ep_atfork_parent(void);
+EP_STATIC void ep_atfork_child(void);
+
+EP_STATIC int ep_make_region(void) {
+	uint32_t nf = ep_pow2(ep_env_u64("EDGEPROBE_MAX_FUNCS", EP_DEF_FUNCS, EP_MAX_FUNCS_CAP));
+	uint32_t nt = (uint32_t)ep_env_u64("EDGEPROBE_MAX_THREADS", EP_DEF_THREADS, EP_MAX_THREADS_CAP);
+	uint64_t re = ep_env_u64("EDGEPROBE_RING_EVENTS", EP_DEF_RING, EP_MAX_RING_CAP);
+	uint32_t nr = re ? ep_pow2(re) : 0;
+	uint32_t sd = (uint32_t)ep_env_u64("EDGEPROBE_STACK_DEPTH", EP_DEF_STACK, EP_MAX_STACK_CAP);
+	uint64_t lo = ep_env_u64("EDGEPROBE_LOCAL_FUNCS", EP_DEF_LOCAL, EP_MAX_LOCAL_CAP);
+	uint32_t nl = lo ? ep_pow2(lo) : 0;
+	if (nt == 0)
+		nt = 1;
+	if (sd == 0)
+		sd = 1;
+
+	uint64_t local_bytes = (uint64_t)nl * sizeof(struct ep_local);
+	uint64_t stack_off = (sizeof(struct ep_thread) + local_bytes + 63) & ~63ull;
+	uint64_t tsize = (stack_off + (uint64_t)sd * sizeof(struct ep_frame) + 63) & ~63ull;
+	uint64_t rstride = ((uint64_t)nr * sizeof(struct ep_event) + 63) & ~63ull;
+	uint64_t func_off = EP_HEADER_SIZE;
+	uint64_t thread_off = func_off + (uint64_t)nf * sizeof(struct ep_func);
+	uint64_t ring_off = thread_off + (uint64_t)nt * tsize;
+	uint64_t size = ring_off + (uint64_t)nt * rstride;
+	size = (size + 4095) & ~4095ull;
+	if (size > EP_REGION_CAP || tsize > 0xffffffffull) {
+		ep_say("limits give a region that is too large", 0);
+		return -1;
+	}
+
+	ep_calibrate();
+
+	const char *dir = getenv("EDGEPROBE_DIR");
+	if (!dir || !*dir)
+		dir = "/dev/shm";
+	pid_t pid = getpid();
+	char tmp[300], *end;
+	end = ep_path + sizeof ep_path - 1;
+	*ep_append_u(ep_append(ep_append(ep_path, end, dir), end, "/edgeprobe."), end, (uint64_t)pid) = 0;
+	end = tmp + sizeof tmp - 1;
+	*ep_append_u(ep_append(ep_append(tmp, end, dir), end, "/.edgeprobe.init."), end, (uint64_t)pid) = 0;
+
+	int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0) {
+		ep_say("cannot create the shared-memory file", errno);
+		return -1;
+	}
+	if (ftruncate(fd, (off_t)size) != 0) {
+		ep_say("cannot size the shared-memory file", errno);
+		goto fail;
+	}
+	/* Reserve the pages now so a full /dev/shm fails here rather than with
+	 * SIGBUS in a hook later. EDGEPROBE_RESERVE=0 keeps the file sparse. */
+	if (ep_env_u64("EDGEPROBE_RESERVE", 1, 1)) {
+		int e = posix_fallocate(fd, 0, (off_t)size);
+		if (e != 0 && e != EOPNOTSUPP && e != ENOSYS && e != EINVAL) {
+			ep_say("cannot reserve the shared-memory file", e);
+			goto fail;
+		}
+	}
+	void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED) {
+		ep_say("cannot map the shared-memory file", errno);
+		goto fail;
+	}
+	close(fd);
+
+	struct ep_header *h = m;
+	h->version = EP_VERSION;
+	h->header_size = EP_HEADER_SIZE;
+	h->region_size = size;
+	h->pid = pid;
+	h->ppid = getppid();
+	h->hist_buckets = EP_HIST_BUCKETS;
+	h->clock_kind = ep_clock_is_tsc ? EP_CLOCK_TSC : EP_CLOCK_MONO;
+	h->tsc_mult = ep_cal_mult;
+	h->tsc0 = ep_cal_tsc0;
+	h->mono0 = ep_cal_mono0;
+	h->real0 = ep_cal_real0;
+	h->func_off = func_off;
+	h->max_funcs = nf;
+	h->func_size = sizeof(struct ep_func);
+	h->thread_off = thread_off;
+	h->max_threads = nt;
+	h->thread_size = (uint32_t)tsize;
+	h->thread_local_off = sizeof(struct ep_thread);
+	h->local_funcs = nl;
+	h->local_size = sizeof(struct ep_local);
+	h->thread_stack_off = (uint32_t)stack_off;
+	h->stack_depth = sd;
+	h->frame_size = sizeof(struct ep_frame);
+	h->ring_off = ring_off;
+	h->ring_stride = rstride;
+	h->ring_events = nr;
+	h->event_size = sizeof(struct ep_event);
+	h->max_probe = nf < EP_PROBE_LIMIT ? nf : EP_PROBE_LIMIT;
+	h->calib_ns = ep_cal_ns;
+	h->init_mono = ep_mono_ns();
+	h->state = EP_STATE_RUNNING;
+	uint32_t ctl = 0;
+	if (ep_env_u64("EDGEPROBE_TRACE", 0, 1))
+		ctl |= EP_CTL_TRACE;
+	if (!ep_env_u64("EDGEPROBE_TIMING", 1, 1))
+		ctl |= EP_CTL_NOTIME;
+	h->control = ctl;
+	h->preinit_drops = LOAD(&ep_early_drops);
+
+	ep.base = m;
+	ep.hdr = h;
+	ep.funcs = (struct ep_func *)((char *)m + func_off);
+	ep.fmask = nf - 1;
+	ep.max_probe = h->max_probe;
+	ep.nlocal = nl;
+	ep.lmask = nl ? nl - 1 : 0;
+	ep.stack_depth = sd;
+	ep.stack_off = (uint32_t)stack_off;
+	ep.thread_size = (uint32_t)tsize;
+	ep.max_threads = nt;
+	ep.ring_events = nr;
+	ep.ring_mask = nr ? nr - 1 : 0;
+	ep.ring_off = ring_off;
+	ep.ring_stride = rstride;
+	ep.tsc_mult = ep_cal_mult;
+	ep.tsc = ep_clock_is_tsc;
+	ep.size = size;
+	ep_region_pid = pid;
+	ep_keep = (int)ep_env_u64("EDGEPROBE_KEEP", 0, 1);
+
+	/* Publish: magic last, then make the file visible under its name. */
+	__atomic_store_n(&h->magic, EP_MAGIC, __ATOMIC_RELEASE);
+	if (rename(tmp, ep_path) != 0) {
+		ep_say("cannot publish the shared-memory file", errno);
+		unlink(tmp);
+		/* keep recording: EDGEPROBE_OUTPUT still works */
+	}
+
+	const char *out = getenv("EDGEPROBE_OUTPUT");
+	ep_out[0] = 0;
+	if (out && *out) {
+		char *p = ep_out, *oend = ep_out + sizeof ep_out - 24;
+		int subst = 0;
+		for (const char *s = out; *s && p < oend; s++) {
+			if (s[0] == '%' && s[1] == 'p') {
+				p = ep_append_u(p, oend, (uint64_t)pid);
+				s++;
+				subst = 1;
+			} else {
+				*p++ = *s;
+			}
+		}
+		if (ep_forked && !subst) {
+			p = ep_append(p, oend, ".");
+			p = ep_append_u(p, oend, (uint64_t)pid);
+		}
+		*p = 0;
+	}
+	if (!ep_key_ok) {
+		if (pthread_key_create(&ep_key, ep_thread_dtor) == 0)
+			ep_key_ok = 1;
+	}
+	return 0;
+fail:
+	close(fd);
+	unlink(tmp);
+	return -1;
+}
+
+/* Returns 1 once the region is ready; 0 while another thread sets it up or
+ * when setting up failed. Safe from any hook: the busy flag of the calling
+ * thread is already set, so a signal cannot re-enter it on this thread. */
+EP_STATIC int ep_ensure_init(void) {
+	int s = __atomic_load_n(&ep_state, __ATOMIC_ACQUIRE);
+	if (likely(s == 2))
+		return 1;
+	if (s == 0) {
+		int z = 0;
+		if (__atomic_compare_exchange_n(&ep_state, &z, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+			int ok = ep_make_region() == 0;
+			__atomic_store_n(&ep_state, ok ? 2 : 3, __ATOMIC_RELEASE);
+			return ok;
+		}
+	}
+	return 0;
+}
+
+EP_COLD void ep_count_early_drop(void) {
+	if (__atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) == 2)
+		ADD(&ep.hdr->preinit_drops, 1);
+	else
+		ADD(&ep_early_drops, 1);
+}
+
+/* Slow path of the first hook a thread runs (and of threads without a slot). */
+EP_COLD struct ep_thread *ep_claim(void) {
+	struct ep_thread *s = ep_tls.slot;
+	if (s == EP_TS_DEAD) {
+		if (__atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) == 2)
+			ADD(&ep.hdr->late_drops, 1);
+		return NULL;
+	}
+	if (s == EP_TS_OVERFLOW) {
+		ADD(&ep.hdr->thread_drop_hits, 1);
+		return NULL;
+	}
+	if (ep_tls.busy) {
+		ep_count_early_drop();
+		return NULL;
+	}
+	ep_tls.busy = 1;
+	SIGFENCE();
+	struct ep_thread *got = NULL;
+	if (!ep_ensure_init()) {
+		ep_count_early_drop();
+		goto out;
+	}
+	pid_t tid = (pid_t)syscall(SYS_gettid);
+	uint32_t n = ep.max_threads;
+	uint32_t start = (uint32_t)tid % n;
+	uint32_t idx = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		idx = (start + i) % n;
+		struct ep_thread *th = ep_slot(idx);
+		uint32_t free_ = EP_SLOT_FREE;
+		if (LOAD(&th->state) == EP_SLOT_FREE &&
+		    __atomic_compare_exchange_n(&th->state, &free_, EP_SLOT_OWNED, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+			got = th;
+			break;
+		}
+	}
+	if (!got) {
+		ep_tls.slot = EP_TS_OVERFLOW;
+		ADD(&ep.hdr->thread_overflows, 1);
+		ADD(&ep.hdr->thread_drop_hits, 1);
+		goto out;
+	}
+	STORE(&got->index, idx);
+	STORE(&got->tid, tid);
+	STORE(&got->generation, got->generation + 1);
+	STORE(&got->depth, 0);
+	STORE(&got->claimed_mono, ep_mono_ns());
+	ADD(&ep.hdr->threads_claimed, 1);
+	ADD(&ep.hdr->threads_active, 1);
+	if (ep_key_ok)
+		pthread_setspecific(ep_key, got);
+	ep_tls.slot = got;
+	if ((LOAD(&ep.hdr->control) & EP_CTL_TRACE) && ep.ring_events) {
+		uint64_t h = got->ring_head;
+		uint64_t tail = __atomic_load_n(&got->ring_tail, __ATOMIC_ACQUIRE);
+		if (h - tail < ep.ring_events) {
+			struct ep_event *e = ep_ring(got) + (h & ep.ring_mask);
+			e->tsk = ((uint64_t)EP_EV_THREAD << EP_EV_KIND_SHIFT) | (ep_mono_ns() & EP_EV_TS_MASK);
+			e->fn = (uint64_t)tid;
+			__atomic_store_n(&got->ring_head, h + 1, __ATOMIC_RELEASE);
+		} else {
+			OWN_ADD(&got->ring_dropped, 1);
+		}
+	}
+out:
+	SIGFENCE();
+	ep_tls.busy = 0;
+	return got;
+}
+
+/* ---- function table ---- */
+
+EP_INLINE uint64_t ep_hash(uint64_t key) { return key * 0x9E3779B97F4A7C15ull; }
+
+/* Find (or insert) key in the shared table; EP_NONE when it is full within
+ * max_probe slots of the key's home. Insertion is one CAS on the key. */
+EP_STATIC uint32_t ep_gfind(uint64_t key, uint64_t h) {
+	uint32_t i = (uint32_t)(h >> 32);
+	for (uint32_t p = 0; p < ep.max_probe; p++) {
+		uint32_t j = (i + p) & ep.fmask;
+		struct ep_func *f = &ep.funcs[j];
+		uint64_t a = LOAD(&f->addr);
+		if (a == key)
+			return j;
+		if (a == 0) {
+			if (__atomic_compare_exchange_n(&f->addr, &a, key, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+				ADD(&ep.hdr->funcs_used, 1);
+				return j;
+			}
+			if (a == key)
+				return j;
+		}
+	}
+	return EP_NONE;
+}
+
+/* The thread's cache entry for key, inserting it when there is room near its
+ * home; NULL sends the caller to the shared counters. *gidx is set either way
+ * (EP_NONE when the function table is full). */
+EP_INLINE struct ep_local *ep_lookup(struct ep_thread *th, uint64_t key, uint32_t *gidx) {
+	uint64_t h = ep_hash(key);
+	if (likely(ep.nlocal)) {
+		struct ep_local *loc = ep_locals(th);
+		uint32_t i = (uint32_t)(h >> 40);
+		for (uint32_t p = 0; p < EP_LOCAL_PROBES; p++) {
+			struct ep_local *l = &loc[(i + p) & ep.lmask];
+			uint64_t a = l->addr;
+			if (likely(a == key)) {
+				*gidx = l->gidx;
+				return l;
+			}
+			if (a == 0) {
+				uint32_t g = ep_gfind(key, h);
+				*gidx = g;
+				if (g == EP_NONE)
+					return NULL;
+				STORE(&l->gidx, g);
+				__atomic_store_n(&l->addr, key, __ATOMIC_RELEASE);
+				return l;
+			}
+		}
+		OWN_ADD(&th->local_full, 1);
+	}
+	*gidx = ep_gfind(key, h);
+	return NULL;
+}
+
+/* ---- events ---- */
+
+EP_STATIC void ep_trace(struct ep_thread *th, uint32_t kind, uint64_t key) {
+	if (!ep.ring_events)
+		return;
+	uint64_t h = th->ring_head;
+	if (h - th->ring_tail_cache >= ep.ring_events) {
+		th->ring_tail_cache = __atomic_load_n(&th->ring_tail, __ATOMIC_ACQUIRE);
+		if (h - th->ring_tail_cache >= ep.ring_events) {
+			OWN_ADD(&th->ring_dropped, 1);
+			return;
+		}
+	}
+	struct ep_event *e = ep_ring(th) + (h & ep.ring_mask);
+	STORE(&e->tsk, ((uint64_t)kind << EP_EV_KIND_SHIFT) | (ep_mono_ns() & EP_EV_TS_MASK));
+	STORE(&e->fn, key);
+	__atomic_store_n(&th->ring_head, h + 1, __ATOMIC_RELEASE);
+}
+
+/* ---- hook bodies ---- */
+
+EP_INLINE void ep_record_latency(struct ep_func *f, uint64_t ns) {
+	uint32_t b = 63u - (uint32_t)__builtin_clzll(ns | 1);
+	ADD(&f->hist[b], 1);
+	uint64_t mx = LOAD(&f->max_ns);
+	while (ns > mx && !__atomic_compare_exchange_n(&f->max_ns, &mx, ns, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+	uint64_t inv = ~ns, mi = LOAD(&f->min_inv);
+	while (inv > mi && !__atomic_compare_exchange_n(&f->min_inv, &mi, inv, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+}
+
+EP_INLINE void ep_enter(struct ep_thread *th, uint64_t key, uint32_t ctl) {
+	uint32_t g;
+	struct ep_local *l = ep_lookup(th, key, &g);
+	if (unlikely(g == EP_NONE)) {
+		ADD(&ep.hdr->func_drop_enters, 1);
+		return;
+	}
+	if (likely(l != NULL))
+		OWN_ADD(&l->entries, 1);
+	else
+		ADD(&ep.funcs[g].entries, 1);
+	uint32_t d = th->depth;
+	if (likely(d < ep.stack_depth)) {
+		struct ep_frame *fr = ep_frames(th) + d;
+		fr->fn = key;
+		fr->gidx = g;
+		fr->lidx = l ? (uint32_t)(l - ep_locals(th)) + 1 : 0;
+		fr->ts = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
+	} else {
+		OWN_ADD(&th->stack_overflows, 1);
+	}
+	STORE(&th->depth, d + 1);
+	if (unlikely(ctl & EP_CTL_TRACE))
+		ep_trace(th, EP_EV_ENTER, key);
+}
+
+EP_COLD void ep_pop_unmatched(struct ep_thread *th, uint32_t from, uint32_t to) {
+	struct ep_frame *fr = ep_frames(th);
+	for (uint32_t j = from; j > to; j--) {
+		ADD(&ep.funcs[fr[j - 1].gidx].unmatched, 1);
+		OWN_ADD(&th->unmatched, 1);
+	}
+}
+
+/* An exit with no frame to match: probes switched on mid-call, a fork child
+ * returning through its parent's frames, or a frame deeper than the stack. */
+EP_COLD void ep_exit_unframed(struct ep_thread *th, uint64_t key, int orphan) {
+	uint32_t g;
+	struct ep_local *l = ep_lookup(th, key, &g);
+	if (g == EP_NONE) {
+		ADD(&ep.hdr->func_drop_exits, 1);
+		return;
+	}
+	if (l)
+		OWN_ADD(&l->exits, 1);
+	else
+		ADD(&ep.funcs[g].exits, 1);
+	if (orphan) {
+		ADD(&ep.funcs[g].orphans, 1);
+		OWN_ADD(&th->orphans, 1);
+	}
+}
+
+EP_INLINE void ep_exit(struct ep_thread *th, uint64_t key, uint32_t ctl) {
+	uint64_t now = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
+	uint32_t d = th->depth;
+	struct ep_frame *fr;
+	if (unlikely(d == 0 || d > ep.stack_depth)) {
+		if (d == 0) {
+			ep_exit_unframed(th, key, 1);
+		} else {
+			/* above the stored frames: trust the nesting, count untimed */
+			STORE(&th->depth, d - 1);
+			ep_exit_unframed(th, key, 0);
+		}
+		goto trace;
+	}
+	fr = ep_frames(th) + d - 1;
+	if (unlikely(fr->fn != key)) {
+		uint32_t k = d - 1;
+		while (k > 0 && ep_frames(th)[k - 1].fn != key)
+			k--;
+		if (k == 0) {
+			/* not on the stack at all */
+			ep_exit_unframed(th, key, 1);
+			goto trace;
+		}
+		/* frames above key's lost their exits (longjmp, unwinding, toggles) */
+		ep_pop_unmatched(th, d, k);
+		d = k;
+		fr = ep_frames(th) + d - 1;
+	}
+	STORE(&th->depth, d - 1);
+	{
+		uint64_t ns = 0;
+		int timed = now && fr->ts;
+		if (timed)
+			ns = now > fr->ts ? ep_to_ns(now - fr->ts) : 0;
+		if (likely(fr->lidx)) {
+			struct ep_local *l = ep_locals(th) + fr->lidx - 1;
+			OWN_ADD(&l->exits, 1);
+			if (timed)
+				OWN_ADD(&l->sum_ns, ns);
+		} else {
+			ADD(&ep.funcs[fr->gidx].exits, 1);
+			if (timed)
+				ADD(&ep.funcs[fr->gidx].sum_ns, ns);
+		}
+		if (timed)
+			ep_record_latency(&ep.funcs[fr->gidx], ns);
+	}
+trace:
+	if (unlikely(ctl & EP_CTL_TRACE))
+		ep_trace(th, EP_EV_EXIT, key);
+}
+
+EP_EXPORT void __cyg_profile_func_enter(void *fn, void *site) {
+	(void)site;
+	struct ep_thread *th = ep_tls.slot;
+	if (unlikely((uintptr_t)th < EP_SLOT_MIN) && !(th = ep_claim()))
+		return;
+	if (unlikely(ep_tls.busy)) {
+		OWN_ADD(&th->reentrant_drops, 1);
+		return;
+	}
+	uint32_t ctl = LOAD(&ep.hdr->control);
+	if (unlikely(ctl & EP_CTL_PAUSE))
+		return;
+	ep_tls.busy = 1;
+	SIGFENCE();
+	ep_enter(th, (uint64_t)(uintptr_t)fn, ctl);
+	SIGFENCE();
+	ep_tls.busy = 0;
+}
+
+EP_EXPORT void __cyg_profile_func_exit(void *fn, void *site) {
+	(void)site;
+	struct ep_thread *th = ep_tls.slot;
+	if (unlikely((uintptr_t)th < EP_SLOT_MIN) && !(th = ep_claim()))
+		return;
+	if (unlikely(ep_tls.busy)) {
+		OWN_ADD(&th->reentrant_drops, 1);
+		return;
+	}
+	uint32_t ctl = LOAD(&ep.hdr->control);
+	if (unlikely(ctl & EP_CTL_PAUSE))
+		return;
+	ep_tls.busy = 1;
+	SIGFENCE();
+	ep_exit(th, (uint64_t)(uintptr_t)fn, ctl);
+	SIGFENCE();
+	ep_tls.busy = 0;
+}
+
+/* clang -finstrument-function-entry-bare: no address and no exit. Counted as
+ * an entry keyed by the return address (inside the instrumented function)
+ * with EP_KEY_BARE set; the reader resolves it by containment. */
+EP_EXPORT void __cyg_profile_func_enter_bare(void) {
+	uint64_t key = (uint64_t)(uintptr_t)__builtin_return_address(0) | EP_KEY_BARE;
+	struct ep_thread *th = ep_tls.slot;
+	if (unlikely((uintptr_t)th < EP_SLOT_MIN) && !(th = ep_claim()))
+		return;
+	if (unlikely(ep_tls.busy)) {
+		OWN_ADD(&th->reentrant_drops, 1);
+		return;
+	}
+	uint32_t ctl = LOAD(&ep.hdr->control);
+	if (unlikely(ctl & EP_CTL_PAUSE))
+		return;
+	ep_tls.busy = 1;
+	SIGFENCE();
+	uint32_t g;
+	struct ep_local *l = ep_lookup(th, key, &g);
+	if (g == EP_NONE)
+		ADD(&ep.hdr->func_drop_enters, 1);
+	else if (l)
+		OWN_ADD(&l->entries, 1);
+	else
+		ADD(&ep.funcs[g].entries, 1);
+	if (g != EP_NONE && (ctl & EP_CTL_TRACE))
+		ep_trace(th, EP_EV_ENTER, key);
+	SIGFENCE();
+	ep_tls.busy = 0;
+}
+
+/* ---- thread exit, fork, process exit ---- */
+
+EP_STATIC void ep_thread_dtor(void *v) {
+	struct ep_thread *th = v;
+	if ((uintptr_t)th < EP_SLOT_MIN || th != ep_tls.slot)
+		return;
+	ep_tls.busy = 1;
+	SIGFENCE();
+	uint32_t d = th->depth;
+	if (d > ep.stack_depth)
+		d = ep.stack_depth;
+	ep_pop_unmatched(th, d, 0);
+	STORE(&th->depth, 0);
+	ep_tls.slot = EP_TS_DEAD;
+	ADD(&ep.hdr->threads_active, (uint64_t)-1);
+	__atomic_store_n(&th->state, EP_SLOT_FREE, __ATOMIC_RELEASE);
+	SIGFENCE();
+	ep_tls.busy = 0;
+}
+
+/* Hooks on the forking thread between prepare and the child/parent handlers
+ * are dropped (counted as reentrant), so the child never writes the parent's
+ * region. */
+EP_STATIC void ep_atfork_prepare(void) {
+	ep_tls.saved_busy = ep_tls.busy;
+	ep_tls.busy = 1;
+	SIGFENCE();
+}
+
+EP_STATIC void ep_atfork_parent(void) {
+	SIGFENCE();
+	ep_tls.busy = ep_tls.saved_busy;
+}
+
+/* The child gets its own region, made lazily at its first hook: drop the
+ * inherited mapping (it is the parent's), forget the parent's slot. Frames
+ * the thread was inside at fork() exit as orphans in the child. */
+EP_STATIC void ep_atfork_child(void) {
+	/* Order matters for a signal arriving here: forget the slot and the
+	 * region before unmapping it. */
+	ep_tls.slot = EP_TS_NONE;
+	SIGFENCE();
+	int had = __atomic_exchange_n(&ep_state, 0, __ATOMIC_ACQ_REL) == 2;
+	SIGFENCE();
+	ep_early_drops = 0;
+	ep_forked = 1;
+	if (had) {
+		munmap(ep.base, ep.size);
+		memset(&ep, 0, sizeof ep);
+	}
+	if (ep_key_ok)
+		pthread_setspecific(ep_key, NULL);
+	SIGFENCE();
+	ep_tls.busy = ep_tls.saved_busy;
+}
+
+EP_STATIC int ep_page_zero(const char *p, size_t n) {
+	const uint64_t *q = (const uint64_t *)p;
+	for (size_t i = 0; i < n / 8; i++)
+		if (q[i])
+			return 0;
+	return 1;
+}
+
+/* Write the region (zero pages as holes) and a copy of /proc/self/maps to
+ * ep_out via a temporary file and rename. */
+EP_STATIC void ep_write_output(void) {
+	char tmp[sizeof ep_out + 32], *end = tmp + sizeof tmp - 1;
+	char *p = ep_append(tmp, end, ep_out);
+	p = ep_append(p, end, ".tmp.");
+	*ep_append_u(p, end, (uint64_t)getpid()) = 0;
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		ep_say("cannot write EDGEPROBE_OUTPUT", errno);
+		return;
+	}
+	int ok = 1;
+	const size_t chunk = 4096;
+	for (uint64_t off = EP_HEADER_SIZE; off < ep.size && ok; off += chunk) {
+		size_t n = ep.size - off < chunk ? (size_t)(ep.size - off) : chunk;
+		if (ep_page_zero(ep.base + off, n))
+			continue;
+		for (size_t done = 0; done < n;) {
+			ssize_t w = pwrite(fd, ep.base + off + done, n - done, (off_t)(off + done));
+			if (w <= 0) {
+				if (w < 0 && errno == EINTR)
+					continue;
+				ok = 0;
+				break;
+			}
+			done += (size_t)w;
+		}
+	}
+	uint64_t mlen = 0;
+	int mfd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	if (mfd >= 0) {
+		char buf[4096];
+		for (;;) {
+			ssize_t r = read(mfd, buf, sizeof buf);
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0)
+				break;
+			if (pwrite(fd, buf, (size_t)r, (off_t)(ep.size + mlen)) != r) {
+				ok = 0;
+				break;
+			}
+			mlen += (uint64_t)r;
+		}
+		close(mfd);
+	}
+	if (ftruncate(fd, (off_t)(ep.size + mlen)) != 0)
+		ok = 0;
+	struct ep_header hcopy;
+	memcpy(&hcopy, ep.hdr, sizeof hcopy);
+	hcopy.maps_off = mlen ? ep.size : 0;
+	hcopy.maps_len = mlen;
+	if (pwrite(fd, &hcopy, sizeof hcopy, 0) != (ssize_t)sizeof hcopy)
+		ok = 0;
+	if (close(fd) != 0)
+		ok = 0;
+	if (!ok || rename(tmp, ep_out) != 0) {
+		ep_say("cannot write EDGEPROBE_OUTPUT", errno);
+		unlink(tmp);
+	}
+}
+
+__attribute__((constructor, no_instrument_function)) static void ep_ctor(void) {
+	ep_tls.busy = 1;
+	SIGFENCE();
+	ep_ensure_init();
+	if (!ep_atfork_done && pthread_atfork(ep_atfork_prepare, ep_atfork_parent, ep_atfork_child) == 0)
+		ep_atfork_done = 1;
+	SIGFENCE();
+	ep_tls.busy = 0;
+}
+
+/* Runs on return from main and on exit(); not on _exit() or a fatal signal
+ * (the region then stays in /dev/shm for a reader to collect). The mapping
+ * stays: hooks that run later (other destructors) keep counting into it. */
+__attribute__((destructor, no_instrument_function)) static void ep_dtor(void) {
+	if (__atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) != 2 || ep_region_pid != getpid())
+		return;
+	uint32_t saved = ep_tls.busy;
+	ep_tls.busy = 1;
+	SIGFENCE();
+	STORE(&ep.hdr->exit_tsc, ep.tsc ? __rdtsc() : ep_mono_ns());
+	STORE(&ep.hdr->exit_mono, ep_mono_ns());
+	__atomic_store_n(&ep.hdr->state, EP_STATE_EXITED, __ATOMIC_RELEASE);
+	if (ep_out[0])
+		ep_write_output();
+	if (!ep_keep)
+		unlink(ep_path);
+	SIGFENCE();
+	ep_tls.busy = saved;
+}

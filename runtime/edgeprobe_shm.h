@@ -1,0 +1,193 @@
+/* edgeprobe_shm.h: the layout of the edgeprobe shared-memory region.
+ *
+ * This header is the single definition of the region; internal/shm mirrors it
+ * in Go and its tests compile internal/shm/testdata/layout.c against this file
+ * to check that every offset and size agrees. Bump EP_VERSION on any change.
+ *
+ * The region is one file, /dev/shm/edgeprobe.<pid>, mapped MAP_SHARED:
+ *
+ *   [0, 4096)                       struct ep_header
+ *   [func_off, +max_funcs*func_size)     struct ep_func[max_funcs]   (hash table)
+ *   [thread_off, +max_threads*thread_size) thread slots, each:
+ *        struct ep_thread, then ep_local[local_funcs] at thread_local_off,
+ *        then ep_frame[stack_depth] at thread_stack_off
+ *   [ring_off, +max_threads*ring_stride)  ep_event[ring_events] per slot
+ *   [maps_off, +maps_len)           output files only: a copy of /proc/self/maps
+ *
+ * All multi-byte fields are little-endian, naturally aligned, and every
+ * section starts on a 64-byte boundary. Offsets and sizes are in the header;
+ * a reader must use them rather than recompute them.
+ *
+ * Counters are updated with relaxed atomics (RMW on shared fields, plain
+ * load+store by the single owner on per-thread fields); readers use atomic
+ * loads. Totals for a function are ep_func's counters plus, for every thread
+ * slot, the ep_local entry whose gidx names that function.
+ */
+#ifndef EDGEPROBE_SHM_H
+#define EDGEPROBE_SHM_H
+
+#include <stdint.h>
+
+#define EP_MAGIC 0x3142525045474445ull /* "EDGEPRB1" as little-endian bytes */
+#define EP_VERSION 1u
+#define EP_HEADER_SIZE 4096u
+#define EP_HIST_BUCKETS 64u /* bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2) */
+
+/* Key namespace: __cyg_profile_func_enter_bare (clang) passes no function
+ * address; its hits are keyed by the caller's return address with this bit set. */
+#define EP_KEY_BARE (1ull << 63)
+
+/* header.clock_kind */
+#define EP_CLOCK_TSC 1u  /* latency from rdtsc; ns = ticks * tsc_mult >> 32 */
+#define EP_CLOCK_MONO 2u /* latency from clock_gettime(CLOCK_MONOTONIC); tsc_mult = 1<<32 */
+
+/* header.state */
+#define EP_STATE_RUNNING 1u
+#define EP_STATE_EXITED 2u /* written by the exit handler; output files have it */
+
+/* header.control: written by outside readers, read by every hook */
+#define EP_CTL_TRACE 1u  /* append enter/exit events to the per-thread rings */
+#define EP_CTL_NOTIME 2u /* count only: no clock reads, no latency */
+#define EP_CTL_PAUSE 4u  /* record nothing (hooks return at once) */
+
+/* ep_thread.state */
+#define EP_SLOT_FREE 0u
+#define EP_SLOT_OWNED 1u
+
+/* ep_event.tsk: kind in the top two bits, CLOCK_MONOTONIC ns below */
+#define EP_EV_ENTER 0u
+#define EP_EV_EXIT 1u
+#define EP_EV_THREAD 2u /* a thread claimed this slot; fn holds its tid */
+#define EP_EV_KIND_SHIFT 62
+#define EP_EV_TS_MASK ((1ull << 62) - 1)
+
+struct ep_header {
+	/* identity: immutable once magic is published */
+	uint64_t magic;        /* 0: written last (release) at creation */
+	uint32_t version;      /* 8 */
+	uint32_t header_size;  /* 12 */
+	uint64_t region_size;  /* 16: bytes of the live region (excl. maps copy) */
+	int32_t pid;           /* 24 */
+	int32_t ppid;          /* 28 */
+	uint32_t hist_buckets; /* 32 */
+	uint32_t clock_kind;   /* 36 */
+	uint64_t tsc_mult;     /* 40: ns = ticks * tsc_mult >> 32 */
+	uint64_t tsc0;         /* 48: tick count at calibration end */
+	uint64_t mono0;        /* 56: CLOCK_MONOTONIC ns at tsc0 */
+	/* geometry */
+	uint64_t real0;            /* 64: CLOCK_REALTIME ns at mono0 */
+	uint64_t func_off;         /* 72 */
+	uint32_t max_funcs;        /* 80: hash-table slots, a power of two */
+	uint32_t func_size;        /* 84 */
+	uint64_t thread_off;       /* 88 */
+	uint32_t max_threads;      /* 96 */
+	uint32_t thread_size;      /* 100 */
+	uint32_t thread_local_off; /* 104: offset of ep_local[] inside a slot */
+	uint32_t local_funcs;      /* 108: per-thread counter cache entries, 0 or a power of two */
+	uint32_t local_size;       /* 112 */
+	uint32_t thread_stack_off; /* 116: offset of ep_frame[] inside a slot */
+	uint32_t stack_depth;      /* 120 */
+	uint32_t frame_size;       /* 124 */
+	uint64_t ring_off;         /* 128 */
+	uint64_t ring_stride;      /* 136: bytes per slot's ring */
+	uint32_t ring_events;      /* 144: 0 (no tracing) or a power of two */
+	uint32_t event_size;       /* 148 */
+	uint32_t max_probe;        /* 152: linear-probe limit in the function table */
+	uint32_t _pad0;            /* 156 */
+	uint64_t calib_ns;         /* 160: length of the TSC calibration */
+	uint64_t maps_off;         /* 168: output files: offset of the /proc/self/maps copy, else 0 */
+	uint64_t maps_len;         /* 176 */
+	uint64_t init_mono;        /* 184: CLOCK_MONOTONIC ns when the region was created */
+	/* lifecycle */
+	uint32_t state;     /* 192 */
+	uint32_t _pad1;     /* 196 */
+	uint64_t exit_mono; /* 200: CLOCK_MONOTONIC ns at exit */
+	uint64_t exit_tsc;  /* 208: ticks at exit (check the calibration against exit_mono) */
+	uint64_t _pad2[5];  /* 216 */
+	/* control line: written by readers */
+	uint32_t control;    /* 256 */
+	uint32_t _pad3[15];  /* 260 */
+	/* global counters (atomic RMW; only touched off the fast path) */
+	uint64_t funcs_used;       /* 320: distinct keys in the function table */
+	uint64_t func_drop_enters; /* 328: enters dropped: no table slot within max_probe */
+	uint64_t func_drop_exits;  /* 336 */
+	uint64_t threads_claimed;  /* 344: slot claims since start */
+	uint64_t threads_active;   /* 352 */
+	uint64_t thread_overflows; /* 360: threads that found every slot taken */
+	uint64_t thread_drop_hits; /* 368: hooks run by those threads */
+	uint64_t preinit_drops;    /* 376: hooks before/during init, or while the region could not be made */
+	uint64_t late_drops;       /* 384: hooks after the thread's slot was released (TLS destructors) */
+	uint64_t _pad4[463];       /* 392 .. 4096 */
+};
+
+/* One function (hash-table slot): 576 bytes. */
+struct ep_func {
+	uint64_t addr;      /* 0: key (runtime address); 0 = empty; set once by CAS */
+	uint64_t entries;   /* 8: enters counted here (threads without a local entry) */
+	uint64_t exits;     /* 16 */
+	uint64_t sum_ns;    /* 24: latency sum of exits counted here */
+	uint64_t min_inv;   /* 32: ~(min latency ns); 0 means no sample */
+	uint64_t max_ns;    /* 40 */
+	uint64_t orphans;   /* 48: exits with no matching enter on the thread's stack */
+	uint64_t unmatched; /* 56: frames popped without their exit (longjmp, toggles) */
+	uint64_t hist[EP_HIST_BUCKETS]; /* 64: log2 ns latency histogram (all threads) */
+};
+
+/* A thread slot's fixed part: 192 bytes; ep_local[] and ep_frame[] follow. */
+struct ep_thread {
+	uint32_t state;           /* 0: EP_SLOT_* (CAS to claim, release store to free) */
+	int32_t tid;              /* 4: owner, or last owner when free */
+	uint32_t generation;      /* 8: claims of this slot */
+	uint32_t depth;           /* 12: shadow-stack depth; may exceed stack_depth */
+	uint64_t claimed_mono;    /* 16 */
+	uint64_t reentrant_drops; /* 24: hooks dropped because this thread was inside a hook (signals) */
+	uint64_t stack_overflows; /* 32: enters deeper than stack_depth (not timed) */
+	uint64_t orphans;         /* 40 */
+	uint64_t unmatched;       /* 48 */
+	uint64_t local_full;      /* 56: hits counted in ep_func because the local cache was full */
+	/* ring producer line (owner) */
+	uint64_t ring_head;       /* 64: events written */
+	uint64_t ring_dropped;    /* 72: events lost because the ring was full */
+	uint64_t ring_tail_cache; /* 80: owner's private copy of ring_tail */
+	uint32_t index;           /* 88: this slot's index */
+	uint32_t _pad0;           /* 92 */
+	uint64_t _pad1[4];        /* 96 */
+	/* ring consumer line (readers) */
+	uint64_t ring_tail;       /* 128: events consumed; only a consuming reader writes it */
+	uint64_t _pad2[7];        /* 136 */
+};
+
+/* Per-thread counter cache entry: 48 bytes, written only by the slot owner. */
+struct ep_local {
+	uint64_t addr;    /* 0: key, 0 = empty */
+	uint32_t gidx;    /* 8: index of the function in the table */
+	uint32_t _pad0;   /* 12 */
+	uint64_t entries; /* 16 */
+	uint64_t exits;   /* 24 */
+	uint64_t sum_ns;  /* 32 */
+	uint64_t _pad1;   /* 40 */
+};
+
+/* Shadow-stack frame: 24 bytes. */
+struct ep_frame {
+	uint64_t fn;   /* 0: key */
+	uint64_t ts;   /* 8: clock ticks at enter; 0 = not timed */
+	uint32_t gidx; /* 16 */
+	uint32_t lidx; /* 20: local index + 1, or 0 when counted in ep_func */
+};
+
+/* Trace event: 16 bytes. */
+struct ep_event {
+	uint64_t tsk; /* 0: kind << 62 | CLOCK_MONOTONIC ns */
+	uint64_t fn;  /* 8: key, or tid for EP_EV_THREAD */
+};
+
+#define EP_STATIC_ASSERT(c, m) _Static_assert(c, m)
+EP_STATIC_ASSERT(sizeof(struct ep_header) == EP_HEADER_SIZE, "header size");
+EP_STATIC_ASSERT(sizeof(struct ep_func) == 576, "ep_func size");
+EP_STATIC_ASSERT(sizeof(struct ep_thread) == 192, "ep_thread size");
+EP_STATIC_ASSERT(sizeof(struct ep_local) == 48, "ep_local size");
+EP_STATIC_ASSERT(sizeof(struct ep_frame) == 24, "ep_frame size");
+EP_STATIC_ASSERT(sizeof(struct ep_event) == 16, "ep_event size");
+
+#endif
