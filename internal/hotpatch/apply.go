@@ -71,71 +71,128 @@ type selected struct {
 	on     bool
 }
 
-// Apply carries out a request. On any error before the first write, nothing
+// Apply carries out a request: Open, Session.Apply, Close.
+func Apply(ctx context.Context, req Request) (*Result, error) {
+	s, err := Open(req.PID, req.ProbeFiles, req.WaitLock)
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.Apply(ctx, req.Actions, req.Protocol, req.Int3Wait)
+	if cerr := s.Close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	return res, err
+}
+
+// Session holds what repeated toggles of one process share: the lock, the
+// targets, and the tracer. Trace and the bursty profiler toggle many times
+// a second through one Session.
+type Session struct {
+	pid     int
+	lock    *Lock
+	targets []*Target
+	tracer  *ptrace.Tracer
+	full    bool // the tracer holds every thread, not only the leader
+}
+
+// Open locks pid and loads its targets; nothing is attached yet.
+func Open(pid int, probeFiles []string, waitLock bool) (*Session, error) {
+	lock, err := AcquireLock(pid, waitLock)
+	if err != nil {
+		return nil, err
+	}
+	targets, err := LoadTargets(pid, probeFiles)
+	if err != nil {
+		lock.Release()
+		return nil, err
+	}
+	return &Session{pid: pid, lock: lock, targets: targets}, nil
+}
+
+// Targets are the session's instrumented objects.
+func (s *Session) Targets() []*Target { return s.targets }
+
+// Close detaches (the kernel then lets every thread run as if never traced)
+// and releases the lock.
+func (s *Session) Close() error {
+	var err error
+	if s.tracer != nil {
+		err = s.tracer.Detach()
+		s.tracer = nil
+	}
+	s.lock.Release()
+	return err
+}
+
+// attach makes sure a tracer of the needed kind is attached. Seizing comes
+// before touching memory: kernels booted with proc_mem.force_override=ptrace
+// allow /proc/PID/mem writes to text only from the tracer. Flip needs only
+// the leader and stops nothing; the other protocols need every thread.
+func (s *Session) attach(full bool) error {
+	if s.tracer != nil && (s.full || !full) {
+		return nil
+	}
+	if s.tracer != nil {
+		if err := s.tracer.Detach(); err != nil {
+			return err
+		}
+		s.tracer = nil
+	}
+	t, err := ptrace.Attach(s.pid, ptrace.Options{LeaderOnly: !full})
+	if err != nil {
+		return err
+	}
+	s.tracer, s.full = t, full
+	return nil
+}
+
+// Apply performs the actions. On any error before the first write, nothing
 // is written; once writing, a cancelled ctx (SIGINT) or the target exiting
 // ends the batch with every site in one of its two forms.
-func Apply(ctx context.Context, req Request) (*Result, error) {
+func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, int3Wait time.Duration) (*Result, error) {
 	start := time.Now()
-	lock, err := AcquireLock(req.PID, req.WaitLock)
+	sel, err := resolve(s.targets, actions)
 	if err != nil {
 		return nil, err
 	}
-	defer lock.Release()
-	targets, err := LoadTargets(req.PID, req.ProbeFiles)
-	if err != nil {
-		return nil, err
-	}
-	sel, err := resolve(targets, req.Actions)
-	if err != nil {
-		return nil, err
-	}
-	proto := req.Protocol
-	if proto == "" {
-		proto = ProtoAuto
+	if protocol == "" {
+		protocol = ProtoAuto
 	}
 	byProto := map[string][]xmod.Change{}
 	protoOf := make([]string, len(sel))
-	for i, s := range sel {
-		p := protocolFor(proto, s.probe)
-		if p == ProtoFlip && s.probe.DifferingBytes() != 1 {
+	for i, c := range sel {
+		p := protocolFor(protocol, c.probe)
+		if p == ProtoFlip && c.probe.DifferingBytes() != 1 {
 			return nil, fmt.Errorf("probe %d (%s %s) is a %s placeholder: %w; use --protocol auto or int3",
-				s.probe.ID, s.probe.Kind, s.probe.Function, s.probe.Placeholder, ErrNotFlippable)
+				c.probe.ID, c.probe.Kind, c.probe.Function, c.probe.Placeholder, ErrNotFlippable)
 		}
 		protoOf[i] = p
-		byProto[p] = append(byProto[p], xmod.Change{Site: siteOf(s), On: s.on})
+		byProto[p] = append(byProto[p], xmod.Change{Site: siteOf(c), On: c.on})
 	}
-
-	// Seize before touching memory: kernels booted with
-	// proc_mem.force_override=ptrace allow /proc/PID/mem writes to text only
-	// from the tracer. Flip alone needs no other thread and no stop.
 	onlyFlip := len(byProto) == 1 && byProto[ProtoFlip] != nil
-	tracer, err := ptrace.Attach(req.PID, ptrace.Options{LeaderOnly: onlyFlip})
-	if err != nil {
+	if err := s.attach(!onlyFlip); err != nil {
 		return nil, err
 	}
-	before, err := states(tracer, sel)
+	before, err := states(s.tracer, sel)
 	if err != nil {
-		tracer.Detach()
 		return nil, err
 	}
 	// Refuse the whole request if any site is foreign, so that no protocol's
 	// batch is written before another's is refused: all or nothing.
 	for i, st := range before {
 		if st == "foreign" {
-			tracer.Detach()
-			s := siteOf(sel[i])
 			return nil, fmt.Errorf("%v in %s holds neither its active nor its inert bytes: %w (nothing was written)",
-				s, sel[i].target.Object.Path, ErrStale)
+				siteOf(sel[i]), sel[i].target.Object.Path, ErrStale)
 		}
 	}
-	res := &Result{PID: req.PID}
+	res := &Result{PID: s.pid}
 	var runErr error
 	for _, p := range []string{ProtoFlip, ProtoStop, ProtoInt3, ProtoInt3Async} {
 		changes := byProto[p]
 		if len(changes) == 0 {
 			continue
 		}
-		r, err := run(ctx, tracer, p, changes, req.Int3Wait)
+		r, err := run(ctx, s.tracer, p, changes, int3Wait)
 		res.Changed += r.Changed
 		res.Unchanged += r.Unchanged
 		res.Held += r.Held
@@ -144,16 +201,13 @@ func Apply(ctx context.Context, req Request) (*Result, error) {
 			break
 		}
 	}
-	after, afterErr := states(tracer, sel)
-	if err := tracer.Detach(); err != nil && runErr == nil {
-		runErr = fmt.Errorf("detach: %w", err)
-	}
+	after, afterErr := states(s.tracer, sel)
 	res.ElapsedNS = time.Since(start).Nanoseconds()
 	res.OK = runErr == nil && afterErr == nil
-	for i, s := range sel {
-		r := SiteResult{Object: s.target.Object.Path, ID: s.probe.ID, Function: s.probe.Function, Kind: s.probe.Kind,
-			Address: fmt.Sprintf("%#x", s.target.Object.Runtime(uint64(s.probe.Address))),
-			Want:    onOff(s.on), Before: before[i], Protocol: protoOf[i], After: "unknown"}
+	for i, c := range sel {
+		r := SiteResult{Object: c.target.Object.Path, ID: c.probe.ID, Function: c.probe.Function, Kind: c.probe.Kind,
+			Address: fmt.Sprintf("%#x", c.target.Object.Runtime(uint64(c.probe.Address))),
+			Want:    onOff(c.on), Before: before[i], Protocol: protoOf[i], After: "unknown"}
 		if afterErr == nil {
 			r.After = after[i]
 		}

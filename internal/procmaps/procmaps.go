@@ -146,16 +146,18 @@ func Objects(pid int) ([]Object, error) {
 	if err != nil {
 		return nil, err
 	}
-	return objects(pid, maps)
+	return ObjectsOf(maps, func(m Mapping) (*os.File, error) { return openMapped(pid, m) })
 }
 
-type key struct {
-	dev   string
-	inode uint64
-	path  string
-}
-
-func objects(pid int, maps []Mapping) ([]Object, error) {
+// ObjectsOf returns the ELF objects of a maps listing, opening each object's
+// file with open: the live process's map_files for Objects, or the files on
+// disk for a maps copy saved by an exited process.
+func ObjectsOf(maps []Mapping, open func(Mapping) (*os.File, error)) ([]Object, error) {
+	type key struct {
+		dev   string
+		inode uint64
+		path  string
+	}
 	var order []key
 	groups := map[key][]Mapping{}
 	for _, m := range maps {
@@ -174,7 +176,7 @@ func objects(pid int, maps []Mapping) ([]Object, error) {
 		if !hasExec(ms) {
 			continue // data-only file mappings cannot hold probe sites
 		}
-		o, err := inspect(pid, ms)
+		o, err := inspect(open, ms)
 		if errors.Is(err, ErrNotELF) {
 			continue
 		}
@@ -265,7 +267,7 @@ func openMapped(pid int, m Mapping) (*os.File, error) {
 	return f, nil
 }
 
-func inspect(pid int, ms []Mapping) (Object, error) {
+func inspect(open func(Mapping) (*os.File, error), ms []Mapping) (Object, error) {
 	o := Object{Path: ms[0].Path, Deleted: ms[0].Deleted, Dev: ms[0].Dev, Inode: ms[0].Inode, Mappings: ms}
 	var exe Mapping
 	for _, m := range ms {
@@ -276,7 +278,7 @@ func inspect(pid int, ms []Mapping) (Object, error) {
 			}
 		}
 	}
-	f, err := openMapped(pid, exe)
+	f, err := open(exe)
 	if err != nil {
 		return o, err
 	}
