@@ -151,7 +151,7 @@ permission, stale probe list, interrupted); 2 usage; 3 a selector matched no pro
 	f.BoolVarP(&verbose, "verbose", "v", false, "print every site's result to stderr")
 	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"entry", "exit", "both"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions([]string{"auto", "flip", "int3", "int3-async", "stop"}, cobra.ShellCompDirectiveNoFileComp))
-	cmd.AddCommand(newListCmd(stdout))
+	cmd.AddCommand(newListCmd(stdout), newStatsCmd(stdout), newTraceCmd(stdout, stderr), newProfileCmd(stdout, stderr))
 	return cmd
 }
 

@@ -29,6 +29,7 @@ var ErrNotFlippable = xmod.ErrNotFlippable
 type Action struct {
 	Enable   bool
 	Selector probelist.Selector
+	Object   string // only the target mapped from this path; "" for every target
 }
 
 // Request is one hotpatch invocation.
@@ -254,6 +255,9 @@ func resolve(targets []*Target, actions []Action) ([]selected, error) {
 	for _, a := range actions {
 		matched := false
 		for ti, t := range targets {
+			if a.Object != "" && a.Object != t.Object.Path {
+				continue
+			}
 			idx, err := t.List.Select(a.Selector)
 			if errors.Is(err, probelist.ErrNoMatch) {
 				continue
@@ -360,4 +364,25 @@ func kindOrBoth(k string) string {
 		return probelist.KindBoth
 	}
 	return k
+}
+
+// Restore puts every site a result changed back into the state it held
+// before, so a capture (trace, profile) leaves the probes as it found them.
+func (s *Session) Restore(ctx context.Context, res *Result) error {
+	var actions []Action
+	for _, r := range res.Sites {
+		if r.Before == r.After || (r.Before != "on" && r.Before != "off") {
+			continue
+		}
+		sel, err := probelist.ParseSelector(fmt.Sprintf("id:%d", r.ID), "")
+		if err != nil {
+			return err
+		}
+		actions = append(actions, Action{Enable: r.Before == "on", Selector: sel, Object: r.Object})
+	}
+	if len(actions) == 0 {
+		return nil
+	}
+	_, err := s.Apply(ctx, actions, ProtoAuto, 0)
+	return err
 }

@@ -59,6 +59,13 @@ func (s Selector) Match(p *Probe) bool {
 
 // Select returns the indices of the probes s matches, or ErrNoMatch.
 func (l *List) Select(s Selector) ([]int, error) {
+	if id, ok := strings.CutPrefix(s.Pattern, "id:"); ok {
+		// Ids are indices: no scan (Restore selects thousands by id).
+		if n, err := strconv.Atoi(id); err == nil && n >= 0 && n < len(l.Probes) && s.Match(&l.Probes[n]) {
+			return []int{n}, nil
+		}
+		return nil, fmt.Errorf("%w %q", ErrNoMatch, s.Pattern)
+	}
 	var idx []int
 	for i := range l.Probes {
 		if s.Match(&l.Probes[i]) {

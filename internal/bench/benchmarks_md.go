@@ -1,0 +1,54 @@
+package bench
+
+import (
+	"fmt"
+	"strings"
+)
+
+// BenchmarksMD wraps a report's markdown into BENCHMARKS.md: how to
+// reproduce it, the machine and conditions, then the report itself.
+func BenchmarksMD(r *Report, report, conditions string) string {
+	var b strings.Builder
+	b.WriteString(`# Benchmarks
+
+This file is written by the benchmark harness (internal/bench); rerun it to
+refresh the figures:
+
+    make bench          # full run, ~10 minutes on 2 cores, writes out/bench/results.json
+    make bench-quick    # every row, smaller, under 2 minutes once the targets are built
+    go run ./internal/bench/cmd/benchreport -benchmarks BENCHMARKS.md -conditions "..."   # refresh this file
+
+Needs: root (ptrace, /proc/PID/mem, tracefs), gcc, clang-14 with its XRay
+runtime (libclang-rt-14-dev), gdb, linux-perf; bpftrace is optional.
+` + "`benchreport -setup`" + ` apt-get installs what is missing; a peer that still
+cannot run is listed with the reason under "Not measured". The C targets are
+under bench/ (each file's header gives its build command; the exact commands
+of this run are at the end); results.json carries every figure with its spread
+in ns and TSC ticks, and the machine description.
+
+Figures are medians of repeated runs with p10-p90 in parentheses, in ns and
+TSC ticks; every ratio or overhead is against a baseline measured in the same
+run, interleaved with the variant. No test asserts any timing: ` + "`go test ./internal/bench`" + `
+runs each row in a tiny configuration and checks only its counts.
+
+`)
+	m := r.Meta
+	fmt.Fprintf(&b, "## Conditions of the run below\n\n- configuration: %s, %s, %.0f s\n- machine: %s; %s, %d CPUs (VM host name %s)\n- load average before/after: %s / %s\n",
+		m.Config, m.Date, m.Seconds, m.Kernel, m.CPU, m.NumCPU, m.Host, m.LoadBefore, m.LoadAfter)
+	if conditions != "" {
+		fmt.Fprintf(&b, "- %s\n", conditions)
+	}
+	b.WriteString("\n")
+	// The report follows, its headings one level down.
+	for _, l := range strings.Split(report, "\n") {
+		if strings.HasPrefix(l, "#") {
+			l = "#" + l
+		}
+		b.WriteString(l + "\n")
+	}
+	b.WriteString("\n### Build commands of this run\n\n")
+	for _, c := range r.Commands {
+		b.WriteString("    " + c + "\n")
+	}
+	return b.String()
+}

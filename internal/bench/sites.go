@@ -1,0 +1,103 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procmaps"
+	"github.com/edgeprobe/edgeprobe/internal/xmod"
+)
+
+// Sites returns the run-time sites of the probes of function fn ("" for all)
+// and kind ("" for both) in the main executable of pid.
+func Sites(pid int, l *probelist.List, fn, kind string) ([]xmod.Site, error) {
+	obj, err := procmaps.Main(pid)
+	if err != nil {
+		return nil, err
+	}
+	if l.Binary.BuildID != "" && obj.BuildID != l.Binary.BuildID {
+		return nil, fmt.Errorf("pid %d runs build-id %s, the probe list is for %s", pid, obj.BuildID, l.Binary.BuildID)
+	}
+	var out []xmod.Site
+	for _, p := range l.Probes {
+		if (fn != "" && p.Function != fn) || (kind != "" && p.Kind != kind) {
+			continue
+		}
+		out = append(out, xmod.Site{Addr: obj.Runtime(uint64(p.Address)), Active: p.Active, Inert: p.Inert,
+			Name: fmt.Sprintf("%s/%s", p.Function, p.Kind)})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no %q probe of %q in the probe list", kind, fn)
+	}
+	return out, nil
+}
+
+// probeOf returns the probe list entry of fn's kind probe.
+func probeOf(l *probelist.List, fn, kind string) (probelist.Probe, error) {
+	for _, p := range l.Probes {
+		if p.Function == fn && p.Kind == kind {
+			return p, nil
+		}
+	}
+	return probelist.Probe{}, fmt.Errorf("no %s probe of %s", kind, fn)
+}
+
+func changes(sites []xmod.Site, on bool) []xmod.Change {
+	cs := make([]xmod.Change, len(sites))
+	for i, s := range sites {
+		cs[i] = xmod.Change{Site: s, On: on}
+	}
+	return cs
+}
+
+// checkLive verifies a toggle target's probes work: with probes on, the hook
+// counts grow; with them off, they stay put. set switches them.
+func checkLive(ctx context.Context, t *Target, set func(on bool) error) error {
+	if err := set(true); err != nil {
+		return err
+	}
+	time.Sleep(5 * time.Millisecond)
+	a, err := t.Counts(ctx)
+	if err != nil {
+		return err
+	}
+	time.Sleep(10 * time.Millisecond)
+	b, err := t.Counts(ctx)
+	if err != nil {
+		return err
+	}
+	if b.Calls > a.Calls && b.Enters == a.Enters {
+		return fmt.Errorf("probes enabled but no hook ran: %+v then %+v", a, b)
+	}
+	if err := set(false); err != nil {
+		return err
+	}
+	time.Sleep(5 * time.Millisecond)
+	c, err := t.Counts(ctx)
+	if err != nil {
+		return err
+	}
+	time.Sleep(10 * time.Millisecond)
+	d, err := t.Counts(ctx)
+	if err != nil {
+		return err
+	}
+	if d.Enters != c.Enters {
+		return fmt.Errorf("probes disabled but hooks still ran: %+v then %+v", c, d)
+	}
+	return nil
+}
+
+func tempFile(dir, pattern string) string {
+	f, err := os.CreateTemp(dir, pattern)
+	if err != nil {
+		return filepath.Join(dir, pattern)
+	}
+	f.Close()
+	os.Remove(f.Name())
+	return f.Name()
+}

@@ -1,0 +1,265 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/edgeprobe/edgeprobe/internal/ptrace"
+	"github.com/edgeprobe/edgeprobe/internal/xmod"
+)
+
+func rateName(r int) string {
+	switch {
+	case r == 0:
+		return "max"
+	case r%1000 == 0:
+		return fmt.Sprintf("%dk", r/1000)
+	default:
+		return fmt.Sprint(r)
+	}
+}
+
+// RunThroughput is row 3 (the paper's Figure 12): executor threads call the
+// probed function while the harness toggles its entry probe at fixed rates.
+func (h *Harness) RunThroughput(ctx context.Context) error {
+	flipBin, _, flipList, _, err := h.toggleBuilds()
+	if err != nil {
+		return err
+	}
+	t, err := h.startToggle(ctx, flipBin, h.Cfg.Executors)
+	if err != nil {
+		return err
+	}
+	defer t.Kill()
+	sites, err := Sites(t.Pid, flipList, "probed", "")
+	if err != nil {
+		return err
+	}
+	mem, err := ptrace.OpenMem(t.Pid)
+	if err != nil {
+		return err
+	}
+	defer mem.Close()
+	on, off := changes(sites, true), changes(sites, false)
+	set := func(v bool) error {
+		cs := off
+		if v {
+			cs = on
+		}
+		_, err := xmod.Flip(ctx, mem, cs, xmod.FlipOptions{})
+		return err
+	}
+	if err := checkLive(ctx, t, set); err != nil {
+		return err
+	}
+	// window measures one window: calls, hook entries, executor CPU time.
+	type win struct{ calls, enters, cpu, wall, vol, invol float64 }
+	window := func() (win, error) {
+		v0, i0 := ctxSwitches(t.Pid)
+		a, err := t.Counts(ctx)
+		if err != nil {
+			return win{}, err
+		}
+		t0 := time.Now()
+		time.Sleep(h.Cfg.Window)
+		b, err := t.Counts(ctx)
+		if err != nil {
+			return win{}, err
+		}
+		v1, i1 := ctxSwitches(t.Pid)
+		w := win{calls: float64(b.Calls - a.Calls), enters: float64(b.Enters - a.Enters),
+			cpu: float64(b.CPUNs-a.CPUNs) / 1e9, wall: time.Since(t0).Seconds(), vol: float64(v1 - v0), invol: float64(i1 - i0)}
+		if w.cpu <= 0 || w.calls == 0 {
+			return w, fmt.Errorf("the executors made no progress over the window: %+v then %+v", a, b)
+		}
+		return w, nil
+	}
+	// toggled runs a toggler at rate (0: flat out) during one window.
+	toggled := func(rate int) (w win, achieved float64, err error) {
+		var stop atomic.Bool
+		var n int64
+		done := make(chan error, 1)
+		started := make(chan struct{})
+		go func() {
+			unpin := h.pinHarness()
+			defer unpin()
+			close(started)
+			period := time.Duration(0)
+			if rate > 0 {
+				period = time.Second / time.Duration(rate)
+			}
+			next := time.Now()
+			v := false
+			for !stop.Load() {
+				if period > 0 {
+					for time.Now().Before(next) {
+					}
+					next = next.Add(period)
+					if now := time.Now(); now.Sub(next) > period {
+						next = now // fell behind: no catch-up burst
+					}
+				}
+				if err := set(v); err != nil {
+					done <- err
+					return
+				}
+				v = !v
+				atomic.AddInt64(&n, 1)
+			}
+			done <- set(true)
+		}()
+		<-started
+		time.Sleep(h.Cfg.Window / 10)
+		n0, t0 := atomic.LoadInt64(&n), time.Now()
+		w, err = window()
+		achieved = float64(atomic.LoadInt64(&n)-n0) / time.Since(t0).Seconds()
+		stop.Store(true)
+		if terr := <-done; err == nil {
+			err = terr
+		}
+		return
+	}
+	type cell struct {
+		calls, enters, achieved, ratio, wallRatio, share, vol, invol []float64
+		starved                                                      int
+	}
+	cells := map[int]*cell{}
+	var act, inert, actWall, inertWall []float64
+	for rep := 0; rep < h.Cfg.Reps; rep++ {
+		if err := set(true); err != nil {
+			return err
+		}
+		a, err := window()
+		if err != nil {
+			return err
+		}
+		if err := set(false); err != nil {
+			return err
+		}
+		i, err := window()
+		if err != nil {
+			return err
+		}
+		ra, ri := a.calls/a.cpu, i.calls/i.cpu // calls per executor CPU-second
+		act, inert = append(act, ra), append(inert, ri)
+		actWall, inertWall = append(actWall, a.calls/a.wall), append(inertWall, i.calls/i.wall)
+		for _, r := range h.Cfg.Rates {
+			w, ach, err := toggled(r)
+			if err != nil {
+				return fmt.Errorf("toggling at %s/s: %w", rateName(r), err)
+			}
+			if w.enters > w.calls*1.01+1000 {
+				return fmt.Errorf("toggling at %s/s: %.0f calls but %.0f hook entries", rateName(r), w.calls, w.enters)
+			}
+			// A window where the executors hardly ran (other load took
+			// their CPU) says nothing about toggling: counted, not used.
+			if w.cpu < 0.5*w.wall*float64(h.Cfg.Executors) {
+				cl := cells[r]
+				if cl == nil {
+					cl = &cell{}
+					cells[r] = cl
+				}
+				cl.starved++
+				continue
+			}
+			// The CPU time these calls would take without toggling: the
+			// enabled ones at the steady enabled rate, the rest at the
+			// steady disabled rate.
+			ideal := w.enters/ra + (w.calls-w.enters)/ri
+			ra0, ri0 := actWall[len(actWall)-1], inertWall[len(inertWall)-1]
+			idealWall := w.enters/ra0 + (w.calls-w.enters)/ri0
+			cl := cells[r]
+			if cl == nil {
+				cl = &cell{}
+				cells[r] = cl
+			}
+			cl.calls = append(cl.calls, w.calls/w.wall)
+			cl.enters = append(cl.enters, w.enters/w.wall)
+			cl.achieved = append(cl.achieved, ach)
+			cl.ratio = append(cl.ratio, ideal/w.cpu)
+			cl.wallRatio = append(cl.wallRatio, idealWall/w.wall)
+			cl.vol, cl.invol = append(cl.vol, w.vol/w.wall), append(cl.invol, w.invol/w.wall)
+			cl.share = append(cl.share, w.cpu/w.wall/float64(h.Cfg.Executors))
+		}
+	}
+	if _, err := t.Quit(ctx); err != nil {
+		return err
+	}
+	med := func(s []float64) float64 { return Summarize(s, h.TSC).MedianNs }
+	sec := Section{Title: "3. Throughput under toggling (Chamith et al., Figure 12)",
+		Text: fmt.Sprintf("bench/toggle.c (flip placeholder), %d executor thread(s) pinned to CPU 1 calling `probed()` with counting hooks; the harness, pinned to CPU 0, flips the function's entry and exit probes (one xmod.Flip call per toggle) at each rate for a %v window; %d rounds, the rates interleaved with the steady baselines. "+
+			"Ratio = the time those calls would have taken without toggling (the calls that ran the hook at the steady enabled rate, the rest at the steady disabled rate, both measured in the same round) / the time they took: 1.0 means toggling cost nothing, and the observed on/off mix takes the duty cycle out of the figure. "+
+			"`ratio (wall)` uses wall-clock time (the paper's throughput; the JSON's throughput_ratio); `ratio (CPU)` uses the executors' CPU time (pthread_getcpuclockid), which leaves out time an executor spent off its CPU, whether other load took it or the toggling did. The context-switch rates show which.",
+			h.Cfg.Executors, h.Cfg.Window, h.Cfg.Reps),
+		Head: []string{"toggle rate", "achieved toggles/s", "calls/s (wall)", "hook entries/s", "executor on CPU", "voluntary / involuntary switches/s", "ratio (wall)", "ratio (CPU)"}}
+	sec.Rows = append(sec.Rows, []string{"none, probe enabled", "0", fmt.Sprintf("%.3g", med(actWall)), "", "", "", "", fmt.Sprintf("%.3g calls per CPU-s", med(act))},
+		[]string{"none, probe disabled", "0", fmt.Sprintf("%.3g", med(inertWall)), "", "", "", "", fmt.Sprintf("%.3g calls per CPU-s", med(inert))})
+	h.Rep.Set("throughput_detail.enabled_calls_per_cpu_s", med(act))
+	h.Rep.Set("throughput_detail.disabled_calls_per_cpu_s", med(inert))
+	for _, r := range h.Cfg.Rates {
+		cl := cells[r]
+		if len(cl.ratio) == 0 {
+			h.Rep.Skip("throughput_ratio."+rateName(r), fmt.Sprintf("in all %d rounds the executors were on their CPU less than half the window (other load): no usable measurement", cl.starved))
+			sec.Rows = append(sec.Rows, []string{rateName(r) + "/s", "", "", "", "", "", "not measured: executors starved in every round", ""})
+			continue
+		}
+		if cl.starved > 0 {
+			h.Rep.Set("throughput_detail.starved_rounds."+rateName(r), float64(cl.starved))
+		}
+		rs := Summarize(cl.ratio, h.TSC)
+		ws := Summarize(cl.wallRatio, h.TSC)
+		name := rateName(r)
+		h.Rep.Set("throughput_ratio."+name, ws.MedianNs)
+		h.Rep.Set("throughput_detail.cpu_ratio."+name, rs.MedianNs)
+		h.Rep.Set("throughput_detail.calls_per_s."+name, med(cl.calls))
+		h.Rep.Set("throughput_detail.achieved_toggles_per_s."+name, med(cl.achieved))
+		label := name + "/s"
+		if r == 0 {
+			label = "as fast as possible"
+		}
+		if cl.starved > 0 {
+			label += fmt.Sprintf(" (%d of %d rounds dropped: executors starved)", cl.starved, cl.starved+len(cl.ratio))
+		}
+		sec.Rows = append(sec.Rows, []string{label, fmt.Sprintf("%.3g", med(cl.achieved)), fmt.Sprintf("%.3g", med(cl.calls)),
+			fmt.Sprintf("%.3g", med(cl.enters)), fmt.Sprintf("%.0f%%", 100*med(cl.share)), fmt.Sprintf("%.3g / %.3g", med(cl.vol), med(cl.invol)),
+			fmt.Sprintf("%.3f (%.3f-%.3f)", ws.MedianNs, ws.P10Ns, ws.P90Ns), fmt.Sprintf("%.3f (%.3f-%.3f)", rs.MedianNs, rs.P10Ns, rs.P90Ns)})
+	}
+	sec.Foot = "Paper: throughput unaffected through 100k toggles/s (callpatch), degrading towards 1M/s. Here each toggle is a pwrite to /proc/PID/mem from another process; the executor's core sees a cross-modified line every toggle."
+	h.Rep.Add(sec)
+	return nil
+}
+
+// ctxSwitches sums the voluntary and involuntary context switches of every
+// thread of pid but its main thread (the executors).
+func ctxSwitches(pid int) (vol, invol uint64) {
+	dirs, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	for _, d := range dirs {
+		if filepath.Base(d) == strconv.Itoa(pid) {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(d, "status"))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			f := strings.Fields(l)
+			if len(f) != 2 {
+				continue
+			}
+			v, _ := strconv.ParseUint(f[1], 10, 64)
+			switch f[0] {
+			case "voluntary_ctxt_switches:":
+				vol += v
+			case "nonvoluntary_ctxt_switches:":
+				invol += v
+			}
+		}
+	}
+	return
+}

@@ -1,0 +1,108 @@
+package capture
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
+	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/report"
+	"github.com/edgeprobe/edgeprobe/internal/shm"
+)
+
+// ErrNoRuntime means the process does not run the edgeprobe runtime, so
+// nothing records what enabled probes report.
+var ErrNoRuntime = errors.New("no edgeprobe runtime in the process")
+
+// Options select what to capture.
+type Options struct {
+	PID        int
+	ProbeFiles []string
+	Selectors  []probelist.Selector // probes to enable for the capture; none: use what is on
+	Duration   time.Duration
+	// Progress, if set, is called about ten times a second.
+	Progress func(elapsed time.Duration, detail string)
+}
+
+// session is what both captures open: the region, the hotpatch session and
+// the probes they turned on.
+type session struct {
+	region  *shm.Region
+	hp      *hotpatch.Session
+	sym     *report.Symbolizer
+	enabled *hotpatch.Result
+}
+
+func open(ctx context.Context, o Options) (*session, error) {
+	region, err := shm.OpenPID(o.PID)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("pid %d: %w (start it with LD_PRELOAD=libedgeprobe.so)", o.PID, ErrNoRuntime)
+	}
+	if err != nil {
+		return nil, err
+	}
+	s := &session{region: region}
+	if s.hp, err = hotpatch.Open(o.PID, o.ProbeFiles, false); err != nil {
+		region.Close()
+		return nil, err
+	}
+	var lists []*probelist.List
+	for _, t := range s.hp.Targets() {
+		lists = append(lists, t.List)
+	}
+	if s.sym, err = report.ForPID(o.PID, lists); err != nil {
+		s.close(ctx)
+		return nil, err
+	}
+	if len(o.Selectors) > 0 {
+		actions := make([]hotpatch.Action, len(o.Selectors))
+		for i, sel := range o.Selectors {
+			actions[i] = hotpatch.Action{Enable: true, Selector: sel}
+		}
+		if s.enabled, err = s.hp.Apply(ctx, actions, hotpatch.ProtoAuto, 0); err != nil {
+			s.close(ctx)
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// close restores the probes it enabled, detaches and unmaps. Restoring must
+// happen even after SIGINT, so it runs on a fresh context.
+func (s *session) close(context.Context) error {
+	var err error
+	if s.enabled != nil {
+		err = s.hp.Restore(context.Background(), s.enabled)
+	}
+	if cerr := s.hp.Close(); err == nil {
+		err = cerr
+	}
+	s.region.Close()
+	return err
+}
+
+// ticker calls fn every period until d has passed or ctx ends, then once more.
+func ticker(ctx context.Context, d, period time.Duration, progress func(time.Duration, string), fn func(elapsed time.Duration) string) {
+	start := time.Now()
+	t := time.NewTicker(period)
+	defer t.Stop()
+	lastReport := time.Time{}
+	for {
+		elapsed := time.Since(start)
+		detail := fn(elapsed)
+		if progress != nil && time.Since(lastReport) >= 100*time.Millisecond {
+			progress(elapsed, detail)
+			lastReport = time.Now()
+		}
+		if elapsed >= d || ctx.Err() != nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,225 @@
+package capture
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
+	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/report"
+	"github.com/edgeprobe/edgeprobe/internal/shm"
+)
+
+// ProfileOptions configure the bursty profiler.
+type ProfileOptions struct {
+	Options
+	Samples uint64        // K: calls a function may record per epoch
+	Epoch   time.Duration // E
+	// HitCostNs is the cost of one probed call (entry and exit, timed) used
+	// to estimate the slowdown; `make bench` measures it as invoke.runtime.
+	HitCostNs float64
+}
+
+// ProfileResult is what a profile found and what it cost.
+type ProfileResult struct {
+	Functions     []report.FuncStats // calls and latency recorded during the profile
+	Epochs        int
+	Toggles       uint64 // site writes made to enforce the quotas
+	TogglesPerSec float64
+	Duration      time.Duration
+	Calls         uint64        // probed calls recorded
+	TargetCPU     time.Duration // CPU time the target used meanwhile (all threads)
+	Slowdown      float64       // estimated: Calls x HitCostNs / TargetCPU
+}
+
+// quota is one function under the profiler's control.
+type quota struct {
+	actions []hotpatch.Action // its selected sites, by id
+	off     bool
+	base    uint64 // entries at the start of the epoch
+}
+
+// Profile runs the bursty latency profiler for o.Duration.
+func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err error) {
+	if o.Samples == 0 || o.Epoch <= 0 {
+		return nil, fmt.Errorf("profile needs a positive sample quota and epoch")
+	}
+	if len(o.Selectors) == 0 {
+		all, _ := probelist.ParseSelector("*", "")
+		o.Selectors = []probelist.Selector{all}
+	}
+	s, err := open(ctx, o.Options)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if cerr := s.close(ctx); err == nil {
+			err = cerr
+		}
+	}()
+	quotas := functionsOf(s)
+	before := byAddr(s.region.Functions())
+	cpu0, err := cpuTime(o.PID)
+	if err != nil {
+		return nil, err
+	}
+	res = &ProfileResult{}
+	start := time.Now()
+	epochStart := time.Time{}
+	poll := o.Epoch / 20
+	if poll < time.Millisecond {
+		poll = time.Millisecond
+	}
+	var loopErr error
+	toggle := func(q []*quota, on bool) {
+		var actions []hotpatch.Action
+		for _, x := range q {
+			for _, a := range x.actions {
+				a.Enable = on
+				actions = append(actions, a)
+			}
+			x.off = !on
+		}
+		if len(actions) == 0 || loopErr != nil {
+			return
+		}
+		r, err := s.hp.Apply(ctx, actions, hotpatch.ProtoAuto, 0)
+		if r != nil {
+			res.Toggles += uint64(r.Changed)
+		}
+		if err != nil && ctx.Err() == nil {
+			loopErr = err
+		}
+	}
+	ticker(ctx, o.Duration, poll, o.Progress, func(elapsed time.Duration) string {
+		now := byAddr(s.region.Functions())
+		if epochStart.IsZero() || time.Since(epochStart) >= o.Epoch {
+			epochStart = time.Now()
+			res.Epochs++
+			var back []*quota
+			for addr, q := range quotas {
+				q.base = now[addr].Entries
+				if q.off {
+					back = append(back, q)
+				}
+			}
+			toggle(back, true)
+		}
+		var full []*quota
+		for addr, q := range quotas {
+			if !q.off && now[addr].Entries-q.base >= o.Samples {
+				full = append(full, q)
+			}
+		}
+		toggle(full, false)
+		return fmt.Sprintf("epoch %d, %d site toggles", res.Epochs, res.Toggles)
+	})
+	if loopErr != nil {
+		return nil, loopErr
+	}
+	res.Duration = time.Since(start)
+	cpu1, err := cpuTime(o.PID)
+	if err != nil {
+		return nil, err
+	}
+	res.TargetCPU = cpu1 - cpu0
+	delta := deltas(s.region.Functions(), before)
+	res.Functions = report.Rows(delta, s.sym)
+	for _, f := range delta {
+		res.Calls += f.Entries
+	}
+	if res.Duration > 0 {
+		res.TogglesPerSec = float64(res.Toggles) / res.Duration.Seconds()
+	}
+	if res.TargetCPU > 0 {
+		res.Slowdown = float64(res.Calls) * o.HitCostNs / float64(res.TargetCPU.Nanoseconds())
+	}
+	return res, nil
+}
+
+// functionsOf groups the enabled sites by the function they report, keyed
+// by its run-time address (what the runtime records). Sites whose function
+// was not recovered cannot be attributed and stay on for the whole profile.
+func functionsOf(s *session) map[uint64]*quota {
+	qs := map[uint64]*quota{}
+	if s.enabled == nil {
+		return qs
+	}
+	targets := map[string]*hotpatch.Target{}
+	for _, t := range s.hp.Targets() {
+		targets[t.Object.Path] = t
+	}
+	for _, r := range s.enabled.Sites {
+		t := targets[r.Object]
+		p := &t.List.Probes[r.ID]
+		if !p.Resolved || p.FunctionAddress == 0 {
+			continue
+		}
+		addr := t.Object.Runtime(uint64(p.FunctionAddress))
+		q := qs[addr]
+		if q == nil {
+			q = &quota{}
+			qs[addr] = q
+		}
+		sel, _ := probelist.ParseSelector(fmt.Sprintf("id:%d", p.ID), "")
+		q.actions = append(q.actions, hotpatch.Action{Selector: sel, Object: r.Object})
+	}
+	return qs
+}
+
+func byAddr(fs []shm.Func) map[uint64]shm.Func {
+	m := make(map[uint64]shm.Func, len(fs))
+	for _, f := range fs {
+		m[f.Addr] = f
+	}
+	return m
+}
+
+// deltas returns what each function recorded since before. Min and max are
+// the lifetime values (they cannot be subtracted); percentiles come from the
+// histogram's difference, clamped to them.
+func deltas(now []shm.Func, before map[uint64]shm.Func) []shm.Func {
+	var out []shm.Func
+	for _, f := range now {
+		b := before[f.Addr]
+		d := f
+		d.Entries -= b.Entries
+		d.Exits -= b.Exits
+		d.Orphans -= b.Orphans
+		d.Unmatched -= b.Unmatched
+		d.Samples -= b.Samples
+		d.SumNs -= b.SumNs
+		for i := range d.Hist {
+			d.Hist[i] -= b.Hist[i]
+		}
+		if d.Entries == 0 && d.Exits == 0 {
+			continue
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// cpuTime is the user+system time of every thread of pid so far.
+func cpuTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+	}
+	var utime, stime int64
+	fmt.Sscan(f[11], &utime)
+	fmt.Sscan(f[12], &stime)
+	return time.Duration(utime+stime) * (time.Second / clockTicks), nil
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat times: 100 on every
+// Linux x86-64 ABI.
+const clockTicks = 100

@@ -1,0 +1,285 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/edgeprobe/edgeprobe/internal/capture"
+	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/report"
+	"github.com/edgeprobe/edgeprobe/internal/shm"
+)
+
+// selection is the --enable/--kind pair of the capture commands.
+type selection struct {
+	patterns []string
+	kind     string
+}
+
+func (s *selection) register(cmd *cobra.Command, help string) {
+	cmd.Flags().StringArrayVarP(&s.patterns, "enable", "e", nil, help)
+	cmd.Flags().StringVar(&s.kind, "kind", "both", "which probes of a function: entry, exit or both")
+}
+
+func (s *selection) parse() ([]probelist.Selector, error) {
+	var out []probelist.Selector
+	for _, p := range s.patterns {
+		sel, err := probelist.ParseSelector(p, s.kind)
+		if err != nil {
+			return nil, usageError{err}
+		}
+		out = append(out, sel)
+	}
+	return out, nil
+}
+
+// progressTo returns a progress printer for w when w is a terminal, else nil:
+// long operations show progress to a person and stay quiet in a pipe.
+func progressTo(w io.Writer, what string) func(time.Duration, string) {
+	f, ok := w.(*os.File)
+	if !ok {
+		return nil
+	}
+	if _, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS); err != nil {
+		return nil
+	}
+	return func(elapsed time.Duration, detail string) {
+		fmt.Fprintf(w, "\r%s: %s, %s   ", what, elapsed.Truncate(100*time.Millisecond), detail)
+	}
+}
+
+func endProgress(w io.Writer, p func(time.Duration, string)) {
+	if p != nil {
+		fmt.Fprintln(w)
+	}
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+func newStatsCmd(stdout io.Writer) *cobra.Command {
+	var (
+		tf    targetFlags
+		input string
+		sort  string
+		top   int
+	)
+	cmd := &cobra.Command{
+		Use:   "stats (--pid N | --input FILE) [--json] [--sort calls|total|p99|max|name] [--top K]",
+		Short: "Show per-function calls and latency recorded by the edgeprobe runtime",
+		Long: `stats reads the shared-memory region of a process running under the runtime
+(LD_PRELOAD=libedgeprobe.so), live, or a file it wrote at exit (EDGEPROBE_OUTPUT=FILE), and
+prints one row per function: calls, total, mean, p50, p99 and max inclusive latency.
+Percentiles come from a log2 histogram: exact to within a factor of two.
+Functions are named from the objects' symbols (static functions and shared libraries
+included), then from --probes lists, else sub_<address>.`,
+		Example: `  hotpatch stats --pid 4242 --top 10
+  hotpatch stats --pid 4242 --sort p99 --json | jq '.functions[0]'
+  EDGEPROBE_OUTPUT=run.ep LD_PRELOAD=bin/libedgeprobe.so ./app && hotpatch stats --input run.ep`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if (tf.pid > 0) == (input != "") {
+				return usagef("give exactly one of --pid and --input")
+			}
+			var lists []*probelist.List
+			for _, f := range tf.probes {
+				l, err := probelist.ReadFile(f)
+				if err != nil {
+					return err
+				}
+				lists = append(lists, l)
+			}
+			var (
+				region *shm.Region
+				sym    *report.Symbolizer
+				err    error
+			)
+			if input != "" {
+				if region, err = shm.Open(input); err != nil {
+					return err
+				}
+				if sym, err = report.ForMaps(region.Maps(), lists); err != nil {
+					region.Close()
+					return fmt.Errorf("%s: resolving names: %w", input, err)
+				}
+			} else {
+				if region, err = shm.OpenPID(tf.pid); err != nil {
+					return fmt.Errorf("pid %d: %w (is it running under LD_PRELOAD=libedgeprobe.so?)", tf.pid, err)
+				}
+				if sym, err = report.ForPID(tf.pid, lists); err != nil {
+					region.Close()
+					return err
+				}
+			}
+			defer region.Close()
+			st := report.Collect(region, sym)
+			if err := st.Sort(sort); err != nil {
+				return usageError{err}
+			}
+			st.Top(top)
+			if tf.json {
+				return writeJSON(stdout, st)
+			}
+			return st.WriteTable(stdout)
+		},
+	}
+	tf.register(cmd)
+	cmd.Flags().StringVar(&input, "input", "", "read the file a process wrote at exit (EDGEPROBE_OUTPUT) instead of a live one")
+	cmd.Flags().StringVar(&sort, "sort", "total", "order: calls, total, p99, max or name")
+	cmd.Flags().IntVar(&top, "top", 0, "show only the first K functions")
+	_ = cmd.RegisterFlagCompletionFunc("sort", cobra.FixedCompletions(report.SortKeys, cobra.ShellCompDirectiveNoFileComp))
+	return cmd
+}
+
+func newTraceCmd(stdout, stderr io.Writer) *cobra.Command {
+	var (
+		tf       targetFlags
+		sel      selection
+		duration time.Duration
+		output   string
+	)
+	cmd := &cobra.Command{
+		Use:   "trace --pid N --enable SEL --duration D -o trace.json",
+		Short: "Record every call of the selected functions for a while, as a Chrome trace",
+		Long: `trace turns on the selected probes, switches the runtime's per-thread event rings on,
+collects them for the duration, then switches them off and puts every probe back as it
+was. The output is Chrome trace-event JSON (open it in Perfetto, ui.perfetto.dev, or
+chrome://tracing): one track per thread, one slice per call, nested as the calls were.
+Events the rings could not hold are counted and reported, never silently lost.`,
+		Example: `  hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.json`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := tf.check(); err != nil {
+				return err
+			}
+			if output == "" || duration <= 0 {
+				return usagef("trace needs -o FILE and a positive --duration")
+			}
+			sels, err := sel.parse()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext()
+			defer stop()
+			progress := progressTo(stderr, "tracing")
+			res, err := capture.Trace(ctx, capture.Options{PID: tf.pid, ProbeFiles: tf.probes, Selectors: sels, Duration: duration, Progress: progress})
+			endProgress(stderr, progress)
+			if err != nil {
+				return classify(err)
+			}
+			var buf bytes.Buffer
+			if err := res.Tracer.Write(&buf); err != nil {
+				return err
+			}
+			if err := probelist.WriteFileAtomic(output, buf.Bytes(), 0o644); err != nil {
+				return err
+			}
+			summary := map[string]any{"output": output, "calls": res.Tracer.Calls(), "events": res.Events,
+				"dropped_events": res.Dropped, "unpaired_exits": res.Tracer.Unpaired, "duration_ns": res.Duration.Nanoseconds()}
+			if tf.json {
+				return writeJSON(stdout, summary)
+			}
+			fmt.Fprintf(stdout, "%s: %d calls (%d events, %d dropped, %d exits of calls begun before the capture) in %s\n",
+				output, res.Tracer.Calls(), res.Events, res.Dropped, res.Tracer.Unpaired, res.Duration.Round(time.Millisecond))
+			return nil
+		},
+	}
+	tf.register(cmd)
+	sel.register(cmd, "turn on the probes `SEL` selects for the capture (repeatable; default: what is on)")
+	cmd.Flags().DurationVar(&duration, "duration", 0, "how long to record")
+	cmd.Flags().StringVarP(&output, "output", "o", "", "write the trace to `FILE`")
+	return cmd
+}
+
+func newProfileCmd(stdout, stderr io.Writer) *cobra.Command {
+	var (
+		tf       targetFlags
+		sel      selection
+		duration time.Duration
+		epoch    time.Duration
+		samples  uint64
+		hitCost  float64
+		output   string
+		top      int
+	)
+	cmd := &cobra.Command{
+		Use:   "profile --pid N [--enable SEL] --duration D [--samples K --epoch E] -o FILE",
+		Short: "Bursty latency profile: at most K timed calls per function per epoch",
+		Long: `profile is the bursty latency profiler of "Living on the edge" (section 9): every
+selected function records calls and latency until it has K samples in the current epoch;
+then its probes are turned off, and they come back on at the next epoch. The overhead is
+bounded by K per epoch however hot a function is, at the price of fast probe toggling.
+
+The profile is written in pprof format (go tool pprof -top FILE ranks functions by total
+latency; -sample_index=calls by calls), with a text summary on stdout: the functions, the
+toggles per second performed, and the target's estimated slowdown (probed calls x
+--hit-cost / the target's CPU time).`,
+		Example: `  hotpatch profile --pid 4242 --duration 10s -o app.pprof
+  hotpatch profile --pid 4242 --enable 'http_*' --samples 100 --epoch 50ms --duration 5s -o http.pprof`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := tf.check(); err != nil {
+				return err
+			}
+			if output == "" || duration <= 0 || epoch <= 0 || samples == 0 {
+				return usagef("profile needs -o FILE and positive --duration, --epoch and --samples")
+			}
+			sels, err := sel.parse()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext()
+			defer stop()
+			progress := progressTo(stderr, "profiling")
+			start := time.Now()
+			res, err := capture.Profile(ctx, capture.ProfileOptions{
+				Options: capture.Options{PID: tf.pid, ProbeFiles: tf.probes, Selectors: sels, Duration: duration, Progress: progress},
+				Samples: samples, Epoch: epoch, HitCostNs: hitCost,
+			})
+			endProgress(stderr, progress)
+			if err != nil {
+				return classify(err)
+			}
+			var buf bytes.Buffer
+			if err := report.WriteProfile(&buf, report.Profile(res.Functions, start, res.Duration)); err != nil {
+				return err
+			}
+			if err := probelist.WriteFileAtomic(output, buf.Bytes(), 0o644); err != nil {
+				return err
+			}
+			st := &report.Stats{PID: tf.pid, Functions: res.Functions}
+			st.Sort("total")
+			st.Top(top)
+			if tf.json {
+				return writeJSON(stdout, map[string]any{"output": output, "functions": st.Functions, "epochs": res.Epochs,
+					"toggles": res.Toggles, "toggles_per_sec": res.TogglesPerSec, "calls": res.Calls,
+					"target_cpu_ns": res.TargetCPU.Nanoseconds(), "estimated_slowdown": res.Slowdown, "duration_ns": res.Duration.Nanoseconds()})
+			}
+			if err := st.WriteTable(stdout); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "%s: %d epochs of %s, %d probed calls, %.0f site toggles/s; target CPU %s, estimated slowdown %.2f%%\n",
+				output, res.Epochs, epoch, res.Calls, res.TogglesPerSec, res.TargetCPU.Round(time.Millisecond), 100*res.Slowdown)
+			return nil
+		},
+	}
+	tf.register(cmd)
+	sel.register(cmd, "profile the functions `SEL` selects (repeatable; default '*')")
+	cmd.Flags().DurationVar(&duration, "duration", 0, "how long to profile")
+	cmd.Flags().DurationVar(&epoch, "epoch", 100*time.Millisecond, "quota period E")
+	cmd.Flags().Uint64Var(&samples, "samples", 1000, "calls K a function may record per epoch")
+	cmd.Flags().Float64Var(&hitCost, "hit-cost", 30, "cost in ns of one timed probed call, for the slowdown estimate (make bench: invoke.runtime)")
+	cmd.Flags().StringVarP(&output, "output", "o", "", "write the pprof profile to `FILE`")
+	cmd.Flags().IntVar(&top, "top", 20, "rows in the text summary (0: all)")
+	return cmd
+}

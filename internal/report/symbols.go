@@ -1,0 +1,134 @@
+package report
+
+import (
+	"bytes"
+	"debug/elf"
+	"fmt"
+	"os"
+	"sort"
+
+	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procmaps"
+)
+
+// Symbolizer names run-time function addresses of one process.
+type Symbolizer struct {
+	objects []object
+}
+
+type object struct {
+	procmaps.Object
+	syms []sym // sorted by address
+}
+
+type sym struct {
+	addr, size uint64 // ELF virtual address
+	name       string
+}
+
+// NewSymbolizer reads the symbols of every object in objs; lists (from
+// coldpatch) name functions of stripped objects, matched by build-id.
+func NewSymbolizer(objs []procmaps.Object, open func(*procmaps.Object) (*os.File, error), lists []*probelist.List) *Symbolizer {
+	s := &Symbolizer{}
+	for i := range objs {
+		o := object{Object: objs[i]}
+		if f, err := open(&objs[i]); err == nil {
+			o.syms = readSyms(f)
+			f.Close()
+		}
+		for _, l := range lists {
+			if l.Binary.BuildID != "" && l.Binary.BuildID == o.BuildID {
+				o.syms = mergeListNames(o.syms, l)
+			}
+		}
+		s.objects = append(s.objects, o)
+	}
+	return s
+}
+
+// ForPID symbolizes a live process.
+func ForPID(pid int, lists []*probelist.List) (*Symbolizer, error) {
+	objs, err := procmaps.Objects(pid)
+	if err != nil {
+		return nil, err
+	}
+	return NewSymbolizer(objs, func(o *procmaps.Object) (*os.File, error) { return procmaps.Open(pid, o) }, lists), nil
+}
+
+// ForMaps symbolizes an exited process from the maps copy its output file
+// carries, reading the objects from disk.
+func ForMaps(maps []byte, lists []*probelist.List) (*Symbolizer, error) {
+	ms, err := procmaps.Parse(bytes.NewReader(maps))
+	if err != nil {
+		return nil, err
+	}
+	objs, err := procmaps.ObjectsOf(ms, func(m procmaps.Mapping) (*os.File, error) { return os.Open(m.Path) })
+	if err != nil {
+		return nil, err
+	}
+	return NewSymbolizer(objs, func(o *procmaps.Object) (*os.File, error) { return os.Open(o.Path) }, lists), nil
+}
+
+func readSyms(f *os.File) []sym {
+	ef, err := elf.NewFile(f)
+	if err != nil {
+		return nil
+	}
+	var out []sym
+	seen := map[uint64]bool{}
+	add := func(list []elf.Symbol) {
+		for _, s := range list {
+			if elf.ST_TYPE(s.Info) != elf.STT_FUNC || s.Value == 0 || s.Section == elf.SHN_UNDEF || seen[s.Value] {
+				continue
+			}
+			seen[s.Value] = true
+			out = append(out, sym{s.Value, s.Size, s.Name})
+		}
+	}
+	if l, err := ef.Symbols(); err == nil {
+		add(l)
+	}
+	if l, err := ef.DynamicSymbols(); err == nil {
+		add(l)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].addr < out[j].addr })
+	return out
+}
+
+func mergeListNames(syms []sym, l *probelist.List) []sym {
+	have := map[uint64]bool{}
+	for _, s := range syms {
+		have[s.addr] = true
+	}
+	for _, p := range l.Probes {
+		if p.Resolved && p.FunctionAddress != 0 && !have[uint64(p.FunctionAddress)] {
+			have[uint64(p.FunctionAddress)] = true
+			syms = append(syms, sym{addr: uint64(p.FunctionAddress), name: p.Function})
+		}
+	}
+	sort.Slice(syms, func(i, j int) bool { return syms[i].addr < syms[j].addr })
+	return syms
+}
+
+// Name returns the function at run-time address addr and the path of its
+// object. With exact, only a symbol starting at addr counts (the hooks report
+// function starts); otherwise the symbol containing addr (clang's _bare hook
+// reports an address inside the function).
+func (s *Symbolizer) Name(addr uint64, exact bool) (name, object string) {
+	for i := range s.objects {
+		o := &s.objects[i]
+		if !o.InExec(addr, 1) {
+			continue
+		}
+		v := addr - o.Bias
+		j := sort.Search(len(o.syms), func(k int) bool { return o.syms[k].addr > v }) - 1
+		if j >= 0 {
+			sy := o.syms[j]
+			if sy.addr == v || (!exact && (v < sy.addr+sy.size || sy.size == 0)) {
+				return sy.name, o.Path
+			}
+		}
+		return fmt.Sprintf("sub_%x", v), o.Path
+	}
+	return fmt.Sprintf("sub_%x", addr), ""
+}
