@@ -151,7 +151,7 @@ type Result struct {
 
 	Threads         int     `json:"threads"`
 	TogglesPerPoint int     `json:"toggles_per_point"`
-	Compiler        string  `json:"compiler,omitempty"` // the target's build command
+	Compiler        string  `json:"compiler,omitempty"` // the target's build command and compiler version
 	Sweep           []Point `json:"sweep"`
 	Date            string  `json:"date"` // RFC 3339, when Run finished
 	ElapsedNs       int64   `json:"elapsed_ns,omitempty"`

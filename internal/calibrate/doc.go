@@ -59,6 +59,14 @@
 // need tens of millions of toggles per point to show up. A calibration with
 // a modest budget is a smoke test of the wait, not a proof; keep the Sync.
 //
+// A target that dies while traced is reaped by the tracer thread (it shares
+// our thread group), so its exit status is lost; the crash report says so
+// and keeps its last stderr lines.
+//
+// Outside the CLI, a real calibration runs from the tests:
+//
+//	EDGEPROBE_CALIBRATE_TOGGLES=20000 go test -v -timeout 1h -run TestCalibrateSoak ./internal/calibrate
+//
 // # The file
 //
 // Result.Save writes JSON (docs: the Result type) with a temporary file and

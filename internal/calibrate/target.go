@@ -68,9 +68,14 @@ func build(ctx context.Context, dir, cc string) (*program, error) {
 		return nil, err
 	}
 	out := filepath.Join(dir, "target")
-	args := []string{"-O2", "-pthread", src, "-o", out}
-	p := &program{path: out, command: cc + " " + strings.Join(args, " ")}
+	args := []string{"-O2", "-pthread", "stress.c", "-o", "target"}
+	p := &program{path: out, command: filepath.Base(cc) + " " + strings.Join(args, " ")}
+	if v, err := exec.CommandContext(ctx, cc, "--version").Output(); err == nil {
+		first, _, _ := strings.Cut(string(v), "\n")
+		p.command += " (" + strings.TrimSpace(first) + ")"
+	}
 	cmd := exec.CommandContext(ctx, cc, args...)
+	cmd.Dir = dir
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("calibrate: building the target (%s): %v\n%s", p.command, err, b)
 	}

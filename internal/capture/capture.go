@@ -23,6 +23,10 @@ type Options struct {
 	ProbeFiles []string
 	Selectors  []probelist.Selector // probes to enable for the capture; none: use what is on
 	Duration   time.Duration
+	// MaxCalls ends a trace early once it holds this many calls (0: no
+	// limit): a hot function makes millions of events a second, and the
+	// capture is held in memory.
+	MaxCalls int
 	// Progress, if set, is called about ten times a second.
 	Progress func(elapsed time.Duration, detail string)
 }

@@ -15,6 +15,7 @@ type TraceResult struct {
 	Events   uint64 // events read from the rings
 	Dropped  uint64 // events the runtime dropped because a ring was full
 	Duration time.Duration
+	Limited  bool // the capture stopped at MaxCalls before Duration
 }
 
 // Trace enables the selection, switches the runtime's event rings on,
@@ -45,9 +46,10 @@ func Trace(ctx context.Context, o Options) (res *TraceResult, err error) {
 					tids[th.Index] = int32(e.Addr) // the slot changed hands
 					return
 				}
-				if keep {
+				if keep && !res.Limited {
 					res.Events++
 					res.Tracer.Add(tids[th.Index], e)
+					res.Limited = o.MaxCalls > 0 && res.Tracer.Calls() >= o.MaxCalls
 				}
 			})
 		}
@@ -58,13 +60,17 @@ func Trace(ctx context.Context, o Options) (res *TraceResult, err error) {
 		return nil, err
 	}
 	start := time.Now()
-	ticker(ctx, o.Duration, 5*time.Millisecond, o.Progress, func(time.Duration) string {
-		drain(true)
-		return fmt.Sprintf("%d events", res.Events)
+	limitCtx, stopAtLimit := context.WithCancel(ctx)
+	defer stopAtLimit()
+	ticker(limitCtx, o.Duration, 5*time.Millisecond, o.Progress, func(time.Duration) string {
+		if drain(true); res.Limited {
+			stopAtLimit()
+		}
+		return fmt.Sprintf("%d calls", res.Tracer.Calls())
 	})
 	offErr := s.region.SetTrace(false)
-	drain(true)
-	res.Duration = time.Since(start)
 	res.Dropped = s.region.Counters().RingDropped - dropped0
+	drain(true) // what the rings hold is kept unless the limit was reached
+	res.Duration = time.Since(start)
 	return res, offErr
 }

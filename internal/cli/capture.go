@@ -147,6 +147,7 @@ func newTraceCmd(stdout, stderr io.Writer) *cobra.Command {
 		sel      selection
 		duration time.Duration
 		output   string
+		maxCalls int
 	)
 	cmd := &cobra.Command{
 		Use:   "trace --pid N --enable SEL --duration D -o trace.json",
@@ -172,7 +173,7 @@ Events the rings could not hold are counted and reported, never silently lost.`,
 			ctx, stop := signalContext()
 			defer stop()
 			progress := progressTo(stderr, "tracing")
-			res, err := capture.Trace(ctx, capture.Options{PID: tf.pid, ProbeFiles: tf.probes, Selectors: sels, Duration: duration, Progress: progress})
+			res, err := capture.Trace(ctx, capture.Options{PID: tf.pid, ProbeFiles: tf.probes, Selectors: sels, Duration: duration, MaxCalls: maxCalls, Progress: progress})
 			endProgress(stderr, progress)
 			if err != nil {
 				return classify(err)
@@ -185,12 +186,16 @@ Events the rings could not hold are counted and reported, never silently lost.`,
 				return err
 			}
 			summary := map[string]any{"output": output, "calls": res.Tracer.Calls(), "events": res.Events,
-				"dropped_events": res.Dropped, "unpaired_exits": res.Tracer.Unpaired, "duration_ns": res.Duration.Nanoseconds()}
+				"dropped_events": res.Dropped, "unpaired_exits": res.Tracer.Unpaired, "duration_ns": res.Duration.Nanoseconds(),
+				"stopped_at_max_calls": res.Limited}
 			if tf.json {
 				return writeJSON(stdout, summary)
 			}
-			fmt.Fprintf(stdout, "%s: %d calls (%d events, %d dropped, %d exits of calls begun before the capture) in %s\n",
+			fmt.Fprintf(stdout, "%s: %d calls (%d events, %d dropped by full rings, %d exits of calls begun before the capture) in %s\n",
 				output, res.Tracer.Calls(), res.Events, res.Dropped, res.Tracer.Unpaired, res.Duration.Round(time.Millisecond))
+			if res.Limited {
+				fmt.Fprintf(stdout, "stopped early at --max-calls %d\n", maxCalls)
+			}
 			return nil
 		},
 	}
@@ -198,6 +203,7 @@ Events the rings could not hold are counted and reported, never silently lost.`,
 	sel.register(cmd, "turn on the probes `SEL` selects for the capture (repeatable; default: what is on)")
 	cmd.Flags().DurationVar(&duration, "duration", 0, "how long to record")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write the trace to `FILE`")
+	cmd.Flags().IntVar(&maxCalls, "max-calls", 1000000, "stop early once this many calls are captured (0: no limit; the capture is held in memory)")
 	return cmd
 }
 

@@ -22,58 +22,19 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
 
-var commands struct {
-	dir string
-	err error
-}
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "edgeprobe-bin-")
-	if err != nil {
-		panic(err)
-	}
-	for _, c := range []string{"hotpatch", "coldpatch"} {
-		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, c), "../../cmd/"+c).CombinedOutput()
-		if err != nil {
-			commands.err = fmt.Errorf("go build %s: %v\n%s", c, err, out)
-		}
-	}
-	commands.dir = dir
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-type cmdResult struct {
-	code           int
-	stdout, stderr string
-}
+type cmdResult = testutil.Result
 
 func command(t *testing.T, name string, args ...string) cmdResult {
 	t.Helper()
-	if commands.err != nil {
-		t.Fatal(commands.err)
-	}
-	cmd := exec.Command(filepath.Join(commands.dir, name), args...)
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
-	code := 0
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return cmdResult{code, o.String(), e.String()}
+	return testutil.Run(t, name, args...)
 }
 
 // hotpatch runs the command and fails the test unless it exits 0.
 func hotpatchOK(t *testing.T, args ...string) cmdResult {
 	t.Helper()
 	r := command(t, "hotpatch", args...)
-	if r.code != 0 {
-		t.Fatalf("hotpatch %s: exit %d: %s", strings.Join(args, " "), r.code, r.stderr)
+	if r.Code != 0 {
+		t.Fatalf("hotpatch %s: exit %d: %s", strings.Join(args, " "), r.Code, r.Stderr)
 	}
 	return r
 }
@@ -123,8 +84,8 @@ func (s *subject) states(t *testing.T) []ProbeState {
 	t.Helper()
 	r := s.hotpatch(t, "list", "--json")
 	var st []ProbeState
-	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
-		t.Fatalf("list --json: %v\n%s", err, r.stdout)
+	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
+		t.Fatalf("list --json: %v\n%s", err, r.Stdout)
 	}
 	return st
 }
@@ -162,12 +123,12 @@ func startMT(t *testing.T, spec testutil.Spec, cold string, useList bool) *subje
 	s := &subject{}
 	if cold != "" {
 		r := command(t, "coldpatch", "--placeholder", cold, fx.Path)
-		if r.code != 0 {
-			t.Fatalf("coldpatch: %s", r.stderr)
+		if r.Code != 0 {
+			t.Fatalf("coldpatch: %s", r.Stderr)
 		}
 		if useList {
 			list := filepath.Join(t.TempDir(), "probes.json")
-			os.WriteFile(list, []byte(r.stdout), 0o644)
+			os.WriteFile(list, []byte(r.Stdout), 0o644)
 			s.probeArgs = []string{"--probes", list}
 		}
 	}
@@ -228,11 +189,11 @@ func TestSharedLibrary(t *testing.T) {
 	lib := testutil.Build(t, testutil.Spec{Sources: []string{"lib.c"}, Shared: true, Name: "libfix.so", Flags: []string{"-Wl,-soname,libfix.so"}})
 	dir := filepath.Dir(lib.Path)
 	r := command(t, "coldpatch", lib.Path)
-	if r.code != 0 {
-		t.Fatal(r.stderr)
+	if r.Code != 0 {
+		t.Fatal(r.Stderr)
 	}
 	list := filepath.Join(dir, "libfix.json")
-	os.WriteFile(list, []byte(r.stdout), 0o644)
+	os.WriteFile(list, []byte(r.Stdout), 0o644)
 	loop := testutil.Build(t, testutil.Spec{Sources: []string{"libloop.c"}, LDFlags: []string{lib.Path, "-Wl,-rpath," + dir}})
 	p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks}, loop.Path)
 	s := &subject{Process: p, enters: p.Symbol(hooks, "enters"), exits: p.Symbol(hooks, "exits"), progress: p.Symbol(loop.Path, "progress")}
@@ -285,8 +246,8 @@ func TestProtocols(t *testing.T) {
 	t.Run("flip-refuses-nop", func(t *testing.T) {
 		s := startMT(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "nop", true)
 		r := command(t, "hotpatch", append([]string{"--pid", fmt.Sprint(s.Pid), "--protocol", "flip", "--enable", "work"}, s.probeArgs...)...)
-		if r.code != 1 || !strings.Contains(r.stderr, "more than one byte") {
-			t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+		if r.Code != 1 || !strings.Contains(r.Stderr, "more than one byte") {
+			t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
 		}
 		s.expectFrozen(t, "refused request")
 		s.finish(t)
@@ -300,8 +261,8 @@ func TestRefusals(t *testing.T) {
 	before := s.states(t)
 	check := func(what string, r cmdResult, want string) {
 		t.Helper()
-		if r.code != 1 || !strings.Contains(r.stderr, want) || strings.Count(r.stderr, "\n") != 1 {
-			t.Errorf("%s: exit %d, stderr %q; want 1 and one line containing %q", what, r.code, r.stderr, want)
+		if r.Code != 1 || !strings.Contains(r.Stderr, want) || strings.Count(r.Stderr, "\n") != 1 {
+			t.Errorf("%s: exit %d, stderr %q; want 1 and one line containing %q", what, r.Code, r.Stderr, want)
 		}
 		after := s.states(t)
 		for i := range after {
@@ -316,7 +277,7 @@ func TestRefusals(t *testing.T) {
 	other := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O1", Sources: []string{"mt.c"}})
 	r := command(t, "coldpatch", "--dry-run", other.Path)
 	stale := filepath.Join(t.TempDir(), "stale.json")
-	os.WriteFile(stale, []byte(r.stdout), 0o644)
+	os.WriteFile(stale, []byte(r.Stdout), 0o644)
 	check("stale list", command(t, "hotpatch", "--pid", pid, "--probes", stale, "--enable", "*"), "stale probe list")
 
 	// The right build-id, but one site's bytes are not what the process holds.
@@ -338,7 +299,7 @@ func TestRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("busy", command(t, "hotpatch", "--pid", pid, "--enable", "*"), "another hotpatch")
-	waiter := exec.Command(filepath.Join(commands.dir, "hotpatch"), "--pid", pid, "--wait", "--enable", "work")
+	waiter := exec.Command(testutil.Command(t, "hotpatch"), "--pid", pid, "--wait", "--enable", "work")
 	if err := waiter.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -373,7 +334,7 @@ func TestInterrupted(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			s := startMT(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "nop", true)
 			args := append([]string{"--pid", fmt.Sprint(s.Pid), "--protocol", "int3", "--int3-wait", "2s", "--enable", "*"}, s.probeArgs...)
-			hp := exec.Command(filepath.Join(commands.dir, "hotpatch"), args...)
+			hp := exec.Command(testutil.Command(t, "hotpatch"), args...)
 			var stderr bytes.Buffer
 			hp.Stderr = &stderr
 			if err := hp.Start(); err != nil {
@@ -444,11 +405,11 @@ func TestStrippedAfterColdpatch(t *testing.T) {
 	testutil.RequireTool(t, "strip")
 	fx := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c", "hooks.c"}, Static: true, PIE: testutil.Bool(false)})
 	r := command(t, "coldpatch", fx.Path)
-	if r.code != 0 {
-		t.Fatal(r.stderr)
+	if r.Code != 0 {
+		t.Fatal(r.Stderr)
 	}
 	list := filepath.Join(t.TempDir(), "probes.json")
-	os.WriteFile(list, []byte(r.stdout), 0o644)
+	os.WriteFile(list, []byte(r.Stdout), 0o644)
 	// Read the counters' addresses before the symbols go.
 	p := testutil.Start(t, nil, fx.Path)
 	enters, exits, progress := p.Symbol(fx.Path, "enters"), p.Symbol(fx.Path, "exits"), p.Symbol(fx.Path, "progress")

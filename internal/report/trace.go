@@ -14,9 +14,11 @@ import (
 type Tracer struct {
 	pid      int
 	sym      *Symbolizer
+	names    map[uint64][2]string // address -> name, object: one lookup per function
 	threads  map[int32]*threadTrace
 	order    []int32
 	t0       uint64
+	calls    int
 	Unpaired uint64 // exits with no entry in the capture (the call began before it)
 }
 
@@ -44,7 +46,7 @@ type traceEvent struct {
 
 // NewTracer starts an empty capture of process pid.
 func NewTracer(pid int, sym *Symbolizer) *Tracer {
-	return &Tracer{pid: pid, sym: sym, threads: map[int32]*threadTrace{}}
+	return &Tracer{pid: pid, sym: sym, threads: map[int32]*threadTrace{}, names: map[uint64][2]string{}}
 }
 
 // Add records one event of thread tid, in the order the thread produced it.
@@ -82,19 +84,19 @@ func (t *Tracer) Add(tid int32, e shm.Event) {
 }
 
 func (t *Tracer) complete(tid int32, th *threadTrace, o open, endNs uint64) {
-	name, obj := t.sym.Name(o.addr, !o.bare)
+	n, ok := t.names[o.addr]
+	if !ok {
+		name, obj := t.sym.Name(o.addr, !o.bare)
+		n = [2]string{name, base(obj)}
+		t.names[o.addr] = n
+	}
 	d := float64(endNs-o.startNs) / 1e3
-	th.events = append(th.events, traceEvent{Name: name, Cat: base(obj), Ph: "X", Ts: float64(o.startNs), Dur: &d, Pid: t.pid, Tid: tid})
+	th.events = append(th.events, traceEvent{Name: n[0], Cat: n[1], Ph: "X", Ts: float64(o.startNs), Dur: &d, Pid: t.pid, Tid: tid})
+	t.calls++
 }
 
 // Calls is the number of complete calls captured so far.
-func (t *Tracer) Calls() int {
-	n := 0
-	for _, th := range t.threads {
-		n += len(th.events)
-	}
-	return n
-}
+func (t *Tracer) Calls() int { return t.calls }
 
 // Write closes calls still open at the end of the capture and writes the
 // JSON document.

@@ -4,67 +4,19 @@ import (
 	"bufio"
 	"bytes"
 	"debug/elf"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
 
-var tmpRoot string
-
-func TestMain(m *testing.M) {
-	d, err := os.MkdirTemp("", "shm-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	tmpRoot = d
-	code := m.Run()
-	os.RemoveAll(d)
-	os.Exit(code)
-}
-
-// RuntimeFlags are the flags bin/libedgeprobe.so is built with (see
-// docs/runtime.md); the tests add -Werror.
-var RuntimeFlags = []string{"-O2", "-fPIC", "-shared", "-fno-plt", "-pthread",
-	"-fvisibility=hidden", "-ftls-model=initial-exec", "-Wall", "-Wextra"}
-
-var libs sync.Map // compiler -> *libBuild
-
-type libBuild struct {
-	once sync.Once
-	path string
-	err  error
-}
-
-// buildRuntime compiles runtime/edgeprobe.c with cc once per test binary and
-// returns the library's path.
-func buildRuntime(t testing.TB, cc string) string {
-	t.Helper()
-	testutil.RequireTool(t, cc)
-	v, _ := libs.LoadOrStore(cc, &libBuild{})
-	lb := v.(*libBuild)
-	lb.once.Do(func() {
-		src := filepath.Join(testutil.RepoRoot(t), "runtime", "edgeprobe.c")
-		lb.path = filepath.Join(tmpRoot, "libedgeprobe-"+cc+".so")
-		args := append(append([]string{}, RuntimeFlags...), "-Werror", src, "-o", lb.path)
-		out, err := exec.Command(cc, args...).CombinedOutput()
-		if err != nil {
-			lb.err = fmt.Errorf("%s %s: %v\n%s", cc, strings.Join(args, " "), err, out)
-		}
-	})
-	if lb.err != nil {
-		t.Fatal(lb.err)
-	}
-	return lb.path
-}
+// buildRuntime returns the runtime library built with cc.
+func buildRuntime(t testing.TB, cc string) string { return testutil.Runtime(t, cc) }
 
 // buildCounts builds libfix.so and counts.c linked against it.
 func buildCounts(t testing.TB, cc, opt string, extra ...string) (bin, libdir string) {
