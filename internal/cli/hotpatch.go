@@ -69,7 +69,7 @@ func newHotpatchCmd(stdout, stderr io.Writer) *cobra.Command {
 		kind, protocol string
 		waitLock       bool
 		verbose        bool
-		int3Wait       time.Duration
+		wait           time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "hotpatch --pid N (--enable SEL | --disable SEL)... [flags]",
@@ -111,7 +111,14 @@ permission, stale probe list, interrupted); 2 usage; 3 a selector matched no pro
 			default:
 				return usagef("--protocol must be auto, flip, int3, int3-async or stop, not %q", protocol)
 			}
-			req := hotpatch.Request{PID: tf.pid, ProbeFiles: tf.probes, Protocol: protocol, Int3Wait: int3Wait, WaitLock: waitLock}
+			if !cmd.Flags().Changed("int3-wait") {
+				d, err := int3Wait(protocol, stderr)
+				if err != nil {
+					return err
+				}
+				wait = d
+			}
+			req := hotpatch.Request{PID: tf.pid, ProbeFiles: tf.probes, Protocol: protocol, Int3Wait: wait, WaitLock: waitLock}
 			for _, a := range actions {
 				sel, err := probelist.ParseSelector(a[1:], kind)
 				if err != nil {
@@ -146,12 +153,12 @@ permission, stale probe list, interrupted); 2 usage; 3 a selector matched no pro
 	f.VarP(actionFlag{false, &actions}, "disable", "d", "turn off the probes `SEL` selects (repeatable)")
 	f.StringVar(&kind, "kind", "both", "which probes of a function: entry, exit or both")
 	f.StringVar(&protocol, "protocol", hotpatch.ProtoAuto, "auto, flip, int3, int3-async or stop")
-	f.DurationVar(&int3Wait, "int3-wait", 0, "wait between int3 phases (default: calibrated, else 50µs)")
+	f.DurationVar(&wait, "int3-wait", 0, "wait between int3 phases (default: from hotpatch calibrate, else 50µs)")
 	f.BoolVar(&waitLock, "wait", false, "if another hotpatch works on the process, wait for it instead of failing")
 	f.BoolVarP(&verbose, "verbose", "v", false, "print every site's result to stderr")
 	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"entry", "exit", "both"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions([]string{"auto", "flip", "int3", "int3-async", "stop"}, cobra.ShellCompDirectiveNoFileComp))
-	cmd.AddCommand(newListCmd(stdout), newStatsCmd(stdout), newTraceCmd(stdout, stderr), newProfileCmd(stdout, stderr))
+	cmd.AddCommand(newListCmd(stdout), newStatsCmd(stdout), newTraceCmd(stdout, stderr), newProfileCmd(stdout, stderr), newCalibrateCmd(stdout, stderr))
 	return cmd
 }
 
