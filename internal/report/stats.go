@@ -24,7 +24,7 @@ type FuncStats struct {
 	P50Ns     uint64 `json:"p50_ns"`
 	P99Ns     uint64 `json:"p99_ns"`
 	MaxNs     uint64 `json:"max_ns"`
-	Orphans   uint64 `json:"orphan_exits"`     // exits with no matching entry (probe turned on mid-call)
+	Orphans   uint64 `json:"orphan_exits"`      // exits with no matching entry (probe turned on mid-call)
 	Unmatched uint64 `json:"unmatched_entries"` // entries never exited (longjmp, unwinding, probe turned off)
 }
 
