@@ -6,7 +6,7 @@ RUNTIME_CFLAGS = -O2 -g -fPIC -shared -fno-plt -pthread -ftls-model=initial-exec
                  -fvisibility=hidden -Wall -Wextra -Werror
 RUNTIME_SRC    = $(wildcard runtime/*.c runtime/*.h runtime/*.S)
 
-.PHONY: all build test test-short vet fuzz demo bench bench-quick clean FORCE
+.PHONY: all build test test-short vet fuzz demo bench bench-quick gobench clean FORCE
 
 all: build
 
@@ -41,8 +41,17 @@ fuzz:
 demo: build
 	./scripts/demo.sh
 
+# The report of BENCHMARKS.md (out/bench/results.{json,md}); -setup installs missing peers
+# (bpftrace, linux-perf, the XRay runtime) from Debian's packages. Go's own micro-benchmarks
+# (scanner, coldpatch, protocols, runtime hook cost): make gobench.
 bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./... 
+	$(GO) run ./internal/bench/cmd/benchreport -setup
+
+bench-quick: build
+	$(GO) run ./internal/bench/cmd/benchreport -quick
+
+gobench: build
+	$(GO) test -run '^$$' -bench . -benchtime 3x ./internal/elfscan ./internal/coldpatch ./internal/xmod ./internal/shm
 
 clean:
 	rm -rf bin out

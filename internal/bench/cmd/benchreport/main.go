@@ -3,7 +3,7 @@
 //
 //	go run ./internal/bench/cmd/benchreport [-quick] [-rows toggle,micro] [-setup]
 //
-// `make bench` runs it as is (about 10 minutes on two cores), `make
+// `make bench` runs it as is (about 3 minutes on two cores once the targets are built), `make
 // bench-quick` with -quick (under 2 minutes once the targets are built).
 package main
 
