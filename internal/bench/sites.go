@@ -54,6 +54,20 @@ func changes(sites []xmod.Site, on bool) []xmod.Change {
 	return cs
 }
 
+// flipper returns a switch that turns sites on or off with the flip
+// protocol through mem.
+func flipper(ctx context.Context, mem xmod.Mem, sites []xmod.Site) func(on bool) error {
+	on, off := changes(sites, true), changes(sites, false)
+	return func(v bool) error {
+		cs := off
+		if v {
+			cs = on
+		}
+		_, err := xmod.Flip(ctx, mem, cs, xmod.FlipOptions{})
+		return err
+	}
+}
+
 // checkLive verifies a toggle target's probes work: with probes on, the hook
 // counts grow; with them off, they stay put. set switches them.
 func checkLive(ctx context.Context, t *Target, set func(on bool) error) error {

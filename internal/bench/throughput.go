@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
-	"github.com/edgeprobe/edgeprobe/internal/xmod"
 )
 
 func rateName(r int) string {
@@ -47,15 +46,7 @@ func (h *Harness) RunThroughput(ctx context.Context) error {
 		return err
 	}
 	defer mem.Close()
-	on, off := changes(sites, true), changes(sites, false)
-	set := func(v bool) error {
-		cs := off
-		if v {
-			cs = on
-		}
-		_, err := xmod.Flip(ctx, mem, cs, xmod.FlipOptions{})
-		return err
-	}
+	set := flipper(ctx, mem, sites)
 	if err := checkLive(ctx, t, set); err != nil {
 		return err
 	}

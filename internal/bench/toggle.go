@@ -98,15 +98,7 @@ func (h *Harness) RunToggle(ctx context.Context) error {
 			return err
 		}
 		defer mem.Close()
-		on, off := changes(sites, true), changes(sites, false)
-		set := func(v bool) error {
-			cs := off
-			if v {
-				cs = on
-			}
-			_, err := xmod.Flip(ctx, mem, cs, xmod.FlipOptions{})
-			return err
-		}
+		set := flipper(ctx, mem, sites)
 		if err := checkLive(ctx, t, set); err != nil {
 			return fmt.Errorf("flip target: %w", err)
 		}
@@ -123,12 +115,8 @@ func (h *Harness) RunToggle(ctx context.Context) error {
 			pw = append(pw, float64(time.Since(t0).Nanoseconds()))
 		}
 		act, deact, err := measureToggles(ctx, h.Cfg.ToggleReps, 100, func(ctx context.Context, v bool) (time.Duration, error) {
-			cs := off
-			if v {
-				cs = on
-			}
 			t0 := time.Now()
-			_, err := xmod.Flip(ctx, mem, cs, xmod.FlipOptions{})
+			err := set(v)
 			return time.Since(t0), err
 		})
 		unpin()

@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,25 +22,8 @@ type target struct {
 	pid    int
 	stdin  interface{ Close() error }
 	out    *bufio.Reader
-	stderr syncBuf
+	stderr testutil.SyncBuffer
 	done   bool
-}
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // start runs the stress fixture (testdata/fixtures/stress.c) and waits for

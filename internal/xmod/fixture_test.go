@@ -2,7 +2,6 @@ package xmod_test
 
 import (
 	"bufio"
-	"bytes"
 	"debug/elf"
 	"encoding/binary"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -34,23 +32,6 @@ func soak(t testing.TB) time.Duration {
 	return 2 * time.Second
 }
 
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // stressTarget is a running stress fixture (testdata/fixtures/stress.c).
 type stressTarget struct {
 	fix     testutil.Fixture
@@ -58,7 +39,7 @@ type stressTarget struct {
 	pid     int
 	stdin   io.WriteCloser
 	out     *bufio.Reader
-	stderr  *syncBuf
+	stderr  *testutil.SyncBuffer
 	bias    uint64
 	syms    map[string]uint64 // ELF virtual addresses
 	nexec   int
@@ -79,7 +60,7 @@ func startStress(t testing.TB, fix testutil.Fixture, n int, churn bool) *stressT
 	if churn {
 		args = append(args, "churn")
 	}
-	st := &stressTarget{fix: fix, cmd: exec.Command(fix.Path, args...), stderr: &syncBuf{}, nexec: n}
+	st := &stressTarget{fix: fix, cmd: exec.Command(fix.Path, args...), stderr: &testutil.SyncBuffer{}, nexec: n}
 	st.cmd.Stderr = st.stderr
 	var err error
 	if st.stdin, err = st.cmd.StdinPipe(); err != nil {
