@@ -31,12 +31,19 @@ test: build vet
 test-short: build
 	$(GO) test $(GOFLAGS) -short ./...
 
-# Each fuzz target for a while (the seed corpora also run in `make test`).
+# Each fuzz target for a while (the seed corpora also run in `make test`). Minimisation
+# is capped: uncapped, each new input may be minimised for a minute while the exec
+# counter stands still, which looks like a hang and is not one.
 FUZZTIME ?= 30s
+FUZZ = $(GO) test -run '^$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s -fuzz
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzRead$$' -fuzztime $(FUZZTIME) ./internal/probelist
-	$(GO) test -run '^$$' -fuzz '^FuzzScan$$' -fuzztime $(FUZZTIME) ./internal/elfscan
-	$(GO) test -run '^$$' -fuzz '^FuzzEhFrame$$' -fuzztime $(FUZZTIME) ./internal/elfscan
+	$(FUZZ) '^FuzzRead$$' ./internal/probelist
+	$(FUZZ) '^FuzzScan$$' ./internal/elfscan
+	$(FUZZ) '^FuzzEhFrame$$' ./internal/elfscan
+	$(FUZZ) '^FuzzMcountLoc$$' ./internal/elfscan
+	$(FUZZ) '^FuzzDecode$$' ./internal/x86dec
+	$(FUZZ) '^FuzzParseHeader$$' ./internal/shm
+	$(FUZZ) '^FuzzParse$$' ./internal/calibrate
 
 demo: build
 	./scripts/demo.sh
