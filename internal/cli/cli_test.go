@@ -135,3 +135,31 @@ func TestHotpatchHelp(t *testing.T) {
 		t.Errorf("completion bash: exit %d, %q", c.code, c.stderr)
 	}
 }
+
+// TestColdpatchFentry: the summary counts sites by provider and the
+// __mcount_loc cross-check, and a disagreeing table is warned about.
+func TestColdpatchFentry(t *testing.T) {
+	fx := testutil.Build(t, testutil.Spec{Sources: []string{"basic.c"}, NoInstr: true, Profile: testutil.ProfileFentry, Flags: []string{"-mrecord-mcount"}})
+	o := runColdpatch("--dry-run", "--summary", fx.Path)
+	if o.code != ExitOK {
+		t.Fatalf("exit %d: %s", o.code, o.stderr)
+	}
+	for _, want := range []string{"provider fentry", "__mcount_loc", "0 not sites, 0 sites unlisted"} {
+		if !strings.Contains(o.stderr, want) {
+			t.Errorf("--summary lacks %q:\n%s", want, o.stderr)
+		}
+	}
+	if strings.Contains(o.stderr, "warning") {
+		t.Errorf("warnings for a consistent build:\n%s", o.stderr)
+	}
+	refs := testutil.Build(t, testutil.Spec{Sources: []string{"fentry_refs.S"}, PIE: testutil.Bool(false), Static: true, NoInstr: true, Flags: []string{"-nostdlib"}})
+	o = runColdpatch("--dry-run", refs.Path)
+	for _, want := range []string{"__mcount_loc lists 0x", "is not listed in __mcount_loc", "call to mcount"} {
+		if o.code != ExitOK || !strings.Contains(o.stderr, want) {
+			t.Errorf("exit %d, stderr lacks %q:\n%s", o.code, want, o.stderr)
+		}
+	}
+	if q := runColdpatch("--dry-run", "--quiet", refs.Path); q.stderr != "" {
+		t.Errorf("--quiet printed %q", q.stderr)
+	}
+}

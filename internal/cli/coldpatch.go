@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeprobe/edgeprobe/internal/coldpatch"
+	"github.com/edgeprobe/edgeprobe/internal/elfscan"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 )
 
@@ -24,9 +25,11 @@ func newColdpatchCmd(stdout, stderr io.Writer) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "coldpatch [flags] BINARY",
-		Short: "Make every -finstrument-functions hook site of an ELF binary inert and print its probe list",
+		Short: "Make every -finstrument-functions and -pg -mfentry hook site of an ELF binary inert and print its probe list",
 		Long: `coldpatch finds every compiler-inserted call or tail jump to __cyg_profile_func_enter,
-__cyg_profile_func_exit and __cyg_profile_func_enter_bare in an x86-64 ELF executable or
+__cyg_profile_func_exit and __cyg_profile_func_enter_bare (provider "cyg",
+-finstrument-functions) and every call to __fentry__ at a function's entry (provider
+"fentry", compiled with -pg -mfentry and linked without -pg) in an x86-64 ELF executable or
 shared library (PIE, non-PIE, static, stripped), rewrites each into an inert placeholder,
 and prints the probe list (JSON) that hotpatch uses to turn them back on in a running process.
 
@@ -69,6 +72,7 @@ call in one byte, so hotpatch toggles it with one atomic store.`,
 				for _, d := range res.Report.DecodeErrors {
 					fmt.Fprintf(stderr, "coldpatch: warning: %s: decoding stopped at %#x: %s\n", d.Function, d.Address, d.Err)
 				}
+				warnMcountLoc(stderr, res.Report.McountLoc)
 			}
 			return res.List.Write(stdout)
 		},
@@ -97,14 +101,34 @@ func genCompletion(cmd *cobra.Command, shell string, w io.Writer) error {
 	return usagef("--completion: unknown shell %q (bash, zsh, fish)", shell)
 }
 
+// warnMcountLoc reports where gcc's __mcount_loc table and the fentry
+// probes disagree; the probe list keeps what the decode found.
+func warnMcountLoc(w io.Writer, c *elfscan.McountLocCheck) {
+	if c.OK() {
+		return
+	}
+	if c.Err != "" {
+		fmt.Fprintf(w, "coldpatch: warning: __mcount_loc: %s\n", c.Err)
+		return
+	}
+	for _, a := range c.NotSites {
+		fmt.Fprintf(w, "coldpatch: warning: __mcount_loc lists %#x, where no fentry site was found\n", a)
+	}
+	for _, a := range c.Unlisted {
+		fmt.Fprintf(w, "coldpatch: warning: fentry site at %#x is not listed in __mcount_loc\n", a)
+	}
+}
+
 func printSummary(w io.Writer, res *coldpatch.Result) {
 	l := res.List
 	byEnc := map[string]int{}
+	byProvider := map[string]int{}
 	funcs := map[string]bool{}
 	var straddlers, unresolved, entries, nops int
 	for i := range l.Probes {
 		p := &l.Probes[i]
 		byEnc[p.Encoding]++
+		byProvider[p.Provider]++
 		funcs[p.Function] = true
 		if p.Straddle != "" {
 			straddlers++
@@ -124,6 +148,11 @@ func printSummary(w io.Writer, res *coldpatch.Result) {
 	fmt.Fprintf(tw, "functions decoded\t%d (from %s)\n", res.Report.Functions, res.Report.FunctionSource)
 	fmt.Fprintf(tw, "probed functions\t%d\n", len(funcs))
 	fmt.Fprintf(tw, "sites\t%d (%d entry, %d exit)\n", len(l.Probes), entries, len(l.Probes)-entries)
+	for _, prov := range []string{probelist.ProviderCyg, probelist.ProviderFentry} {
+		if byProvider[prov] > 0 {
+			fmt.Fprintf(tw, "  provider %s\t%d\n", prov, byProvider[prov])
+		}
+	}
 	encs := make([]string, 0, len(byEnc))
 	for e := range byEnc {
 		encs = append(encs, e)
@@ -136,6 +165,10 @@ func printSummary(w io.Writer, res *coldpatch.Result) {
 	fmt.Fprintf(tw, "nop placeholders\t%d\n", nops)
 	fmt.Fprintf(tw, "function not recovered\t%d\n", unresolved)
 	fmt.Fprintf(tw, "skipped references\t%d\n", len(res.Report.Skipped))
+	if c := res.Report.McountLoc; c != nil {
+		fmt.Fprintf(tw, "__mcount_loc\t%d entries, %d fentry sites, %d zero, %d not sites, %d sites unlisted\n",
+			c.Entries, c.Matched, c.Zero, len(c.NotSites), len(c.Unlisted))
+	}
 	fmt.Fprintf(tw, "patched now\t%d\n", res.Patched)
 	tw.Flush()
 }

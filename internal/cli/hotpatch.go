@@ -67,6 +67,7 @@ func newHotpatchCmd(stdout, stderr io.Writer) *cobra.Command {
 		tf             targetFlags
 		actions        []string
 		kind, protocol string
+		provider       string
 		waitLock       bool
 		verbose        bool
 		wait           time.Duration
@@ -118,12 +119,17 @@ permission, stale probe list, interrupted); 2 usage; 3 a selector matched no pro
 				}
 				wait = d
 			}
+			prov, err := probelist.ParseProvider(provider)
+			if err != nil {
+				return usageError{err}
+			}
 			req := hotpatch.Request{PID: tf.pid, ProbeFiles: tf.probes, Protocol: protocol, Int3Wait: wait, WaitLock: waitLock}
 			for _, a := range actions {
 				sel, err := probelist.ParseSelector(a[1:], kind)
 				if err != nil {
 					return usageError{err}
 				}
+				sel.Provider = prov
 				req.Actions = append(req.Actions, hotpatch.Action{Enable: a[0] == '+', Selector: sel})
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -151,12 +157,14 @@ permission, stale probe list, interrupted); 2 usage; 3 a selector matched no pro
 	f := cmd.Flags()
 	f.VarP(actionFlag{true, &actions}, "enable", "e", "turn on the probes `SEL` selects (repeatable)")
 	f.VarP(actionFlag{false, &actions}, "disable", "d", "turn off the probes `SEL` selects (repeatable)")
-	f.StringVar(&kind, "kind", "both", "which probes of a function: entry, exit or both")
+	f.StringVar(&kind, "kind", "both", "which probes of a function: entry, exit or both (fentry probes are entries; their exits come from the runtime)")
+	f.StringVar(&provider, "provider", probelist.ProviderAll, "which providers' probes: cyg (-finstrument-functions), fentry (-pg -mfentry) or all")
 	f.StringVar(&protocol, "protocol", hotpatch.ProtoAuto, "auto, flip, int3, int3-async or stop")
 	f.DurationVar(&wait, "int3-wait", 0, "wait between int3 phases (default: from hotpatch calibrate, else 50µs)")
 	f.BoolVar(&waitLock, "wait", false, "if another hotpatch works on the process, wait for it instead of failing")
 	f.BoolVarP(&verbose, "verbose", "v", false, "print every site's result to stderr")
 	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"entry", "exit", "both"}, cobra.ShellCompDirectiveNoFileComp))
+	_ = cmd.RegisterFlagCompletionFunc("provider", cobra.FixedCompletions([]string{"cyg", "fentry", "all"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions([]string{"auto", "flip", "int3", "int3-async", "stop"}, cobra.ShellCompDirectiveNoFileComp))
 	cmd.AddCommand(newListCmd(stdout), newStatsCmd(stdout), newTraceCmd(stdout, stderr), newProfileCmd(stdout, stderr), newCalibrateCmd(stdout, stderr))
 	return cmd

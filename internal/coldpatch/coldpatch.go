@@ -108,9 +108,9 @@ func selfCheck(want *probelist.List, patched []byte, path, placeholder string) e
 		w := &want.Probes[i]
 		if j < len(got.Probes) && got.Probes[j].Address == w.Address {
 			g := &got.Probes[j]
-			if g.Function != w.Function || g.Kind != w.Kind || !bytes.Equal(g.Active, w.Active) || !bytes.Equal(g.Inert, w.Inert) {
-				return fmt.Errorf("%w: probe at %s scans back as %s %s %s/%s, want %s %s %s/%s", ErrSelfCheck, w.Address,
-					g.Kind, g.Function, g.Active, g.Inert, w.Kind, w.Function, w.Active, w.Inert)
+			if g.Function != w.Function || g.Kind != w.Kind || g.Provider != w.Provider || !bytes.Equal(g.Active, w.Active) || !bytes.Equal(g.Inert, w.Inert) {
+				return fmt.Errorf("%w: probe at %s scans back as %s %s %s %s/%s, want %s %s %s %s/%s", ErrSelfCheck, w.Address,
+					g.Provider, g.Kind, g.Function, g.Active, g.Inert, w.Provider, w.Kind, w.Function, w.Active, w.Inert)
 			}
 			j++
 			continue

@@ -63,6 +63,13 @@ func (fa *funcAnalysis) skip(addr uint64, raw []byte, text, hook, reason string)
 	})
 }
 
+// Why references to the profiling hooks are not sites.
+const (
+	mcountReason = "call to mcount (-pg without -mfentry): it follows the prologue and is not one of the sites edgeprobe " +
+		"switches; build with -pg -mfentry"
+	fentryJumpReason = "jump to __fentry__: an fentry site is a call at a function's entry"
+)
+
 func hookLabel(h hookRef) string {
 	if h.hook != "" {
 		return h.hook
@@ -109,8 +116,12 @@ func (o *object) analyze(fn function) (*funcAnalysis, *DecodeError) {
 	}
 	for _, c := range fa.candidates {
 		st, why := fa.flagsAfter(c.idx)
+		// An fentry site sits at a function's entry, where the flags are
+		// dead by the ABI whatever the decode after it shows; its position
+		// is checked once the containing function is known.
+		fentry := c.hook.provider() == probelist.ProviderFentry
 		switch {
-		case st == flagsLive || st == flagsUnknown && c.hook.direct:
+		case st == flagsLive || st == flagsUnknown && c.hook.direct && !fentry:
 			fa.skip(c.addr, c.cur, fa.insns[c.idx].in.String(), hookLabel(c.hook),
 				"has the flip-inert form of a hook call, but "+why+", so it is an ordinary comparison or a site no scan would have flipped")
 		case len(c.hook.ambiguous) > 0:
@@ -125,8 +136,20 @@ func (o *object) analyze(fn function) (*funcAnalysis, *DecodeError) {
 		fa.registerBranch(u)
 	}
 	for i := range fa.sites {
-		fa.name(&fa.sites[i])
-		if s := &fa.sites[i]; !s.inert && (s.enc == probelist.EncCallRel32 || s.enc == probelist.EncCallGOT || s.enc == probelist.EncAddr32Call) {
+		s := &fa.sites[i]
+		if s.hook.provider() == probelist.ProviderFentry {
+			// Named by position (scan checks it is the function's entry).
+			// The flags are dead at a function's entry by the ABI, so only
+			// code seen reading them (not ABI-conforming) gets a nop.
+			if !s.inert {
+				if st, why := fa.flagsAfter(s.idx); st == flagsLive {
+					s.nopReason = why
+				}
+			}
+			continue
+		}
+		fa.name(s)
+		if !s.inert && isCallEncoding(s.enc) {
 			if st, why := fa.flagsAfter(s.idx); st == flagsLive || st == flagsUnknown && s.hook.direct {
 				s.nopReason = why
 			}
@@ -145,13 +168,18 @@ func (fa *funcAnalysis) inertJump(addr uint64, b []byte) int {
 		h   hookRef
 	}
 	var forms []form
+	// Only -finstrument-functions has tail-jump sites; a ret whose dead
+	// bytes would reach __fentry__ or mcount is just a ret.
+	tail := func(h hookRef) bool {
+		return h.found() && h.provider() != probelist.ProviderFentry && h.provider() != providerMcount
+	}
 	if len(b) >= 5 {
-		if h := fa.o.target(addr + 5 + uint64(int64(int32(binary.LittleEndian.Uint32(b[1:]))))); h.found() {
+		if h := fa.o.target(addr + 5 + uint64(int64(int32(binary.LittleEndian.Uint32(b[1:]))))); tail(h) {
 			forms = append(forms, form{probelist.EncJmpRel32, 5, h})
 		}
 	}
 	if len(b) >= 6 && b[1] == 0x25 {
-		if h := fa.o.slot(addr + 6 + uint64(int64(int32(binary.LittleEndian.Uint32(b[2:]))))); h.found() {
+		if h := fa.o.slot(addr + 6 + uint64(int64(int32(binary.LittleEndian.Uint32(b[2:]))))); tail(h) {
 			forms = append(forms, form{probelist.EncJmpGOT, 6, h})
 		}
 	}
@@ -182,6 +210,16 @@ func (fa *funcAnalysis) classify(i int) {
 		return
 	}
 	newSite := func(enc string, h hookRef, inert bool) {
+		switch {
+		case h.provider() == providerMcount:
+			if !inert { // an inert-looking cmp is no reference to mcount: nothing flips mcount calls
+				fa.skip(addr, raw, in.String(), hookLabel(h), mcountReason)
+			}
+			return
+		case h.provider() == probelist.ProviderFentry && !isCallEncoding(enc):
+			fa.skip(addr, raw, in.String(), hookLabel(h), fentryJumpReason)
+			return
+		}
 		s := site{addr: addr, enc: enc, cur: raw, inert: inert, hook: h, idx: i}
 		if inert {
 			fa.candidates = append(fa.candidates, candidate{s})
@@ -200,6 +238,8 @@ func (fa *funcAnalysis) classify(i int) {
 			return
 		}
 		switch {
+		case h.provider() == providerMcount:
+			fa.skip(addr, raw, in.String(), hookLabel(h), mcountReason)
 		case in.Op == x86asm.CALL && len(raw) == 5 && raw[0] == 0xe8:
 			newSite(probelist.EncCallRel32, h, false)
 		case in.Op == x86asm.CALL && len(raw) == 6 && raw[0] == 0x67 && raw[1] == 0xe8:
@@ -219,6 +259,8 @@ func (fa *funcAnalysis) classify(i int) {
 			h := fa.o.slot(slot)
 			switch {
 			case !h.found():
+			case h.provider() == providerMcount:
+				fa.skip(addr, raw, in.String(), hookLabel(h), mcountReason)
 			case len(raw) == 6 && raw[0] == 0xff && raw[1] == 0x15:
 				newSite(probelist.EncCallGOT, h, false)
 			case len(raw) == 6 && raw[0] == 0xff && raw[1] == 0x25:

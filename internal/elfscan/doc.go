@@ -1,8 +1,21 @@
-// Package elfscan finds the -finstrument-functions hook sites of an x86-64
-// executable or shared library and describes them as a probe list: every
-// call or tail jump to __cyg_profile_func_enter, __cyg_profile_func_exit or
-// __cyg_profile_func_enter_bare that can be switched off by rewriting its own
-// bytes, with the function each reports.
+// Package elfscan finds the hook sites of an x86-64 executable or shared
+// library and describes them as a probe list, for two providers: "cyg"
+// (-finstrument-functions), every call or tail jump to
+// __cyg_profile_func_enter, __cyg_profile_func_exit or
+// __cyg_profile_func_enter_bare; and "fentry" (-pg -mfentry), the call to
+// __fentry__ that is a function's first instruction (or follows its
+// endbr64). Each can be switched off by rewriting its own bytes; the probe
+// names the function it reports.
+//
+// fentry. A call to __fentry__ anywhere but a function's entry, a jump to
+// it, and every reference to mcount/_mcount (-pg without -mfentry: the call
+// follows the prologue) are reported, never listed. A fentry site is named
+// by the function it begins and is always an entry probe. When gcc's
+// -mrecord-mcount table __mcount_loc is present, Report.McountLoc compares
+// it with the fentry sites found; a disagreement is reported, and the list
+// holds what the decode found. The flags are dead at a function's entry by
+// the ABI, so the nop placeholder is used for an fentry site only where the
+// forward decode sees them read.
 //
 // The byte ranges it reports are rewritten in other people's programs, so it
 // never guesses: anything it cannot vouch for is listed in Report.Skipped

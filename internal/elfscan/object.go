@@ -11,19 +11,38 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/x86dec"
 )
 
 // The hooks -finstrument-functions calls; enter_bare is clang's
-// -finstrument-function-entry-bare, which passes no arguments.
+// -finstrument-function-entry-bare, which passes no arguments. -pg -mfentry
+// calls __fentry__ first thing in every function; -pg alone calls mcount
+// (glibc also names it _mcount) after the prologue, which has no inert form
+// edgeprobe supports, so its references are only reported.
 const (
-	hookEnter     = "__cyg_profile_func_enter"
-	hookExit      = "__cyg_profile_func_exit"
-	hookEnterBare = "__cyg_profile_func_enter_bare"
+	hookEnter     = probelist.HookCygEnter
+	hookExit      = probelist.HookCygExit
+	hookEnterBare = probelist.HookCygEnterBare
+	hookFentry    = probelist.HookFentry
+	hookMcount    = "mcount"
+	hookMcountAlt = "_mcount"
 )
 
-func isHookName(name string) bool {
-	return name == hookEnter || name == hookExit || name == hookEnterBare
+// providerMcount is the pseudo-provider of mcount references: found and
+// reported, never probes.
+const providerMcount = "mcount"
+
+func isHookName(name string) bool { return hookProvider(name) != "" }
+
+// hookProvider returns the provider whose sites reach the named hook:
+// probelist.ProviderCyg, probelist.ProviderFentry, providerMcount, or "".
+func hookProvider(name string) string {
+	switch name {
+	case hookMcount, hookMcountAlt:
+		return providerMcount
+	}
+	return probelist.ProviderOf(name)
 }
 
 // object is the parsed ELF file with the indexes the scan needs.
@@ -359,13 +378,25 @@ type hookRef struct {
 
 func (h hookRef) found() bool { return h.hook != "" || len(h.ambiguous) > 0 }
 
-// definedHook looks addr up among the hooks this object defines.
+// provider is the provider of the hook h reaches; "" when ambiguous.
+func (h hookRef) provider() string { return hookProvider(h.hook) }
+
+// definedHook looks addr up among the hooks this object defines. glibc's
+// mcount and _mcount are one function: names of one provider that makes no
+// entry/exit distinction are one hook.
 func (o *object) definedHook(addr uint64) hookRef {
 	names := o.hookAddrs[addr]
-	switch len(names) {
-	case 0:
+	switch {
+	case len(names) == 0:
 		return hookRef{}
-	case 1:
+	case len(names) == 1:
+		return hookRef{hook: names[0], direct: true, hookAddr: addr}
+	}
+	same := true
+	for _, n := range names {
+		same = same && hookProvider(n) == providerMcount
+	}
+	if same {
 		return hookRef{hook: names[0], direct: true, hookAddr: addr}
 	}
 	return hookRef{ambiguous: names, hookAddr: addr}

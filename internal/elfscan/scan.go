@@ -1,6 +1,7 @@
 package elfscan
 
 import (
+	"bytes"
 	"debug/elf"
 	"errors"
 	"fmt"
@@ -28,6 +29,28 @@ type Report struct {
 	Functions      int           // functions decoded
 	TextBytes      int64         // bytes of code decoded
 	FunctionSource string        // where the function ranges came from: "symtab", "dynsym", "eh_frame", joined by "+"
+	// McountLoc cross-checks the fentry probes against the __mcount_loc
+	// table gcc's -mrecord-mcount writes; nil when the object has none.
+	McountLoc *McountLocCheck
+}
+
+// McountLocCheck compares the __mcount_loc table with the fentry sites the
+// decode found. The decode is what the probe list trusts: a table entry with
+// no probe is reported, never turned into one, and a probe the table does
+// not list is kept and reported (a unit built without -mrecord-mcount has
+// sites and no entries).
+type McountLocCheck struct {
+	Entries  int      // addresses in the table
+	Matched  int      // entries that are fentry probes
+	Zero     int      // entries holding 0: functions the linker discarded (--gc-sections)
+	NotSites []uint64 // non-zero entries at which no fentry probe was found
+	Unlisted []uint64 // fentry probes the table does not list
+	Err      string   // the table could not be read; nothing was compared
+}
+
+// OK reports whether the table and the fentry probes agree.
+func (c *McountLocCheck) OK() bool {
+	return c == nil || c.Err == "" && len(c.NotSites) == 0 && len(c.Unlisted) == 0
 }
 
 // SiteState says in which form a probe's site was found.
@@ -161,8 +184,8 @@ func (o *object) scan(placeholder string) (*probelist.List, *Report, error) {
 	}
 	sort.SliceStable(rep.Skipped, func(i, j int) bool { return rep.Skipped[i].Address < rep.Skipped[j].Address })
 	if len(kept) == 0 && len(rep.Skipped) == 0 {
-		return nil, rep, o.fail(ErrNoHookSites, "", "decoded %d functions (%d bytes, from %s) and found no call or jump to %s, %s or %s",
-			rep.Functions, rep.TextBytes, orNone(source), hookEnter, hookExit, hookEnterBare)
+		return nil, rep, o.fail(ErrNoHookSites, "", "decoded %d functions (%d bytes, from %s) and found no call or jump to %s, %s, %s or %s",
+			rep.Functions, rep.TextBytes, orNone(source), hookEnter, hookExit, hookEnterBare, hookFentry)
 	}
 
 	di := o.readDebugInfo()
@@ -185,6 +208,19 @@ func (o *object) scan(placeholder string) (*probelist.List, *Report, error) {
 	}
 	rep.Sites = make([]SiteState, 0, len(kept))
 	for _, s := range kept {
+		if s.hook.provider() == probelist.ProviderFentry {
+			start, ok := o.entryOf(s.addr)
+			if !ok {
+				what := "call to __fentry__"
+				if s.inert {
+					what = "inert-looking call to __fentry__"
+				}
+				rep.Skipped = append(rep.Skipped, Skipped{Address: s.addr, Container: s.fn.name, Instruction: fmt.Sprintf("% x", s.cur), Hook: s.hook.hook,
+					Reason: what + " that is not the first instruction of a function (nor right after its endbr64): not an fentry site"})
+				continue
+			}
+			s.fnAddr, s.resolved = start, true
+		}
 		if s.nopReason == "" {
 			s.nopReason = di.nopRule(s.site)
 		}
@@ -201,11 +237,30 @@ func (o *object) scan(placeholder string) (*probelist.List, *Report, error) {
 		list.Probes = append(list.Probes, p)
 		rep.Sites = append(rep.Sites, state)
 	}
+	sort.SliceStable(rep.Skipped, func(i, j int) bool { return rep.Skipped[i].Address < rep.Skipped[j].Address })
+	rep.McountLoc = o.checkMcountLoc(list)
 	if err := list.Validate(); err != nil {
 		return nil, nil, o.fail(ErrMalformed, "", "probe list: %v", err)
 	}
 	return list, rep, nil
 }
+
+// entryOf returns the start of the function whose entry instruction is at
+// addr: a function starting at addr, or one starting with endbr64 just
+// before it. That is the only place -mfentry puts the call.
+func (o *object) entryOf(addr uint64) (uint64, bool) {
+	if o.funcStarts[addr] {
+		return addr, true
+	}
+	if addr >= 4 && o.funcStarts[addr-4] {
+		if b, _, ok := o.bytesAt(addr-4, 4, true); ok && bytes.Equal(b, endbr64) {
+			return addr - 4, true
+		}
+	}
+	return 0, false
+}
+
+var endbr64 = []byte{0xf3, 0x0f, 0x1e, 0xfa}
 
 func orNone(s string) string {
 	if s == "" {
@@ -218,6 +273,7 @@ func orNone(s string) string {
 func (o *object) probe(s site, fn *function, placeholder string, di *debugInfo) (probelist.Probe, SiteState, error) {
 	p := probelist.Probe{
 		Kind:      probelist.KindEntry,
+		Provider:  s.hook.provider(),
 		Container: fn.name,
 		Hook:      s.hook.hook,
 		Address:   probelist.Hex(s.addr),
@@ -230,6 +286,10 @@ func (o *object) probe(s site, fn *function, placeholder string, di *debugInfo) 
 	p.Function, p.Resolved = fn.name, s.resolved
 	if s.resolved {
 		p.Function, p.FunctionAddress = o.nameOf(s.fnAddr), probelist.Hex(s.fnAddr)
+	}
+	if p.Provider == probelist.ProviderFentry {
+		// The entry of the container: name the container the same way.
+		p.Container = p.Function
 	}
 	_, off, _ := o.bytesAt(s.addr, 1, true)
 	p.Offset = probelist.Hex(off)
@@ -266,7 +326,10 @@ func (o *object) probe(s site, fn *function, placeholder string, di *debugInfo) 
 // in the object: a compiler that saw the hook's body (same unit, or LTO) may
 // keep flags live across the call in ways the forward decode cannot see.
 func (di *debugInfo) nopRule(s site) string {
-	if di == nil || !s.hook.direct || !isCallEncoding(s.enc) {
+	// -mfentry's call is emitted as text in the prologue, not as a call the
+	// register allocator sees, and the flags are dead at a function's entry
+	// whatever the compiler knew about __fentry__.
+	if di == nil || !s.hook.direct || !isCallEncoding(s.enc) || s.hook.provider() == probelist.ProviderFentry {
 		return ""
 	}
 	if di.lto {

@@ -48,9 +48,10 @@ type SiteResult struct {
 	ID       int    `json:"id"`
 	Function string `json:"function"`
 	Kind     string `json:"kind"`
-	Address  string `json:"address"` // run-time address
-	Want     string `json:"want"`    // "on" or "off"
-	Before   string `json:"before"`  // "on", "off" or "foreign"
+	Provider string `json:"provider"` // "cyg" or "fentry"
+	Address  string `json:"address"`  // run-time address
+	Want     string `json:"want"`     // "on" or "off"
+	Before   string `json:"before"`   // "on", "off" or "foreign"
 	After    string `json:"after"`
 	Protocol string `json:"protocol"`
 }
@@ -206,7 +207,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	res.ElapsedNS = time.Since(start).Nanoseconds()
 	res.OK = runErr == nil && afterErr == nil
 	for i, c := range sel {
-		r := SiteResult{Object: c.target.Object.Path, ID: c.probe.ID, Function: c.probe.Function, Kind: c.probe.Kind,
+		r := SiteResult{Object: c.target.Object.Path, ID: c.probe.ID, Function: c.probe.Function, Kind: c.probe.Kind, Provider: c.probe.Provider,
 			Address: fmt.Sprintf("%#x", c.target.Object.Runtime(uint64(c.probe.Address))),
 			Want:    onOff(c.on), Before: before[i], Protocol: protoOf[i], After: "unknown"}
 		if afterErr == nil {
@@ -262,6 +263,9 @@ func resolve(targets []*Target, actions []Action) ([]selected, error) {
 			if errors.Is(err, probelist.ErrNoMatch) {
 				continue
 			}
+			if err != nil { // an fentry probe asked for its exit: see probelist.ErrNoExitSite
+				return nil, fmt.Errorf("%s: %w", t.Object.Path, err)
+			}
 			matched = true
 			for _, pi := range idx {
 				k := key{ti, pi}
@@ -272,7 +276,7 @@ func resolve(targets []*Target, actions []Action) ([]selected, error) {
 			}
 		}
 		if !matched {
-			return nil, fmt.Errorf("%w %q (kind %s)", probelist.ErrNoMatch, a.Selector.Pattern, kindOrBoth(a.Selector.Kind))
+			return nil, fmt.Errorf("%w %q (kind %s%s)", probelist.ErrNoMatch, a.Selector.Pattern, kindOrBoth(a.Selector.Kind), providerNote(a.Selector.Provider))
 		}
 	}
 	sel := make([]selected, len(order))
@@ -357,6 +361,13 @@ func onOff(on bool) string {
 		return "on"
 	}
 	return "off"
+}
+
+func providerNote(p string) string {
+	if p == "" || p == probelist.ProviderAll {
+		return ""
+	}
+	return ", provider " + p
 }
 
 func kindOrBoth(k string) string {

@@ -13,9 +13,10 @@ type ProbeState struct {
 	ID       int    `json:"id"`
 	Function string `json:"function"`
 	Kind     string `json:"kind"`
-	Address  string `json:"address"` // run-time address
-	State    string `json:"state"`   // "on", "off", "mid-patch" or "foreign"
-	Bytes    string `json:"bytes"`   // what memory holds now
+	Provider string `json:"provider"` // "cyg" or "fentry"
+	Address  string `json:"address"`  // run-time address
+	State    string `json:"state"`    // "on", "off", "mid-patch" or "foreign"
+	Bytes    string `json:"bytes"`    // what memory holds now
 	Source   string `json:"source,omitempty"`
 }
 
@@ -40,7 +41,7 @@ func Status(pid int, probeFiles []string) ([]ProbeState, error) {
 			if err := mem.ReadMem(addr, buf); err != nil {
 				return nil, fmt.Errorf("reading probe %d at %#x in %s: %w", p.ID, addr, t.Object.Path, err)
 			}
-			out = append(out, ProbeState{Object: t.Object.Path, ID: p.ID, Function: p.Function, Kind: p.Kind,
+			out = append(out, ProbeState{Object: t.Object.Path, ID: p.ID, Function: p.Function, Kind: p.Kind, Provider: p.Provider,
 				Address: fmt.Sprintf("%#x", addr), State: liveState(p, buf), Bytes: probelist.Bytes(buf).String(), Source: p.Source})
 		}
 	}

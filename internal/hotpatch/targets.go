@@ -46,7 +46,7 @@ func LoadTargets(pid int, probeFiles []string) ([]*Target, error) {
 		targets = append(targets, &Target{Object: o, List: list, Origin: "scan"})
 	}
 	if len(targets) == 0 {
-		return nil, fmt.Errorf("pid %d maps no object with hook sites (build with -finstrument-functions; nop-placeholder binaries need --probes)", pid)
+		return nil, fmt.Errorf("pid %d maps no object with hook sites (build with -finstrument-functions, or -pg -mfentry; nop-placeholder binaries need --probes)", pid)
 	}
 	return targets, nil
 }
@@ -118,6 +118,10 @@ func scanObject(pid int, o *procmaps.Object) (*probelist.List, error) {
 	return list, err
 }
 
+// mayCallHooks reports whether an object's symbols name a hook of any
+// provider: __cyg_profile_func_* (-finstrument-functions), __fentry__
+// (-pg -mfentry), or mcount/_mcount (-pg alone, whose calls the scan
+// reports but never lists).
 func mayCallHooks(f *elf.File) bool {
 	syms, _ := f.DynamicSymbols()
 	more, _ := f.Symbols()
@@ -125,7 +129,9 @@ func mayCallHooks(f *elf.File) bool {
 		return true
 	}
 	for _, s := range append(syms, more...) {
-		if strings.HasPrefix(s.Name, "__cyg_profile_func_") {
+		switch {
+		case strings.HasPrefix(s.Name, "__cyg_profile_func_"),
+			s.Name == probelist.HookFentry, s.Name == "mcount", s.Name == "_mcount":
 			return true
 		}
 	}

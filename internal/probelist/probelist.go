@@ -38,6 +38,44 @@ const (
 	KindExit  = "exit"
 )
 
+// Providers: which compiler instrumentation put a probe's site there.
+const (
+	// ProviderCyg is -finstrument-functions: calls (and tail jumps) to
+	// __cyg_profile_func_enter, __cyg_profile_func_exit and clang's
+	// __cyg_profile_func_enter_bare, with entry and exit sites.
+	ProviderCyg = "cyg"
+	// ProviderFentry is -pg -mfentry: one call to __fentry__ as the first
+	// instruction of each function (after endbr64). It has entry sites only;
+	// exits are produced by the runtime (see docs/probe-list.md).
+	ProviderFentry = "fentry"
+)
+
+// The hooks each provider's sites reach.
+const (
+	HookCygEnter     = "__cyg_profile_func_enter"
+	HookCygExit      = "__cyg_profile_func_exit"
+	HookCygEnterBare = "__cyg_profile_func_enter_bare"
+	HookFentry       = "__fentry__"
+)
+
+// providerHooks lists the hooks a probe of each provider may name.
+var providerHooks = map[string][]string{
+	ProviderCyg:    {HookCygEnter, HookCygExit, HookCygEnterBare},
+	ProviderFentry: {HookFentry},
+}
+
+// ProviderOf returns the provider whose sites reach hook, or "".
+func ProviderOf(hook string) string {
+	for prov, hooks := range providerHooks {
+		for _, h := range hooks {
+			if h == hook {
+				return prov
+			}
+		}
+	}
+	return ""
+}
+
 // Encodings of a hook site, as compiled.
 const (
 	EncCallRel32  = "call_rel32"  // e8 rel32
@@ -67,8 +105,9 @@ type Binary struct {
 
 // Probe is one hook site.
 type Probe struct {
-	ID   int    `json:"id"`   // dense, 0-based, in address order
-	Kind string `json:"kind"` // KindEntry or KindExit
+	ID       int    `json:"id"`       // dense, 0-based, in address order
+	Kind     string `json:"kind"`     // KindEntry or KindExit (always KindEntry for ProviderFentry)
+	Provider string `json:"provider"` // ProviderCyg or ProviderFentry
 	// Function is the function the hook reports (its first argument), which
 	// differs from Container where the compiler inlined an instrumented callee;
 	// "sub_<hex address>" when the address has no symbol, and Container when
@@ -201,6 +240,21 @@ func (l *List) Validate() error {
 		}
 		if p.Kind != KindEntry && p.Kind != KindExit {
 			return where("kind %q is neither %q nor %q", p.Kind, KindEntry, KindExit)
+		}
+		hooks, ok := providerHooks[p.Provider]
+		if !ok {
+			return where("provider %q is neither %q nor %q", p.Provider, ProviderCyg, ProviderFentry)
+		}
+		if ProviderOf(p.Hook) != p.Provider {
+			return where("hook %q is not a %s hook (%s)", p.Hook, p.Provider, strings.Join(hooks, ", "))
+		}
+		if p.Provider == ProviderFentry {
+			if p.Kind != KindEntry {
+				return where("an fentry probe is an entry probe: the binary has no fentry exit site (exits come from the runtime)")
+			}
+			if p.Encoding != EncCallRel32 && p.Encoding != EncCallGOT && p.Encoding != EncAddr32Call {
+				return where("an fentry site is a call, not %s", p.Encoding)
+			}
 		}
 		if p.Function == "" || p.Container == "" {
 			return where("function and container must be named")

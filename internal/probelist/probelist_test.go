@@ -3,6 +3,7 @@ package probelist
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,7 +20,7 @@ func sample(t testing.TB) *List {
 			t.Fatal(err)
 		}
 		n := len(active)
-		return Probe{ID: id, Kind: kind, Function: fn, FunctionAddress: 0x1100, Resolved: true,
+		return Probe{ID: id, Kind: kind, Provider: ProviderCyg, Function: fn, FunctionAddress: 0x1100, Resolved: true,
 			Container: container, Hook: "__cyg_profile_func_enter", Address: Hex(addr), Offset: Hex(addr - 0x1000),
 			Encoding: enc, Placeholder: PlaceholderFlip, Active: active, Inert: inert,
 			Straddle: Straddle(addr, n), Source: "basic.c:10"}
@@ -71,6 +72,9 @@ func TestReadRejects(t *testing.T) {
 		{"version", `"version": 1`, `"version": 2`, "version 2 is not supported"},
 		{"unknown field", `"kind": "entry"`, `"kind": "entry", "extra": 1`, "unknown field"},
 		{"kind", `"kind": "entry"`, `"kind": "middle"`, "kind \"middle\""},
+		{"provider missing", `"provider": "cyg",`, ``, "provider \"\" is neither"},
+		{"provider unknown", `"provider": "cyg"`, `"provider": "xray"`, "provider \"xray\""},
+		{"hook of another provider", `"provider": "cyg"`, `"provider": "fentry"`, "is not a fentry hook"},
 		{"address not hex", `"address": "0x1110"`, `"address": "4368"`, "hex string"},
 		{"bytes not hex", `"active": "e801020304"`, `"active": "zz"`, "hex byte string"},
 		{"flip differs twice", `"inert": "3d01020304"`, `"inert": "3d01020305"`, "differs from the active form in 2 bytes"},
@@ -97,6 +101,116 @@ func TestReadRejects(t *testing.T) {
 				t.Fatalf("Read: %v, want ErrFormat mentioning %q", err, c.wantErr)
 			}
 		})
+	}
+}
+
+// fentrySample is a list with both providers: a function built with
+// -finstrument-functions -pg -mfentry has an fentry entry site, then cyg
+// entry and exit sites.
+func fentrySample(t testing.TB) *List {
+	t.Helper()
+	l := sample(t)
+	fentry := func(fn string, addr uint64, enc string, active []byte) Probe {
+		inert, err := InertForm(enc, active, PlaceholderFlip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return Probe{Kind: KindEntry, Provider: ProviderFentry, Function: fn, FunctionAddress: Hex(addr), Resolved: true,
+			Container: fn, Hook: HookFentry, Address: Hex(addr), Offset: Hex(addr - 0x1000), Encoding: enc,
+			Placeholder: PlaceholderFlip, Active: active, Inert: inert, Straddle: Straddle(addr, len(active))}
+	}
+	l.Probes = append([]Probe{
+		fentry("sq", 0x1100, EncCallRel32, []byte{0xe8, 1, 2, 3, 4}),
+		fentry("only_fentry", 0x1105, EncCallGOT, []byte{0xff, 0x15, 1, 2, 3, 4}),
+	}, l.Probes...)
+	for i := range l.Probes {
+		l.Probes[i].ID = i
+	}
+	if err := l.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestFentryValidation(t *testing.T) {
+	var good bytes.Buffer
+	if err := fentrySample(t).Write(&good); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Read(bytes.NewReader(good.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, from, to, wantErr string }{
+		{"exit", `"kind": "entry",
+      "provider": "fentry"`, `"kind": "exit",
+      "provider": "fentry"`, "no fentry exit site"},
+		{"cyg hook", `"hook": "__fentry__"`, `"hook": "__cyg_profile_func_enter"`, "is not a fentry hook"},
+		{"mcount", `"hook": "__fentry__"`, `"hook": "mcount"`, "is not a fentry hook"},
+	} {
+		doc := strings.Replace(good.String(), c.from, c.to, 1)
+		if doc == good.String() {
+			t.Fatalf("%s: test bug: %q not found", c.name, c.from)
+		}
+		if _, err := Read(strings.NewReader(doc)); err == nil || !errors.Is(err, ErrFormat) || !strings.Contains(err.Error(), c.wantErr) {
+			t.Errorf("%s: Read = %v, want ErrFormat mentioning %q", c.name, err, c.wantErr)
+		}
+	}
+	// A tail jump to __fentry__ is no fentry site.
+	l := fentrySample(t)
+	l.Probes[0].Encoding, l.Probes[0].Active, l.Probes[0].Inert = EncJmpRel32, Bytes{0xe9, 1, 2, 3, 4}, Bytes{0xc3, 1, 2, 3, 4}
+	if err := l.Validate(); err == nil || !strings.Contains(err.Error(), "an fentry site is a call") {
+		t.Errorf("fentry jmp site: %v", err)
+	}
+}
+
+func TestSelectProvider(t *testing.T) {
+	l := fentrySample(t) // 0 fentry sq, 1 fentry only_fentry, 2.. the cyg sample
+	for _, c := range []struct {
+		pattern, kind, provider string
+		want                    []int
+		err                     error
+	}{
+		{"sq", "", "", []int{0, 2, 3, 4}, nil},
+		{"sq", KindBoth, ProviderAll, []int{0, 2, 3, 4}, nil},
+		{"sq", KindEntry, ProviderFentry, []int{0}, nil},
+		{"sq", "", ProviderCyg, []int{2, 3, 4}, nil},
+		{"sq", KindExit, ProviderCyg, []int{3}, nil},
+		{"only_fentry", KindBoth, "", []int{1}, nil},
+		{"only_fentry", "", ProviderCyg, nil, ErrNoMatch},
+		// exits of an fentry probe come from the runtime, not the binary
+		{"only_fentry", KindExit, "", nil, ErrNoExitSite},
+		{"sq", KindExit, "", nil, ErrNoExitSite},
+		{"sq", KindExit, ProviderFentry, nil, ErrNoExitSite},
+		{"*", KindExit, "", nil, ErrNoExitSite},
+		{"id:1", KindExit, "", nil, ErrNoExitSite},
+		{"id:1", KindEntry, "", []int{1}, nil},
+		{"id:1", "", ProviderCyg, nil, ErrNoMatch},
+	} {
+		prov, err := ParseProvider(c.provider)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := ParseSelector(c.pattern, c.kind)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Provider = prov
+		got, err := l.Select(s)
+		if c.err != nil {
+			if !errors.Is(err, c.err) {
+				t.Errorf("Select(%q, %q, %q) = %v, %v; want %v", c.pattern, c.kind, c.provider, got, err, c.err)
+			}
+			if errors.Is(err, ErrNoExitSite) && !strings.Contains(err.Error(), "EDGEPROBE_FENTRY_EXITS=1") {
+				t.Errorf("ErrNoExitSite message does not say where exits come from: %v", err)
+			}
+			continue
+		}
+		if err != nil || fmt.Sprint(got) != fmt.Sprint(c.want) {
+			t.Errorf("Select(%q, %q, %q) = %v, %v; want %v", c.pattern, c.kind, c.provider, got, err, c.want)
+		}
+	}
+	if _, err := ParseProvider("xray"); err == nil {
+		t.Error("ParseProvider accepted xray")
 	}
 }
 
@@ -207,6 +321,11 @@ func FuzzRead(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(good.Bytes())
+	var both bytes.Buffer
+	if err := fentrySample(f).Write(&both); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(both.Bytes())
 	f.Add([]byte(`{"format":"edgeprobe-probes","version":1}`))
 	f.Fuzz(func(t *testing.T, doc []byte) {
 		l, err := Read(bytes.NewReader(doc))

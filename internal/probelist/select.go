@@ -11,15 +11,37 @@ import (
 // ErrNoMatch is returned by Select when a selector matches no probe.
 var ErrNoMatch = errors.New("no probe matched")
 
+// ErrNoExitSite is returned by Select when an exit-only selector names fentry
+// probes: an fentry function has no exit site in the binary. Its exits are
+// produced by the runtime, which hijacks the return address while the entry
+// probe is on (EDGEPROBE_FENTRY_EXITS=1, the default), so the way to get them
+// is to select the entry probe (kind entry or both).
+var ErrNoExitSite = errors.New("fentry probes have no exit site")
+
 // Kind filters for Select.
 const (
 	KindBoth = "both"
 )
 
-// Selector picks probes by function name, glob or id, and kind.
+// ProviderAll selects the probes of every provider.
+const ProviderAll = "all"
+
+// Selector picks probes by function name, glob or id, kind and provider.
 type Selector struct {
-	Pattern string // function name, glob ('http_*', '*'), or "id:N"
-	Kind    string // KindEntry, KindExit or KindBoth ("" is both)
+	Pattern  string // function name, glob ('http_*', '*'), or "id:N"
+	Kind     string // KindEntry, KindExit or KindBoth ("" is both)
+	Provider string // ProviderCyg, ProviderFentry or ProviderAll ("" is all)
+}
+
+// ParseProvider checks a provider filter: cyg, fentry or all ("" is all).
+func ParseProvider(provider string) (string, error) {
+	switch provider {
+	case "", ProviderAll:
+		return ProviderAll, nil
+	case ProviderCyg, ProviderFentry:
+		return provider, nil
+	}
+	return "", fmt.Errorf("provider %q is not cyg, fentry or all", provider)
 }
 
 // ParseSelector checks a selector's syntax, so a typo fails before any
@@ -50,6 +72,13 @@ func (s Selector) Match(p *Probe) bool {
 	if s.Kind != "" && s.Kind != KindBoth && s.Kind != p.Kind {
 		return false
 	}
+	return s.matchIgnoringKind(p)
+}
+
+func (s Selector) matchIgnoringKind(p *Probe) bool {
+	if s.Provider != "" && s.Provider != ProviderAll && s.Provider != p.Provider {
+		return false
+	}
 	if id, ok := strings.CutPrefix(s.Pattern, "id:"); ok {
 		return strconv.Itoa(p.ID) == id
 	}
@@ -57,20 +86,49 @@ func (s Selector) Match(p *Probe) bool {
 	return ok
 }
 
-// Select returns the indices of the probes s matches, or ErrNoMatch.
+// noExitSite reports whether p is an fentry probe that s would select but
+// for asking for exits only.
+func (s Selector) noExitSite(p *Probe) bool {
+	return s.Kind == KindExit && p.Provider == ProviderFentry && s.matchIgnoringKind(p)
+}
+
+func noExitSiteError(s Selector, p *Probe, more int) error {
+	also := ""
+	if more > 0 {
+		also = fmt.Sprintf(" and %d more", more)
+	}
+	return fmt.Errorf("%w: selector %q with kind exit names the fentry probe of %s%s; an fentry function's exits come from the runtime "+
+		"while its entry probe is on (EDGEPROBE_FENTRY_EXITS=1, the default): select kind entry or both, or provider cyg for -finstrument-functions exits only",
+		ErrNoExitSite, s.Pattern, p.Function, also)
+}
+
+// Select returns the indices of the probes s matches, or ErrNoMatch. A
+// selector for exits only that names an fentry probe is refused with
+// ErrNoExitSite rather than quietly leaving that function without exits.
 func (l *List) Select(s Selector) ([]int, error) {
 	if id, ok := strings.CutPrefix(s.Pattern, "id:"); ok {
 		// Ids are indices: no scan (Restore selects thousands by id).
-		if n, err := strconv.Atoi(id); err == nil && n >= 0 && n < len(l.Probes) && s.Match(&l.Probes[n]) {
-			return []int{n}, nil
+		if n, err := strconv.Atoi(id); err == nil && n >= 0 && n < len(l.Probes) {
+			if s.Match(&l.Probes[n]) {
+				return []int{n}, nil
+			}
+			if s.noExitSite(&l.Probes[n]) {
+				return nil, noExitSiteError(s, &l.Probes[n], 0)
+			}
 		}
 		return nil, fmt.Errorf("%w %q", ErrNoMatch, s.Pattern)
 	}
 	var idx []int
+	var fentry []int
 	for i := range l.Probes {
 		if s.Match(&l.Probes[i]) {
 			idx = append(idx, i)
+		} else if s.noExitSite(&l.Probes[i]) {
+			fentry = append(fentry, i)
 		}
+	}
+	if len(fentry) > 0 {
+		return nil, noExitSiteError(s, &l.Probes[fentry[0]], len(fentry)-1)
 	}
 	if len(idx) == 0 {
 		return nil, fmt.Errorf("%w %q", ErrNoMatch, s.Pattern)

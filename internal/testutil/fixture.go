@@ -16,7 +16,7 @@ import (
 // Spec says how to build one fixture. The zero value of each field is the
 // compiler's default, except Compiler, which defaults to gcc.
 type Spec struct {
-	Compiler string   // "gcc" or "clang"
+	Compiler string   // "gcc" or "clang" (or "g++"/"clang++" for C++ sources)
 	Sources  []string // file names under testdata/fixtures
 	Opt      string   // "-O0".."-O3", "-Os"; default -O2
 	PIE      *bool    // nil: compiler default (PIE on Debian)
@@ -28,6 +28,12 @@ type Spec struct {
 	Flags    []string // extra compiler flags
 	LDFlags  []string // extra link flags, after the sources
 	Name     string   // output file name; default derived from the spec
+	// Profile compiles with -pg: ProfileFentry (-pg -mfentry) or
+	// ProfileMcount (-pg alone). Each source is compiled with -c and the
+	// objects linked without -pg, which would link gcrt1.o and gmon's
+	// profiling (gmon.out at exit): the production setup the fentry
+	// provider is for. With NoInstr it is the only instrumentation.
+	Profile string
 }
 
 // Fixture is a built program.
@@ -35,6 +41,12 @@ type Fixture struct {
 	Path    string // the binary; a private copy the test may modify
 	Command string // the build command, shell-quoted, for reproduction
 }
+
+// Spec.Profile values.
+const (
+	ProfileFentry = "fentry"
+	ProfileMcount = "mcount"
+)
 
 // Bool returns a pointer to b, for Spec.PIE.
 func Bool(b bool) *bool { return &b }
@@ -52,7 +64,7 @@ func (s Spec) String() string {
 	for _, f := range []struct {
 		on   bool
 		name string
-	}{{s.Static, "static"}, {s.NoPLT, "noplt"}, {s.Shared, "shared"}, {s.Strip, "stripped"}, {s.NoInstr, "noinstr"}} {
+	}{{s.Static, "static"}, {s.NoPLT, "noplt"}, {s.Shared, "shared"}, {s.Strip, "stripped"}, {s.NoInstr, "noinstr"}, {s.Profile != "", s.Profile}} {
 		if f.on {
 			parts = append(parts, f.name)
 		}
@@ -76,6 +88,46 @@ func (s Spec) opt() string {
 
 // args returns the compiler arguments, output last.
 func (s Spec) args(dir, out string) []string {
+	args := s.common()
+	for _, src := range s.Sources {
+		args = append(args, filepath.Join(dir, src))
+	}
+	args = append(args, s.LDFlags...)
+	return append(args, "-o", out)
+}
+
+// profileFlags are the -pg flags of s.Profile, given at compile time only.
+func (s Spec) profileFlags() []string {
+	switch s.Profile {
+	case ProfileFentry:
+		return []string{"-pg", "-mfentry"}
+	case ProfileMcount:
+		return []string{"-pg"}
+	}
+	return nil
+}
+
+// steps returns the commands that build s into out: one compile-and-link,
+// or with Profile a compile of each source into obj/ then a link. Each
+// step is the argument list after the compiler name.
+func (s Spec) steps(dir, obj, out string) [][]string {
+	if s.Profile == "" {
+		return [][]string{s.args(dir, out)}
+	}
+	var steps [][]string
+	link := s.common()
+	for i, src := range s.Sources {
+		o := filepath.Join(obj, fmt.Sprintf("%d.o", i))
+		c := append(s.common(), s.profileFlags()...)
+		steps = append(steps, append(c, "-c", filepath.Join(dir, src), "-o", o))
+		link = append(link, o)
+	}
+	link = append(link, s.LDFlags...)
+	return append(steps, append(link, "-o", out))
+}
+
+// common are the flags of every step; compile-only ones are harmless at link.
+func (s Spec) common() []string {
 	args := []string{s.opt(), "-g", "-pthread"}
 	if !s.NoInstr {
 		args = append(args, "-finstrument-functions")
@@ -96,12 +148,7 @@ func (s Spec) args(dir, out string) []string {
 	if s.Shared {
 		args = append(args, "-shared", "-fPIC")
 	}
-	args = append(args, s.Flags...)
-	for _, src := range s.Sources {
-		args = append(args, filepath.Join(dir, src))
-	}
-	args = append(args, s.LDFlags...)
-	return append(args, "-o", out)
+	return append(args, s.Flags...)
 }
 
 var buildMu sync.Mutex // one compiler at a time per test binary: the machine has two cores
@@ -122,8 +169,11 @@ func Build(t testing.TB, spec Spec) Fixture {
 			name = "lib" + name + ".so"
 		}
 	}
-	args := spec.args(dir, "OUT")
-	cmdline := spec.compiler() + " " + strings.Join(args, " ")
+	var cmds []string
+	for _, args := range spec.steps(dir, "OBJ", "OUT") {
+		cmds = append(cmds, spec.compiler()+" "+strings.Join(args, " "))
+	}
+	cmdline := strings.Join(cmds, " && ")
 	if spec.Strip {
 		cmdline += " && strip --strip-all OUT"
 	}
@@ -149,7 +199,7 @@ func Build(t testing.TB, spec Spec) Fixture {
 
 	out := filepath.Join(t.TempDir(), name)
 	copyFile(t, cached, out)
-	return Fixture{Path: out, Command: strings.ReplaceAll(cmdline, "OUT", name)}
+	return Fixture{Path: out, Command: strings.ReplaceAll(strings.ReplaceAll(cmdline, "OUT", name), "OBJ/", "")}
 }
 
 func build(t testing.TB, spec Spec, dir, cached string) {
@@ -160,7 +210,9 @@ func build(t testing.TB, spec Spec, dir, cached string) {
 	}
 	defer os.RemoveAll(tmp)
 	out := filepath.Join(tmp, filepath.Base(cached))
-	run(t, spec.compiler(), spec.args(dir, out)...)
+	for _, args := range spec.steps(dir, tmp, out) {
+		run(t, spec.compiler(), args...)
+	}
 	if spec.Strip {
 		run(t, "strip", "--strip-all", out)
 	}
