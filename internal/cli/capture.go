@@ -19,24 +19,30 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 )
 
-// selection is the --enable/--kind pair of the capture commands.
+// selection is the --enable/--kind/--provider set of the capture commands.
 type selection struct {
-	patterns []string
-	kind     string
+	patterns       []string
+	kind, provider string
 }
 
 func (s *selection) register(cmd *cobra.Command, help string) {
 	cmd.Flags().StringArrayVarP(&s.patterns, "enable", "e", nil, help)
 	cmd.Flags().StringVar(&s.kind, "kind", "both", "which probes of a function: entry, exit or both")
+	cmd.Flags().StringVar(&s.provider, "provider", probelist.ProviderAll, "which providers' probes: cyg, fentry or all")
 }
 
 func (s *selection) parse() ([]probelist.Selector, error) {
+	prov, err := probelist.ParseProvider(s.provider)
+	if err != nil {
+		return nil, usageError{err}
+	}
 	var out []probelist.Selector
 	for _, p := range s.patterns {
 		sel, err := probelist.ParseSelector(p, s.kind)
 		if err != nil {
 			return nil, usageError{err}
 		}
+		sel.Provider = prov
 		out = append(out, sel)
 	}
 	return out, nil

@@ -75,8 +75,11 @@ func newHotpatchCmd(stdout, stderr io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "hotpatch --pid N (--enable SEL | --disable SEL)... [flags]",
 		Short: "Turn probes on and off in a running process without stopping it",
-		Long: `hotpatch enables and disables -finstrument-functions probes in a running, multi-threaded
-process by cross-modifying its code through /proc/PID/mem while every thread keeps running.
+		Long: `hotpatch enables and disables probes in a running, multi-threaded process by
+cross-modifying its code through /proc/PID/mem while every thread keeps running. Probes are
+the hook calls compilers insert: -finstrument-functions (provider cyg: entry and exit
+sites) and -pg -mfentry (provider fentry: one entry site per function; the runtime
+produces its exits).
 
 SEL is a function name, a glob ('http_*', '*') or id:N. A name selects every copy of the
 function, including its hook calls inlined into other functions. --enable and --disable
@@ -193,9 +196,9 @@ progress) or foreign (neither form: a stale probe list, or someone else's patch)
 				return writeJSON(stdout, states)
 			}
 			tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tKIND\tFUNCTION\tADDRESS\tOBJECT\tSOURCE")
+			fmt.Fprintln(tw, "ID\tSTATE\tPROVIDER\tKIND\tFUNCTION\tADDRESS\tOBJECT\tSOURCE")
 			for _, s := range states {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.State, s.Kind, s.Function, s.Address, shortPath(s.Object), s.Source)
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.State, s.Provider, s.Kind, s.Function, s.Address, shortPath(s.Object), s.Source)
 			}
 			return tw.Flush()
 		},
