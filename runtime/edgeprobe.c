@@ -1,7 +1,9 @@
 /* edgeprobe.c: the LD_PRELOAD runtime behind edgeprobe's probes.
  *
  * It defines the -finstrument-functions hooks (__cyg_profile_func_enter/exit
- * and clang's __cyg_profile_func_enter_bare) and records, per function
+ * and clang's __cyg_profile_func_enter_bare) and the -pg -mfentry hook
+ * (__fentry__, in edgeprobe_fentry.S, whose exits are probed by hijacking the
+ * return address; C halves in the "fentry provider" section) and records, per function
  * address, entries, exits and inclusive latency into a shared-memory region
  * (/dev/shm/edgeprobe.<pid>, layout in edgeprobe_shm.h, reader in
  * internal/shm, description in docs/runtime.md).
@@ -26,9 +28,11 @@
 #include "edgeprobe_shm.h"
 
 #include <cpuid.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h> /* rename */
@@ -40,6 +44,20 @@
 #include <time.h>
 #include <unistd.h>
 #include <x86intrin.h>
+
+/* Everything below is compiled for general-purpose registers only: the
+ * compiler rejects any floating point and never uses an xmm register, so the
+ * hooks leave the caller's vector registers alone. __fentry__ relies on it
+ * (it saves no vector register on its fast path: the probed function's
+ * xmm0-7 arguments are live), as does the return trampoline (xmm0/xmm1 hold
+ * return values). Only calls into libc can touch vector state; the fentry
+ * paths that make them (slot claim, region set-up) run behind a full xsave. */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("general-regs-only"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("general-regs-only")
+#endif
 
 #define EP_FN __attribute__((no_instrument_function))
 #define EP_INLINE static inline __attribute__((no_instrument_function, always_inline))
@@ -116,11 +134,19 @@ static int ep_forked; /* this image is a fork child of the process that loaded u
 static char ep_path[256];
 static char ep_out[4096];
 static int ep_region_pid;
+static uint32_t ep_fx_mode;  /* EP_FENTRY_* for this process, set with the region */
+static uint32_t ep_epoch;    /* fork generation: shadow frames of another epoch are orphans */
 
+struct ep_rframe;
 struct ep_tls {
 	struct ep_thread *slot;
 	uint32_t busy;
 	uint32_t saved_busy; /* across fork */
+	/* fentry return-address stack (see the fentry provider section) */
+	struct ep_rframe *rs;
+	uint32_t rs_n;
+	uint32_t rs_cap;
+	uint32_t rs_state; /* EP_RS_*: 0 not set up yet, on, off */
 };
 static __thread struct ep_tls ep_tls __attribute__((tls_model("initial-exec")));
 
@@ -271,6 +297,8 @@ EP_INLINE struct ep_event *ep_ring(struct ep_thread *th) {
 /* ---- region ---- */
 
 EP_STATIC void ep_thread_dtor(void *v);
+EP_STATIC uint32_t ep_fentry_mode(void);
+EP_STATIC void ep_rs_free(void);
 EP_STATIC void ep_atfork_prepare(void);
 EP_STATIC void ep_atfork_parent(void);
 EP_STATIC void ep_atfork_child(void);
@@ -378,6 +406,8 @@ EP_STATIC int ep_make_region(void) {
 		ctl |= EP_CTL_NOTIME;
 	h->control = ctl;
 	h->preinit_drops = LOAD(&ep_early_drops);
+	ep_fx_mode = ep_fentry_mode();
+	h->fentry_mode = ep_fx_mode;
 
 	ep.base = m;
 	ep.hdr = h;
@@ -615,6 +645,8 @@ EP_STATIC void ep_trace(struct ep_thread *th, uint32_t kind, uint64_t key) {
 
 EP_INLINE void ep_record_latency(struct ep_func *f, uint64_t ns) {
 	uint32_t b = 63u - (uint32_t)__builtin_clzll(ns | 1);
+	if (unlikely(b >= EP_HIST_BUCKETS))
+		b = EP_HIST_BUCKETS - 1;
 	ADD(&f->hist[b], 1);
 	uint64_t mx = LOAD(&f->max_ns);
 	while (ns > mx && !__atomic_compare_exchange_n(&f->max_ns, &mx, ns, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
@@ -641,6 +673,7 @@ EP_INLINE void ep_enter(struct ep_thread *th, uint64_t key, uint32_t ctl) {
 		fr->fn = key;
 		fr->gidx = g;
 		fr->lidx = l ? (uint32_t)(l - ep_locals(th)) + 1 : 0;
+		fr->gen = (uint32_t)LOAD(&ep.funcs[g].gen);
 		fr->ts = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
 	} else {
 		OWN_ADD(&th->stack_overflows, 1);
@@ -677,6 +710,26 @@ EP_COLD void ep_exit_unframed(struct ep_thread *th, uint64_t key, int orphan) {
 	}
 }
 
+/* The exit of the stored frame fr (already popped): count it and its latency. */
+EP_INLINE void ep_exit_frame(struct ep_thread *th, struct ep_frame *fr, uint64_t now) {
+	uint64_t ns = 0;
+	int timed = now && fr->ts;
+	if (timed)
+		ns = now > fr->ts ? ep_to_ns(now - fr->ts) : 0;
+	if (likely(fr->lidx)) {
+		struct ep_local *l = ep_locals(th) + fr->lidx - 1;
+		OWN_ADD(&l->exits, 1);
+		if (timed)
+			OWN_ADD(&l->sum_ns, ns);
+	} else {
+		ADD(&ep.funcs[fr->gidx].exits, 1);
+		if (timed)
+			ADD(&ep.funcs[fr->gidx].sum_ns, ns);
+	}
+	if (timed)
+		ep_record_latency(&ep.funcs[fr->gidx], ns);
+}
+
 EP_INLINE void ep_exit(struct ep_thread *th, uint64_t key, uint32_t ctl) {
 	uint64_t now = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
 	uint32_t d = th->depth;
@@ -706,25 +759,16 @@ EP_INLINE void ep_exit(struct ep_thread *th, uint64_t key, uint32_t ctl) {
 		d = k;
 		fr = ep_frames(th) + d - 1;
 	}
-	STORE(&th->depth, d - 1);
-	{
-		uint64_t ns = 0;
-		int timed = now && fr->ts;
-		if (timed)
-			ns = now > fr->ts ? ep_to_ns(now - fr->ts) : 0;
-		if (likely(fr->lidx)) {
-			struct ep_local *l = ep_locals(th) + fr->lidx - 1;
-			OWN_ADD(&l->exits, 1);
-			if (timed)
-				OWN_ADD(&l->sum_ns, ns);
-		} else {
-			ADD(&ep.funcs[fr->gidx].exits, 1);
-			if (timed)
-				ADD(&ep.funcs[fr->gidx].sum_ns, ns);
-		}
-		if (timed)
-			ep_record_latency(&ep.funcs[fr->gidx], ns);
+	if (unlikely(fr->gen != (uint32_t)LOAD(&ep.funcs[fr->gidx].gen))) {
+		/* pushed before the probes were last turned on: that call's exit was
+		 * missed and this exit belongs to a call entered unseen */
+		ep_pop_unmatched(th, d, d - 1);
+		STORE(&th->depth, d - 1);
+		ep_exit_unframed(th, key, 1);
+		goto trace;
 	}
+	STORE(&th->depth, d - 1);
+	ep_exit_frame(th, fr, now);
 trace:
 	if (unlikely(ctl & EP_CTL_TRACE))
 		ep_trace(th, EP_EV_EXIT, key);
@@ -799,6 +843,590 @@ EP_EXPORT void __cyg_profile_func_enter_bare(void) {
 	ep_tls.busy = 0;
 }
 
+/* ---- fentry provider (-pg -mfentry) ----
+ *
+ * __fentry__ (edgeprobe_fentry.S) saves the argument registers and calls
+ * ep_fentry_enter with the return address into the probed function and the
+ * address of that function's own return slot. Entries are keyed, like cyg
+ * probes, by the function's start address, found from the call's return
+ * address by a per-site table (built at a site's first hit by decoding the
+ * call: e8 rel32 or ff 15 rel32, optionally after endbr64).
+ *
+ * Exits (unless off) the LOPI way: the slot's return address is saved on a
+ * per-thread return-address stack (a private mapping, pointer in TLS, so fork
+ * copies it) together with the slot address, and replaced by ep_fentry_return.
+ * The trampoline finds its frame by slot address (rsp - 8 when it runs),
+ * records the exit into the same shadow stack / counters / histogram / ring
+ * as a cyg exit, and returns to the saved address; it never looks at the
+ * site, so a probe switched off meanwhile still returns correctly.
+ *
+ * Frames that die without returning (longjmp, exceptions, pthread_exit, a
+ * signal handler longjmping out) leave dead entries on the stack. They are
+ * dropped, and their shadow frames counted unmatched, when a frame below them
+ * returns, and when a new entry finds frames at or below its own slot (the
+ * stack has been popped past them). The unwinder walks through hijacked
+ * frames via the trampoline's FDE and ep_fentry_personality. */
+
+#define EP_RS_UNSET 0u
+#define EP_RS_ON 1u
+#define EP_RS_OFF 2u
+#define EP_SITES 16384u /* power of two */
+/* Site-table key flag (never in a recorded key): the call is wrapped in
+ * push %r10 / pop %r10 (gcc, functions with a static chain), so the return
+ * slot is 8 bytes further up. User-space addresses leave bit 62 free. */
+#define EP_SITE_R10 (1ull << 62)
+#define EP_SITE_PROBES 8u
+
+struct ep_rframe {
+	uint64_t slot;  /* address of the hijacked return slot */
+	uint64_t ret;   /* the original return address */
+	uint64_t key;   /* function key */
+	uint32_t d;     /* shadow-stack depth of the function's frame */
+	uint32_t epoch; /* ep_epoch when pushed */
+};
+
+/* Site table: return address of the __fentry__ call -> function key. */
+struct ep_site {
+	uint64_t ret;
+	uint64_t key;
+};
+static struct ep_site ep_sites[EP_SITES] __attribute__((aligned(64)));
+
+extern char ep_fentry_return[] __attribute__((visibility("hidden")));
+#define EP_TRAMP ((uint64_t)(uintptr_t)ep_fentry_return)
+
+/* xsave area for the slow paths (read by edgeprobe_fentry.S). */
+__attribute__((visibility("hidden"))) uint32_t ep_vsave_size;
+__attribute__((visibility("hidden"))) uint32_t ep_vsave_xsave;
+
+/* Size of the (f)xsave area for components 0xe7 (x87, SSE, AVX, opmask,
+ * ZMM_Hi256, Hi16_ZMM), a multiple of 64. No libc: called from assembly with
+ * only xmm0-7 saved. */
+__attribute__((visibility("hidden"), no_instrument_function)) uint32_t ep_vsave_init(void) {
+	unsigned a, b, c, d;
+	uint32_t size = 512, xs = 0;
+	if (__get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 27))) { /* OSXSAVE */
+		uint32_t lo, hi;
+		__asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+		(void)hi;
+		xs = 1;
+		size = 576;
+		for (unsigned i = 2; i < 8; i++) {
+			if (!((0xe7u >> i) & 1) || !((lo >> i) & 1))
+				continue;
+			__cpuid_count(0xd, i, a, b, c, d);
+			if (b + a > size)
+				size = b + a;
+		}
+	}
+	size = (size + 63) & ~63u;
+	STORE(&ep_vsave_xsave, xs);
+	STORE(&ep_vsave_size, size);
+	return size;
+}
+
+EP_STATIC int ep_shstk_on(void) {
+	if (ep_env_u64("EDGEPROBE_FENTRY_ASSUME_SHSTK", 0, 1)) /* tests of the refusal */
+		return 1;
+	unsigned long features = 0;
+	/* ARCH_SHSTK_STATUS (Linux 6.6+); older kernels fail: no user shadow stacks */
+	if (syscall(SYS_arch_prctl, 0x5005, &features) == 0)
+		return (features & 1) != 0; /* ARCH_SHSTK_SHSTK */
+	return 0;
+}
+
+EP_STATIC uint32_t ep_fentry_mode(void) {
+	uint32_t m = LOAD(&ep_fx_mode) & EP_FENTRY_USED;
+	if (!ep_env_u64("EDGEPROBE_FENTRY_EXITS", 1, 1))
+		m |= EP_FENTRY_EXITS_OFF;
+	if (ep_shstk_on())
+		m |= EP_FENTRY_SHSTK;
+	if (!(m & (EP_FENTRY_EXITS_OFF | EP_FENTRY_SHSTK)))
+		m |= EP_FENTRY_EXITS;
+	return m;
+}
+
+EP_STATIC void ep_say_line(const char *msg) {
+	if (getenv("EDGEPROBE_QUIET"))
+		return;
+	char buf[256], *p = buf, *end = buf + sizeof buf - 2;
+	p = ep_append(p, end, "edgeprobe: ");
+	p = ep_append(p, end, msg);
+	*p++ = '\n';
+	ssize_t r = write(2, buf, (size_t)(p - buf));
+	(void)r;
+}
+
+/* Set up this thread's return-address stack (slow path, slot claimed). */
+EP_COLD void ep_rs_init(void) {
+	static int said;
+	uint32_t m = LOAD(&ep_fx_mode);
+	ep_tls.rs_state = EP_RS_OFF;
+	if ((m & EP_FENTRY_SHSTK) || ((m & EP_FENTRY_EXITS) && ep_shstk_on())) {
+		/* A return-address swap would fault on the shadow stack's check. */
+		__atomic_fetch_or(&ep.hdr->fentry_mode, EP_FENTRY_SHSTK, __ATOMIC_RELAXED);
+		if (!(m & EP_FENTRY_EXITS_OFF) && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+			ep_say_line("CET user shadow stack is on: fentry exit probes refused, counting entries only");
+		return;
+	}
+	if (!(m & EP_FENTRY_EXITS))
+		return;
+	size_t bytes = ((size_t)ep.stack_depth * sizeof(struct ep_rframe) + 4095) & ~(size_t)4095;
+	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return;
+	ep_tls.rs = p;
+	ep_tls.rs_cap = ep.stack_depth;
+	ep_tls.rs_n = 0;
+	ep_tls.rs_state = EP_RS_ON;
+}
+
+EP_STATIC void ep_rs_free(void) {
+	struct ep_rframe *rs = ep_tls.rs;
+	uint32_t cap = ep_tls.rs_cap;
+	ep_tls.rs_state = EP_RS_OFF;
+	ep_tls.rs_n = 0;
+	ep_tls.rs = NULL;
+	SIGFENCE();
+	if (rs)
+		munmap(rs, ((size_t)cap * sizeof(struct ep_rframe) + 4095) & ~(size_t)4095);
+}
+
+/* ---- sites ---- */
+
+/* Whether [a, a+n) is readable: the bytes before a function may lie on an
+ * unmapped page (only checked when they are on another page than the call). */
+EP_STATIC int ep_readable(uint64_t a, uint64_t call) {
+	if ((a >> 12) == (call >> 12))
+		return 1;
+	char buf[16];
+	struct iovec l = {buf, (size_t)(call - a)}, r = {(void *)(uintptr_t)a, (size_t)(call - a)};
+	return syscall(SYS_process_vm_readv, (long)getpid(), &l, 1L, &r, 1L, 0L) == (long)(call - a);
+}
+
+EP_INLINE int ep_is_endbr64(const uint8_t *p) {
+	return p[0] == 0xf3 && p[1] == 0x0f && p[2] == 0x1e && p[3] == 0xfa;
+}
+
+/* The function key of the __fentry__ call returning to ret: the function's
+ * start address. The call is the function's first instruction, or follows
+ * endbr64: e8 rel32 (3d rel32 when a probe toggle made it inert meanwhile),
+ * ff 15 rel32 (call through the GOT: gcc -fPIE/-fPIC, -fno-plt), or 67 e8
+ * rel32 (a relaxed GOT call; recognised after endbr64 only, where it cannot
+ * be confused with a previous function's last byte). gcc wraps the call in
+ * push %r10 / pop %r10 (41 52 .. 41 5a) in functions with a static chain
+ * (nested functions): recognised when both are there, and flagged
+ * EP_SITE_R10. Anything else is keyed by the return address with
+ * EP_KEY_BARE and gets no exit probe. */
+EP_STATIC uint64_t ep_fentry_decode(uint64_t ret) {
+	const uint8_t *p = (const uint8_t *)(uintptr_t)ret;
+	uint64_t call;
+	if (p[-5] == 0xe8 || p[-5] == 0x3d) {
+		call = ret - 5;
+		if (ep_readable(ret - 10, call) && p[-6] == 0x67 && ep_is_endbr64(p - 10))
+			return ret - 10;
+	} else if (p[-6] == 0xff && p[-5] == 0x15) {
+		call = ret - 6;
+	} else {
+		return ret | EP_KEY_BARE;
+	}
+	uint64_t flag = 0;
+	if (ep_readable(call - 6, call)) {
+		const uint8_t *c = (const uint8_t *)(uintptr_t)call;
+		if (c[-2] == 0x41 && c[-1] == 0x52 && p[0] == 0x41 && p[1] == 0x5a) {
+			call -= 2;
+			flag = EP_SITE_R10;
+		}
+	}
+	if (ep_readable(call - 4, call) && ep_is_endbr64((const uint8_t *)(uintptr_t)(call - 4)))
+		return (call - 4) | flag;
+	return call | flag;
+}
+
+EP_COLD uint64_t ep_site_slow(uint64_t ret, uint32_t home) {
+	for (uint32_t p = 0; p < EP_SITE_PROBES; p++) {
+		struct ep_site *s = &ep_sites[(home + p) & (EP_SITES - 1)];
+		uint64_t r = LOAD(&s->ret);
+		if (r == ret) {
+			uint64_t k = __atomic_load_n(&s->key, __ATOMIC_ACQUIRE);
+			if (k)
+				return k;
+			break; /* being published by another thread */
+		}
+		if (r == 0) {
+			uint64_t key = ep_fentry_decode(ret);
+			if (__atomic_compare_exchange_n(&s->ret, &r, ret, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+				__atomic_store_n(&s->key, key, __ATOMIC_RELEASE);
+				ADD(&ep.hdr->fentry_sites, 1);
+				if (key & EP_KEY_BARE)
+					ADD(&ep.hdr->fentry_bad_sites, 1);
+				if (!(LOAD(&ep.hdr->fentry_mode) & EP_FENTRY_USED)) {
+					__atomic_fetch_or(&ep.hdr->fentry_mode, EP_FENTRY_USED, __ATOMIC_RELAXED);
+					__atomic_fetch_or(&ep_fx_mode, EP_FENTRY_USED, __ATOMIC_RELAXED); /* kept by fork children */
+				}
+				return key;
+			}
+			if (r == ret)
+				break;
+		}
+	}
+	return ep_fentry_decode(ret); /* table full around home: decode every time */
+}
+
+EP_INLINE uint64_t ep_site_key(uint64_t ret) {
+	uint32_t home = (uint32_t)((ret * 0x9E3779B97F4A7C15ull) >> 50) & (EP_SITES - 1);
+	struct ep_site *s = &ep_sites[home];
+	if (likely(LOAD(&s->ret) == ret)) {
+		uint64_t k = __atomic_load_n(&s->key, __ATOMIC_ACQUIRE);
+		if (likely(k))
+			return k;
+	}
+	return ep_site_slow(ret, home);
+}
+
+/* ---- recording ---- */
+
+/* Entry without an exit probe: count (and trace) it, push nothing. */
+EP_STATIC void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl) {
+	uint32_t g;
+	struct ep_local *l = ep_lookup(th, key, &g);
+	if (g == EP_NONE) {
+		ADD(&ep.hdr->func_drop_enters, 1);
+		return;
+	}
+	if (l)
+		OWN_ADD(&l->entries, 1);
+	else
+		ADD(&ep.funcs[g].entries, 1);
+	if (ctl & EP_CTL_TRACE)
+		ep_trace(th, EP_EV_ENTER, key);
+}
+
+/* The exit of the function whose frame was pushed at depth d. Frames above
+ * it died without an exit (longjmp, exceptions): counted unmatched. */
+EP_STATIC void ep_exit_at(struct ep_thread *th, uint64_t key, uint32_t d, uint32_t ctl) {
+	uint64_t now = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
+	uint32_t depth = th->depth;
+	if (unlikely(depth <= d)) {
+		/* its frame was popped already (as unmatched): an orphan exit */
+		ep_exit_unframed(th, key, 1);
+		goto trace;
+	}
+	if (unlikely(depth > d + 1)) {
+		uint32_t stored = depth < ep.stack_depth ? depth : ep.stack_depth;
+		uint32_t lo = d + 1;
+		if (stored > lo)
+			ep_pop_unmatched(th, stored, lo);
+		uint32_t top = stored > lo ? stored : lo;
+		if (depth > top)
+			OWN_ADD(&th->unmatched, depth - top); /* frames deeper than the stack */
+	}
+	STORE(&th->depth, d);
+	if (unlikely(d >= ep.stack_depth)) {
+		ep_exit_unframed(th, key, 0); /* not stored: untimed */
+		goto trace;
+	}
+	struct ep_frame *fr = ep_frames(th) + d;
+	if (unlikely(fr->fn != key)) {
+		ep_exit_unframed(th, key, 1);
+		goto trace;
+	}
+	ep_exit_frame(th, fr, now);
+trace:
+	if (unlikely(ctl & EP_CTL_TRACE))
+		ep_trace(th, EP_EV_EXIT, key);
+}
+
+EP_INLINE void ep_fentry_record_exit(struct ep_thread *th, const struct ep_rframe *f, uint32_t ctl) {
+	if (likely(f->epoch == ep_epoch)) {
+		ep_exit_at(th, f->key, f->d, ctl);
+	} else {
+		/* pushed before fork, in the parent's region */
+		ep_exit_unframed(th, f->key, 1);
+		if (ctl & EP_CTL_TRACE)
+			ep_trace(th, EP_EV_EXIT, f->key);
+	}
+}
+
+/* Count the shadow frames of dead return-stack entries [n, old_n) unmatched. */
+EP_STATIC void ep_rs_drop(struct ep_thread *th, uint32_t n, uint32_t old_n) {
+	uint32_t dmin = EP_NONE;
+	for (uint32_t i = n; i < old_n; i++)
+		if (ep_tls.rs[i].epoch == ep_epoch && ep_tls.rs[i].d < dmin)
+			dmin = ep_tls.rs[i].d;
+	ep_tls.rs_n = n;
+	if (dmin == EP_NONE || th->depth <= dmin)
+		return;
+	uint32_t depth = th->depth;
+	uint32_t stored = depth < ep.stack_depth ? depth : ep.stack_depth;
+	if (stored > dmin)
+		ep_pop_unmatched(th, stored, dmin);
+	uint32_t top = stored > dmin ? stored : dmin;
+	if (depth > top)
+		OWN_ADD(&th->unmatched, depth - top);
+	STORE(&th->depth, dmin);
+}
+
+/* An entry at slot found return-stack entries at or below its own slot: the
+ * stack was popped past them without their returns (longjmp, exceptions), or
+ * the entry's caller tail-called it (same slot, still hijacked: the caller's
+ * exit happens now). Sets *orig to the return address to save for the new
+ * frame, 0 when it cannot be known. Returns the new depth of the stack. */
+EP_COLD uint32_t ep_fentry_resync(struct ep_thread *th, uint64_t slot, uint64_t *orig, uint32_t ctl) {
+	struct ep_rframe *rs = ep_tls.rs;
+	uint32_t n = ep_tls.rs_n, old = n;
+	uint64_t lo = 0, hi = ~0ull;
+	if (n && rs[n - 1].slot < slot) {
+		/* On a signal stack the frames below us on the thread's stack are
+		 * alive: only frames on the signal stack itself can be dead. */
+		stack_t ss;
+		if (sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_ONSTACK)) {
+			lo = (uint64_t)(uintptr_t)ss.ss_sp;
+			hi = lo + ss.ss_size;
+		}
+	}
+	while (n && rs[n - 1].slot < slot && rs[n - 1].slot >= lo && rs[n - 1].slot < hi)
+		n--;
+	if (n != old)
+		ep_rs_drop(th, n, old);
+	if (n && rs[n - 1].slot == slot) {
+		struct ep_rframe f = rs[n - 1];
+		n--;
+		ep_tls.rs_n = n;
+		if (*orig == EP_TRAMP) {
+			/* tail call: the caller's frame ends here */
+			ep_fentry_record_exit(th, &f, ctl);
+			*orig = f.ret;
+		} else if (f.epoch == ep_epoch) {
+			ep_rs_drop(th, n, n + 1);
+		}
+	} else if (*orig == EP_TRAMP) {
+		*orig = 0;
+	}
+	return n;
+}
+
+EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow) {
+	struct ep_thread *th = ep_tls.slot;
+	if (unlikely((uintptr_t)th < EP_SLOT_MIN)) {
+		if (th == EP_TS_NONE && may_slow && !ep_tls.busy && __atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) != 3)
+			return 1;
+		if (!(th = ep_claim())) /* counts the drop; no libc unless claiming */
+			return 0;
+	}
+	if (unlikely(ep_tls.busy)) {
+		OWN_ADD(&th->reentrant_drops, 1);
+		return 0;
+	}
+	uint32_t ctl = LOAD(&ep.hdr->control);
+	if (unlikely(ctl & EP_CTL_PAUSE))
+		return 0;
+	if (unlikely(ep_tls.rs_state == EP_RS_UNSET)) {
+		if (may_slow)
+			return 1;
+		ep_tls.rs_state = EP_RS_OFF;
+	}
+	ep_tls.busy = 1;
+	SIGFENCE();
+	uint64_t key = ep_site_key(ret);
+	if (unlikely(key & EP_SITE_R10)) {
+		key &= ~EP_SITE_R10;
+		slotp++;
+	}
+	if (likely(ep_tls.rs_state == EP_RS_ON && !(key & EP_KEY_BARE))) {
+		uint64_t slot = (uint64_t)(uintptr_t)slotp;
+		uint64_t orig = *slotp;
+		uint32_t n = ep_tls.rs_n;
+		if (unlikely((n && ep_tls.rs[n - 1].slot <= slot) || orig == EP_TRAMP))
+			n = ep_fentry_resync(th, slot, &orig, ctl);
+		if (unlikely(n >= ep_tls.rs_cap || orig == 0)) {
+			OWN_ADD(&th->stack_overflows, 1);
+			ep_count_entry(th, key, ctl);
+		} else {
+			uint32_t d = th->depth;
+			ep_enter(th, key, ctl);
+			if (likely(th->depth == d + 1)) { /* recorded: probe the exit */
+				struct ep_rframe *f = ep_tls.rs + n;
+				f->slot = slot;
+				f->ret = orig;
+				f->key = key;
+				f->d = d;
+				f->epoch = ep_epoch;
+				ep_tls.rs_n = n + 1;
+				SIGFENCE();
+				*slotp = EP_TRAMP;
+			}
+		}
+	} else {
+		ep_count_entry(th, key, ctl);
+	}
+	SIGFENCE();
+	ep_tls.busy = 0;
+	return 0;
+}
+
+/* Called by __fentry__ with xmm0-7 saved: must not call into libc. Returns 1
+ * for the slow path (the caller saves the whole vector state first). */
+__attribute__((visibility("hidden"), no_instrument_function)) int ep_fentry_enter(uint64_t ret, uint64_t *slotp) {
+	return ep_fentry_enter_impl(ret, slotp, 1);
+}
+
+__attribute__((visibility("hidden"), no_instrument_function, cold)) void ep_fentry_enter_slow(uint64_t ret, uint64_t *slotp) {
+	if (ep_tls.slot == EP_TS_NONE)
+		ep_claim();
+	if ((uintptr_t)ep_tls.slot >= EP_SLOT_MIN && ep_tls.rs_state == EP_RS_UNSET && !ep_tls.busy) {
+		ep_tls.busy = 1;
+		SIGFENCE();
+		ep_rs_init();
+		SIGFENCE();
+		ep_tls.busy = 0;
+	}
+	ep_fentry_enter_impl(ret, slotp, 0);
+}
+
+EP_COLD void ep_fentry_lost(uint64_t slot) {
+	char buf[160], *p = buf, *end = buf + sizeof buf - 2;
+	p = ep_append(p, end, "edgeprobe: fentry return through an unknown frame (slot 0x");
+	for (int i = 60; i >= 0; i -= 4)
+		*p++ = "0123456789abcdef"[(slot >> i) & 15];
+	p = ep_append(p, end, "): the return address is lost, aborting\n");
+	ssize_t r = write(2, buf, (size_t)(p - buf));
+	(void)r;
+	abort();
+}
+
+/* The return-stack entry of the frame returning through slot: the newest
+ * entry with that slot; entries above it are dead. */
+EP_COLD uint32_t ep_fentry_find(uint64_t slot) {
+	uint32_t n = ep_tls.rs_n;
+	for (uint32_t i = n; i > 0; i--)
+		if (ep_tls.rs[i - 1].slot == slot)
+			return i - 1;
+	ep_fentry_lost(slot);
+	return 0;
+}
+
+struct ep_ret2 {
+	uint64_t ret;
+	uint64_t slow;
+};
+
+EP_INLINE struct ep_ret2 ep_fentry_exit_impl(uint64_t sp, int may_slow) {
+	uint64_t slot = sp - 8;
+	struct ep_rframe *rs = ep_tls.rs;
+	uint32_t n = ep_tls.rs_n, i;
+	if (likely(n && rs && rs[n - 1].slot == slot))
+		i = n - 1;
+	else
+		i = ep_fentry_find(slot);
+	struct ep_ret2 r = {rs[i].ret, 0};
+	struct ep_thread *th = ep_tls.slot;
+	if (unlikely((uintptr_t)th < EP_SLOT_MIN || ep_tls.busy)) {
+		if (th == EP_TS_NONE && may_slow && !ep_tls.busy && __atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) != 3) {
+			r.slow = 1; /* a fork child's first hook: claim a slot to count the exit */
+			return r;
+		}
+		ep_tls.rs_n = i;
+		if ((uintptr_t)th >= EP_SLOT_MIN)
+			OWN_ADD(&th->reentrant_drops, 1);
+		return r;
+	}
+	ep_tls.busy = 1;
+	SIGFENCE();
+	uint32_t ctl = LOAD(&ep.hdr->control);
+	struct ep_rframe f = rs[i];
+	if (unlikely(i + 1 != n))
+		ep_rs_drop(th, i + 1, n);
+	ep_tls.rs_n = i;
+	if (likely(!(ctl & EP_CTL_PAUSE)))
+		ep_fentry_record_exit(th, &f, ctl);
+	SIGFENCE();
+	ep_tls.busy = 0;
+	return r;
+}
+
+/* Called by ep_fentry_return with rax, rdx, xmm0, xmm1 saved (no libc). */
+__attribute__((visibility("hidden"), no_instrument_function)) struct ep_ret2 ep_fentry_exit(uint64_t sp) {
+	return ep_fentry_exit_impl(sp, 1);
+}
+
+__attribute__((visibility("hidden"), no_instrument_function, cold)) uint64_t ep_fentry_exit_slow(uint64_t sp) {
+	if (ep_tls.slot == EP_TS_NONE)
+		ep_claim();
+	return ep_fentry_exit_impl(sp, 0).ret;
+}
+
+/* ---- unwinding through hijacked frames ----
+ *
+ * The unwinder reaches ep_fentry_return as the return address of a hijacked
+ * frame, finds the trampoline's FDE and calls this personality for the
+ * trampoline's frame before it reads that frame's return address from
+ * CFA - 8, which is the hijacked slot: we write the original return address
+ * back there. Every frame the unwinder walks through is going to be unwound
+ * (phase 1 stops at the handler's frame, whose own slot it does not read),
+ * so the entry stays on the return-address stack as a dead frame: its exit is
+ * counted unmatched, like a longjmp's. */
+
+typedef uintptr_t (*ep_getcfa_fn)(void *);
+extern uintptr_t _Unwind_GetCFA(void *) __attribute__((weak));
+static ep_getcfa_fn ep_getcfa;
+
+/* _Unwind_GetCFA of the unwinder calling us: libgcc_s linked by the program,
+ * or the copy glibc dlopens privately for pthread_exit/cancel (found from our
+ * caller's address). */
+EP_STATIC uint64_t ep_unwind_cfa(void *ctx, void *caller) {
+	ep_getcfa_fn fn = __atomic_load_n(&ep_getcfa, __ATOMIC_ACQUIRE);
+	if (!fn) {
+		Dl_info di;
+		if (dladdr(caller, &di) && di.dli_fname) {
+			void *h = dlopen(di.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+			if (h) {
+				void *sym = dlsym(h, "_Unwind_GetCFA");
+				memcpy(&fn, &sym, sizeof fn);
+				dlclose(h);
+			}
+		}
+		if (!fn && _Unwind_GetCFA)
+			fn = _Unwind_GetCFA;
+		if (!fn)
+			return 0;
+		__atomic_store_n(&ep_getcfa, fn, __ATOMIC_RELEASE);
+	}
+	return (uint64_t)fn(ctx);
+}
+
+#define EP_URC_FATAL_PHASE2_ERROR 2
+#define EP_URC_FATAL_PHASE1_ERROR 3
+#define EP_URC_CONTINUE_UNWIND 8
+#define EP_UA_SEARCH_PHASE 1
+
+__attribute__((visibility("hidden"), no_instrument_function)) int ep_fentry_personality(int version, int actions,
+                                                                                     uint64_t cls, void *exc, void *ctx) {
+	(void)version, (void)cls, (void)exc;
+	int fatal = (actions & EP_UA_SEARCH_PHASE) ? EP_URC_FATAL_PHASE1_ERROR : EP_URC_FATAL_PHASE2_ERROR;
+	uint64_t cfa = ep_unwind_cfa(ctx, __builtin_return_address(0));
+	struct ep_rframe *rs = ep_tls.rs;
+	uint32_t n = ep_tls.rs_n;
+	uint64_t here = (uint64_t)(uintptr_t)__builtin_frame_address(0);
+	for (uint32_t i = n; i > 0 && rs; i--) {
+		uint64_t slot = rs[i - 1].slot;
+		uint64_t *sp = (uint64_t *)(uintptr_t)slot;
+		/* without the CFA: the innermost live hijacked frame above us, the
+		 * one the unwinder is at (it walks them innermost first) */
+		if (cfa ? slot == cfa - 8 : (slot > here && *sp == EP_TRAMP)) {
+			if (*sp == EP_TRAMP) {
+				*sp = rs[i - 1].ret;
+				if (__atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) == 2 && ep_region_pid == getpid())
+					ADD(&ep.hdr->fentry_unwound, 1);
+			}
+			return EP_URC_CONTINUE_UNWIND;
+		}
+	}
+	if (cfa && *(uint64_t *)(uintptr_t)(cfa - 8) != EP_TRAMP)
+		return EP_URC_CONTINUE_UNWIND; /* restored already */
+	return fatal;
+}
+
 /* ---- thread exit, fork, process exit ---- */
 
 EP_STATIC void ep_thread_dtor(void *v) {
@@ -813,6 +1441,9 @@ EP_STATIC void ep_thread_dtor(void *v) {
 	ep_pop_unmatched(th, d, 0);
 	STORE(&th->depth, 0);
 	ep_tls.slot = EP_TS_DEAD;
+	/* Hijacked frames cannot outlive this: the thread function has returned
+	 * or been unwound (pthread_exit, cancellation) before key destructors. */
+	ep_rs_free();
 	ADD(&ep.hdr->threads_active, (uint64_t)-1);
 	__atomic_store_n(&th->state, EP_SLOT_FREE, __ATOMIC_RELEASE);
 	SIGFENCE();
@@ -845,6 +1476,10 @@ EP_STATIC void ep_atfork_child(void) {
 	SIGFENCE();
 	ep_early_drops = 0;
 	ep_forked = 1;
+	/* The fentry return-address stack (TLS pointer, private mapping) is
+	 * copied with the process and stays valid: the child returns through its
+	 * inherited hijacked frames; their exits count as orphans in its region. */
+	ep_epoch++;
 	if (had) {
 		munmap(ep.base, ep.size);
 		memset(&ep, 0, sizeof ep);
@@ -955,3 +1590,9 @@ __attribute__((destructor, no_instrument_function)) static void ep_dtor(void) {
 	SIGFENCE();
 	ep_tls.busy = saved;
 }
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif

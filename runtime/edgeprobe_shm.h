@@ -29,13 +29,21 @@
 #include <stdint.h>
 
 #define EP_MAGIC 0x3142525045474445ull /* "EDGEPRB1" as little-endian bytes */
-#define EP_VERSION 1u
+#define EP_VERSION 3u /* 2: fentry_mode and the fentry_* counters (padding, zero, in version 1);
+                        * 3: ep_func.gen in place of the 64th histogram bucket, ep_frame.gen */
 #define EP_HEADER_SIZE 4096u
-#define EP_HIST_BUCKETS 64u /* bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2) */
+#define EP_HIST_BUCKETS 63u /* bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2);
+                              * the last bucket also takes everything longer */
 
 /* Key namespace: __cyg_profile_func_enter_bare (clang) passes no function
  * address; its hits are keyed by the caller's return address with this bit set. */
 #define EP_KEY_BARE (1ull << 63)
+
+/* header.fentry_mode: the -pg -mfentry provider (__fentry__) */
+#define EP_FENTRY_USED 1u      /* a __fentry__ hook has run in this process */
+#define EP_FENTRY_EXITS 2u     /* exit probes (return-address hijacking) are on */
+#define EP_FENTRY_EXITS_OFF 4u /* EDGEPROBE_FENTRY_EXITS=0: entries only */
+#define EP_FENTRY_SHSTK 8u     /* CET user shadow stack is on: exit probes refused, entries only */
 
 /* header.clock_kind */
 #define EP_CLOCK_TSC 1u  /* latency from rdtsc; ns = ticks * tsc_mult >> 32 */
@@ -99,8 +107,8 @@ struct ep_header {
 	uint64_t maps_len;         /* 176 */
 	uint64_t init_mono;        /* 184: CLOCK_MONOTONIC ns when the region was created */
 	/* lifecycle */
-	uint32_t state;     /* 192 */
-	uint32_t _pad1;     /* 196 */
+	uint32_t state;       /* 192 */
+	uint32_t fentry_mode; /* 196: EP_FENTRY_* (version 2) */
 	uint64_t exit_mono; /* 200: CLOCK_MONOTONIC ns at exit */
 	uint64_t exit_tsc;  /* 208: ticks at exit (check the calibration against exit_mono) */
 	uint64_t _pad2[5];  /* 216 */
@@ -117,7 +125,11 @@ struct ep_header {
 	uint64_t thread_drop_hits; /* 368: hooks run by those threads */
 	uint64_t preinit_drops;    /* 376: hooks before/during init, or while the region could not be made */
 	uint64_t late_drops;       /* 384: hooks after the thread's slot was released (TLS destructors) */
-	uint64_t _pad4[463];       /* 392 .. 4096 */
+	/* fentry provider (version 2) */
+	uint64_t fentry_sites;     /* 392: distinct __fentry__ call sites decoded */
+	uint64_t fentry_bad_sites; /* 400: sites whose call was not recognised (keyed EP_KEY_BARE, entries only) */
+	uint64_t fentry_unwound;   /* 408: hijacked frames the unwinder walked through (exceptions, pthread_exit) */
+	uint64_t _pad4[460];       /* 416 .. 4096 */
 };
 
 /* One function (hash-table slot): 576 bytes. */
@@ -131,6 +143,12 @@ struct ep_func {
 	uint64_t orphans;   /* 48: exits with no matching enter on the thread's stack */
 	uint64_t unmatched; /* 56: frames popped without their exit (longjmp, toggles) */
 	uint64_t hist[EP_HIST_BUCKETS]; /* 64: log2 ns latency histogram (all threads) */
+	/* 568: generation, bumped by a reader (hotpatch) just before it turns the
+	 * function's probes on. A frame remembers the generation it was pushed
+	 * in; an exit matches only a frame of the current one, because a frame
+	 * from before the probes were last off may be a call whose exit was never
+	 * seen, at the very stack depth of the call now exiting. */
+	uint64_t gen;
 };
 
 /* A thread slot's fixed part: 192 bytes; ep_local[] and ep_frame[] follow. */
@@ -174,6 +192,8 @@ struct ep_frame {
 	uint64_t ts;   /* 8: clock ticks at enter; 0 = not timed */
 	uint32_t gidx; /* 16 */
 	uint32_t lidx; /* 20: local index + 1, or 0 when counted in ep_func */
+	uint32_t gen;  /* 24: the function's generation at enter (low 32 bits) */
+	uint32_t pad;  /* 28 */
 };
 
 /* Trace event: 16 bytes. */
@@ -187,7 +207,7 @@ EP_STATIC_ASSERT(sizeof(struct ep_header) == EP_HEADER_SIZE, "header size");
 EP_STATIC_ASSERT(sizeof(struct ep_func) == 576, "ep_func size");
 EP_STATIC_ASSERT(sizeof(struct ep_thread) == 192, "ep_thread size");
 EP_STATIC_ASSERT(sizeof(struct ep_local) == 48, "ep_local size");
-EP_STATIC_ASSERT(sizeof(struct ep_frame) == 24, "ep_frame size");
+EP_STATIC_ASSERT(sizeof(struct ep_frame) == 32, "ep_frame size");
 EP_STATIC_ASSERT(sizeof(struct ep_event) == 16, "ep_event size");
 
 #endif

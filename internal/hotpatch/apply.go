@@ -9,6 +9,7 @@ import (
 
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
+	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"github.com/edgeprobe/edgeprobe/internal/xmod"
 )
 
@@ -94,7 +95,8 @@ type Session struct {
 	lock    *Lock
 	targets []*Target
 	tracer  *ptrace.Tracer
-	full    bool // the tracer holds every thread, not only the leader
+	full    bool        // the tracer holds every thread, not only the leader
+	region  *shm.Region // the runtime's region, when the process runs it
 }
 
 // Open locks pid and loads its targets; nothing is attached yet.
@@ -108,7 +110,17 @@ func Open(pid int, probeFiles []string, waitLock bool) (*Session, error) {
 		lock.Release()
 		return nil, err
 	}
-	return &Session{pid: pid, lock: lock, targets: targets}, nil
+	s := &Session{pid: pid, lock: lock, targets: targets}
+	// Best effort: a process without the runtime (or with a runtime of
+	// another layout) records nothing whose frames could go stale.
+	if r, err := shm.OpenPID(pid); err == nil {
+		if r.Writable() {
+			s.region = r
+		} else {
+			r.Close()
+		}
+	}
+	return s, nil
 }
 
 // Targets are the session's instrumented objects.
@@ -121,6 +133,9 @@ func (s *Session) Close() error {
 	if s.tracer != nil {
 		err = s.tracer.Detach()
 		s.tracer = nil
+	}
+	if s.region != nil {
+		s.region.Close()
 	}
 	s.lock.Release()
 	return err
@@ -187,6 +202,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 				siteOf(sel[i]), sel[i].target.Object.Path, ErrStale)
 		}
 	}
+	s.newGeneration(sel, before)
 	res := &Result{PID: s.pid}
 	var runErr error
 	for _, p := range []string{ProtoFlip, ProtoStop, ProtoInt3, ProtoInt3Async} {
@@ -226,6 +242,25 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 		runErr = fmt.Errorf("%w (sites now: %s)", runErr, Tally(res.Sites))
 	}
 	return res, runErr
+}
+
+// newGeneration tells the runtime, just before their probes go on, that the
+// functions about to be enabled start a new generation: a shadow frame left
+// by a call whose exit was missed while they were off must not be matched by
+// the exit of a call that entered unseen (see shm.Region.NewGeneration).
+func (s *Session) newGeneration(sel []selected, before []string) {
+	if s.region == nil {
+		return
+	}
+	var keys []uint64
+	for i, c := range sel {
+		if c.on && before[i] != "on" && c.probe.Resolved && c.probe.FunctionAddress != 0 {
+			keys = append(keys, c.target.Object.Runtime(uint64(c.probe.FunctionAddress)))
+		}
+	}
+	if len(keys) > 0 {
+		s.region.NewGeneration(keys)
+	}
 }
 
 // Tally summarises where sites ended, e.g. "3 on, 5 off", for one-line errors.

@@ -33,8 +33,8 @@ func ParseHeader(data []byte) (Header, error) {
 	if h.Magic != Magic {
 		return h, fmt.Errorf("magic %#x, want %#x: %w", h.Magic, Magic, ErrBadMagic)
 	}
-	if h.Version != Version {
-		return h, fmt.Errorf("version %d, this reader knows %d: %w", h.Version, Version, ErrVersion)
+	if h.Version < MinVersion || h.Version > Version {
+		return h, fmt.Errorf("version %d, this reader knows %d..%d: %w", h.Version, MinVersion, Version, ErrVersion)
 	}
 	return h, h.validate(uint64(len(data)))
 }

@@ -7,15 +7,20 @@ package shm
 const Magic uint64 = 0x3142525045474445
 
 // Version is the layout version this package reads.
-const Version uint32 = 1
+const Version uint32 = 3
+
+// MinVersion is the oldest layout version this package still reads. Version
+// 3 moved the function entry's last histogram bucket (giving the generation
+// its place) and grew the frame, so older regions are not read.
+const MinVersion uint32 = 3
 
 const (
 	HeaderSize  = 4096 // bytes of Header
-	HistBuckets = 64   // bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2)
+	HistBuckets = 63   // bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2); the last also takes longer ones
 	funcSize    = 576
 	threadSize  = 192
 	localSize   = 48
-	frameSize   = 24
+	frameSize   = 32
 	eventSize   = 16
 )
 
@@ -23,6 +28,14 @@ const (
 // __cyg_profile_func_enter_bare: the rest of the key is a return address
 // inside the instrumented function, not its entry point.
 const KeyBare uint64 = 1 << 63
+
+// Fentry provider modes (Header.FentryMode).
+const (
+	FentryUsed     uint32 = 1 // a __fentry__ hook has run
+	FentryExits    uint32 = 2 // exit probes (return-address hijacking) on
+	FentryExitsOff uint32 = 4 // EDGEPROBE_FENTRY_EXITS=0: entries only
+	FentrySHSTK    uint32 = 8 // CET user shadow stack on: exit probes refused, entries only
+)
 
 // Clock kinds (Header.ClockKind).
 const (
@@ -94,11 +107,11 @@ type Header struct {
 	MapsLen        uint64
 	InitMono       uint64
 
-	State    uint32
-	_        uint32
-	ExitMono uint64
-	ExitTSC  uint64
-	_        [5]uint64
+	State      uint32
+	FentryMode uint32
+	ExitMono   uint64
+	ExitTSC    uint64
+	_          [5]uint64
 
 	Control uint32
 	_       [15]uint32
@@ -112,7 +125,10 @@ type Header struct {
 	ThreadDropHits  uint64
 	PreinitDrops    uint64
 	LateDrops       uint64
-	_               [463]uint64
+	FentrySites     uint64
+	FentryBadSites  uint64
+	FentryUnwound   uint64
+	_               [460]uint64
 }
 
 // funcEntry is struct ep_func.
@@ -126,6 +142,7 @@ type funcEntry struct {
 	Orphans   uint64
 	Unmatched uint64
 	Hist      [HistBuckets]uint64
+	Gen       uint64 // bumped before the function's probes are turned on (NewGeneration)
 }
 
 // threadSlot is struct ep_thread.
@@ -167,6 +184,8 @@ type frame struct {
 	TS   uint64
 	Gidx uint32
 	Lidx uint32
+	Gen  uint32
+	Pad  uint32
 }
 
 // event is struct ep_event.

@@ -38,6 +38,8 @@ func TestLayoutMatchesC(t *testing.T) {
 		"EP_STATE_RUNNING": StateRunning, "EP_STATE_EXITED": StateExited,
 		"EP_CTL_TRACE": uint64(CtlTrace), "EP_CTL_NOTIME": uint64(CtlNoTime), "EP_CTL_PAUSE": uint64(CtlPause),
 		"EP_SLOT_OWNED": slotOwned, "EP_EV_ENTER": EvEnter, "EP_EV_EXIT": EvExit, "EP_EV_THREAD": EvThread,
+		"EP_FENTRY_USED": uint64(FentryUsed), "EP_FENTRY_EXITS": uint64(FentryExits),
+		"EP_FENTRY_EXITS_OFF": uint64(FentryExitsOff), "EP_FENTRY_SHSTK": uint64(FentrySHSTK),
 		"EP_EV_KIND_SHIFT": evKindShift, "EP_EV_TS_MASK": evTSMask,
 	}
 	sizes := map[string]uintptr{"ep_func": funcSize, "ep_thread": threadSize, "ep_local": localSize, "ep_frame": frameSize, "ep_event": eventSize, "ep_header": HeaderSize}

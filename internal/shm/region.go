@@ -114,6 +114,10 @@ func (r *Region) Header() Header {
 	h.ThreadDropHits = atomic.LoadUint64(&p.ThreadDropHits)
 	h.PreinitDrops = atomic.LoadUint64(&p.PreinitDrops)
 	h.LateDrops = atomic.LoadUint64(&p.LateDrops)
+	h.FentryMode = atomic.LoadUint32(&p.FentryMode)
+	h.FentrySites = atomic.LoadUint64(&p.FentrySites)
+	h.FentryBadSites = atomic.LoadUint64(&p.FentryBadSites)
+	h.FentryUnwound = atomic.LoadUint64(&p.FentryUnwound)
 	return h
 }
 
@@ -147,6 +151,48 @@ func (r *Region) SetControl(set, clear uint32) error {
 			return nil
 		}
 	}
+}
+
+// NewGeneration starts a new generation of each function whose run-time
+// address is in keys, so that exits stop matching shadow frames pushed
+// before: call it just before turning a function's probes on. (While a
+// function's probes were off, a call that had entered could leave without
+// its exit being seen; its frame sits at the very depth where the next call
+// of the function runs, and an exit of a call entered unseen would match it
+// and record a latency spanning both.) Functions the runtime has not
+// recorded have no frames and are skipped. It returns how many it bumped.
+func (r *Region) NewGeneration(keys []uint64) (int, error) {
+	if !r.writable {
+		return 0, fmt.Errorf("shm: %s: %w", r.path, ErrReadOnly)
+	}
+	n := 0
+	for _, key := range keys {
+		if e := r.lookup(key); e != nil {
+			atomic.AddUint64(&e.Gen, 1)
+			n++
+		}
+	}
+	return n, nil
+}
+
+// lookup finds key's function entry the way the runtime's ep_gfind probes
+// the table: from the hash's upper half, at most MaxProbe slots on.
+func (r *Region) lookup(key uint64) *funcEntry {
+	if r.hdr.MaxFuncs == 0 {
+		return nil
+	}
+	home := uint32((key * 0x9E3779B97F4A7C15) >> 32)
+	mask := r.hdr.MaxFuncs - 1
+	for p := uint32(0); p < r.hdr.MaxProbe; p++ {
+		e := r.funcAt(uint64((home + p) & mask))
+		switch atomic.LoadUint64(&e.Addr) {
+		case key:
+			return e
+		case 0:
+			return nil
+		}
+	}
+	return nil
 }
 
 // SetTrace switches the event rings on or off.
@@ -303,6 +349,9 @@ type Counters struct {
 	ThreadDropHits  uint64
 	PreinitDrops    uint64
 	LateDrops       uint64
+	FentrySites     uint64 // fentry call sites seen
+	FentryBadSites  uint64 // fentry call sites not recognised (entries only, keyed KeyBare)
+	FentryUnwound   uint64 // hijacked frames unwound by exceptions or pthread_exit (their exits are unmatched)
 	ReentrantDrops  uint64 // hooks inside hooks (signal handlers), and during fork
 	StackOverflows  uint64
 	Orphans         uint64
@@ -319,6 +368,7 @@ func (r *Region) Counters() Counters {
 		ThreadsClaimed: h.ThreadsClaimed, ThreadsActive: h.ThreadsActive,
 		ThreadOverflows: h.ThreadOverflows, ThreadDropHits: h.ThreadDropHits,
 		PreinitDrops: h.PreinitDrops, LateDrops: h.LateDrops,
+		FentrySites: h.FentrySites, FentryBadSites: h.FentryBadSites, FentryUnwound: h.FentryUnwound,
 	}
 	for _, t := range r.Threads() {
 		c.ReentrantDrops += t.ReentrantDrops

@@ -29,7 +29,7 @@ func TestRuntimeBuildsWarningFree(t *testing.T) {
 					exported = append(exported, f[2])
 				}
 			}
-			want := "__cyg_profile_func_enter __cyg_profile_func_enter_bare __cyg_profile_func_exit"
+			want := "__cyg_profile_func_enter __cyg_profile_func_enter_bare __cyg_profile_func_exit __fentry__"
 			if got := strings.Join(exported, " "); got != want {
 				t.Errorf("exported functions %q, want only the hooks %q", got, want)
 			}

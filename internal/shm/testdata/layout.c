@@ -14,6 +14,7 @@ int main(void) {
 	C(EP_MAGIC); C(EP_VERSION); C(EP_HEADER_SIZE); C(EP_HIST_BUCKETS); C(EP_KEY_BARE);
 	C(EP_CLOCK_TSC); C(EP_CLOCK_MONO); C(EP_STATE_RUNNING); C(EP_STATE_EXITED);
 	C(EP_CTL_TRACE); C(EP_CTL_NOTIME); C(EP_CTL_PAUSE); C(EP_SLOT_OWNED);
+	C(EP_FENTRY_USED); C(EP_FENTRY_EXITS); C(EP_FENTRY_EXITS_OFF); C(EP_FENTRY_SHSTK);
 	C(EP_EV_ENTER); C(EP_EV_EXIT); C(EP_EV_THREAD); C(EP_EV_KIND_SHIFT); C(EP_EV_TS_MASK);
 	F(ep_header, magic); F(ep_header, version); F(ep_header, header_size); F(ep_header, region_size);
 	F(ep_header, pid); F(ep_header, ppid); F(ep_header, hist_buckets); F(ep_header, clock_kind);
@@ -27,15 +28,16 @@ int main(void) {
 	F(ep_header, exit_mono); F(ep_header, exit_tsc); F(ep_header, control); F(ep_header, funcs_used);
 	F(ep_header, func_drop_enters); F(ep_header, func_drop_exits); F(ep_header, threads_claimed);
 	F(ep_header, threads_active); F(ep_header, thread_overflows); F(ep_header, thread_drop_hits);
-	F(ep_header, preinit_drops); F(ep_header, late_drops);
+	F(ep_header, preinit_drops); F(ep_header, late_drops); F(ep_header, fentry_mode);
+	F(ep_header, fentry_sites); F(ep_header, fentry_bad_sites); F(ep_header, fentry_unwound);
 	F(ep_func, addr); F(ep_func, entries); F(ep_func, exits); F(ep_func, sum_ns); F(ep_func, min_inv);
-	F(ep_func, max_ns); F(ep_func, orphans); F(ep_func, unmatched); F(ep_func, hist);
+	F(ep_func, max_ns); F(ep_func, orphans); F(ep_func, unmatched); F(ep_func, hist); F(ep_func, gen);
 	F(ep_thread, state); F(ep_thread, tid); F(ep_thread, generation); F(ep_thread, depth);
 	F(ep_thread, claimed_mono); F(ep_thread, reentrant_drops); F(ep_thread, stack_overflows);
 	F(ep_thread, orphans); F(ep_thread, unmatched); F(ep_thread, local_full); F(ep_thread, ring_head);
 	F(ep_thread, ring_dropped); F(ep_thread, ring_tail_cache); F(ep_thread, index); F(ep_thread, ring_tail);
 	F(ep_local, addr); F(ep_local, gidx); F(ep_local, entries); F(ep_local, exits); F(ep_local, sum_ns);
-	F(ep_frame, fn); F(ep_frame, ts); F(ep_frame, gidx); F(ep_frame, lidx);
+	F(ep_frame, fn); F(ep_frame, ts); F(ep_frame, gidx); F(ep_frame, lidx); F(ep_frame, gen); F(ep_frame, pad);
 	F(ep_event, tsk); F(ep_event, fn);
 	return 0;
 }
