@@ -2,7 +2,6 @@ package testutil
 
 import (
 	"bufio"
-	"bytes"
 	"debug/elf"
 	"encoding/binary"
 	"fmt"
@@ -24,7 +23,7 @@ type Process struct {
 	Pid      int
 	StopFile string
 	stdout   *bufio.Reader
-	stderr   bytes.Buffer
+	stderr   SyncBuffer
 	done     chan error
 }
 
@@ -36,15 +35,23 @@ func Start(t testing.TB, env []string, bin string, args ...string) *Process {
 	stop := filepath.Join(t.TempDir(), "stop")
 	cmd := exec.Command(bin, append([]string{stop}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
-	out, err := cmd.StdoutPipe()
+	// Our own pipe, not StdoutPipe: Wait (running from the start, below)
+	// closes a StdoutPipe as soon as the process exits, which can lose the
+	// last lines it wrote before we read them.
+	out, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
+	cmd.Stdout = w
 	p := &Process{t: t, Cmd: cmd, StopFile: stop, stdout: bufio.NewReader(out), done: make(chan error, 1)}
 	cmd.Stderr = &p.stderr
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		out.Close()
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { out.Close() })
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {
 			cmd.Process.Kill()
