@@ -14,7 +14,7 @@ func BenchmarksMD(r *Report, report, conditions string) string {
 This file is written by the benchmark harness (internal/bench); rerun it to
 refresh the figures:
 
-    make bench          # full run, ~3 minutes on 2 cores once the targets are built (+1-2 for the first build of the 20,000-function program), writes out/bench/results.json
+    make bench          # full run, ~7 minutes on 2 cores once the targets are built (the provider row, 1c, ~4 of them) (+1-2 for the first build of the 20,000-function program), writes out/bench/results.json
     make bench-quick    # every row, smaller, under 2 minutes once the targets are built
     go run ./internal/bench/cmd/benchreport -benchmarks BENCHMARKS.md -conditions "..."   # refresh this file
 

@@ -11,6 +11,13 @@
 //     edgeprobe runtime); and the cost of an inert site (flip and nop
 //     placeholders) against the uninstrumented build and against the hooks
 //     calling glibc's empty functions.
+//     1c. Provider cost on real workloads: zlib 1.2.13 and libiberty (from
+//     Debian's binutils-source) built uninstrumented, with
+//     -finstrument-functions (cyg) and with -pg -mfentry (fentry); CPU time
+//     of the inert builds (coldpatch, flip and nop) and of the active ones
+//     (glibc's hooks, an empty __fentry__, the edgeprobe runtime), paired
+//     against the uninstrumented build; every variant's output is checked
+//     against it, and the cold ones must reach no hook.
 //  2. Batch: every probe of a generated program with 20,000 instrumented
 //     functions enabled and disabled; time per probe.
 //  3. Throughput under toggling (their Figure 12): executor threads calling a

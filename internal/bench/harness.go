@@ -17,25 +17,28 @@ import (
 
 // Config sizes every row. Full, Quick and Tiny are the presets.
 type Config struct {
-	Name       string
-	Reps       int           // repetitions of each timed run (median over them)
-	ToggleReps int           // toggles per direction for the flip/int3/stop rows
-	AsyncReps  int           // toggles per direction for int3-async and stop
-	InvokeN    int64         // calls per invocation/inert run
-	MicroNs    []int64       // micro-benchmark sizes
-	MicroReps  map[int64]int // reps per size (default Reps)
-	UprobeMaxN int64         // largest N run under uprobes
-	GdbNs      []int64       // sizes run under gdb
-	BatchFuncs int           // functions of the batch program
-	BatchReps  int           // enable+disable passes
-	Rates      []int         // toggles/s; 0 means as fast as possible
-	Window     time.Duration // throughput measurement window
-	Executors  int           // executor threads in the throughput target
-	AttachReps int
-	GdbBreaks  int           // breakpoints for the gdb attach figure
-	Int3Wait   time.Duration // 0: xmod.DefaultWait (no calibration exists yet)
-	Rows       map[string]bool
-	Log        io.Writer
+	Name          string
+	Reps          int           // repetitions of each timed run (median over them)
+	ToggleReps    int           // toggles per direction for the flip/int3/stop rows
+	AsyncReps     int           // toggles per direction for int3-async and stop
+	InvokeN       int64         // calls per invocation/inert run
+	MicroNs       []int64       // micro-benchmark sizes
+	MicroReps     map[int64]int // reps per size (default Reps)
+	UprobeMaxN    int64         // largest N run under uprobes
+	GdbNs         []int64       // sizes run under gdb
+	BatchFuncs    int           // functions of the batch program
+	BatchReps     int           // enable+disable passes
+	Rates         []int         // toggles/s; 0 means as fast as possible
+	Window        time.Duration // throughput measurement window
+	Executors     int           // executor threads in the throughput target
+	AttachReps    int
+	GdbBreaks     int           // breakpoints for the gdb attach figure
+	ZlibKB        int           // provider-cost row: zlib workload corpus, KiB
+	DemangleN     int           // provider-cost row: names the demangle workload generates
+	ProviderPairs int           // provider-cost row: timed rounds (every variant once each)
+	Int3Wait      time.Duration // 0: xmod.DefaultWait (no calibration exists yet)
+	Rows          map[string]bool
+	Log           io.Writer
 }
 
 // Full is `make bench`.
@@ -44,7 +47,7 @@ func Full() Config {
 		MicroNs: []int64{1_000_000, 10_000_000, 100_000_000}, MicroReps: map[int64]int{100_000_000: 3},
 		UprobeMaxN: 10_000_000, GdbNs: []int64{1_000, 10_000}, BatchFuncs: 20_000, BatchReps: 7,
 		Rates: []int{1_000, 10_000, 100_000, 0}, Window: time.Second, Executors: 1,
-		AttachReps: 11, GdbBreaks: 100}
+		AttachReps: 11, GdbBreaks: 100, ZlibKB: 3072, DemangleN: 200_000, ProviderPairs: 9}
 }
 
 // Quick is `make bench-quick`: every row, smaller.
@@ -52,7 +55,7 @@ func Quick() Config {
 	return Config{Name: "quick", Reps: 5, ToggleReps: 300, AsyncReps: 50, InvokeN: 5_000_000,
 		MicroNs: []int64{1_000_000}, UprobeMaxN: 1_000_000, GdbNs: []int64{1_000}, BatchFuncs: 2_000,
 		BatchReps: 3, Rates: []int{1_000, 10_000, 100_000, 0}, Window: 200 * time.Millisecond,
-		Executors: 1, AttachReps: 5, GdbBreaks: 20}
+		Executors: 1, AttachReps: 5, GdbBreaks: 20, ZlibKB: 512, DemangleN: 30_000, ProviderPairs: 3}
 }
 
 // Tiny is the tests' configuration: counts checked, timings meaningless.
@@ -60,11 +63,11 @@ func Tiny() Config {
 	return Config{Name: "tiny", Reps: 2, ToggleReps: 10, AsyncReps: 4, InvokeN: 10_000,
 		MicroNs: []int64{10_000}, UprobeMaxN: 10_000, GdbNs: []int64{50}, BatchFuncs: 200,
 		BatchReps: 1, Rates: []int{1_000, 0}, Window: 30 * time.Millisecond, Executors: 1,
-		AttachReps: 2, GdbBreaks: 3}
+		AttachReps: 2, GdbBreaks: 3, ZlibKB: 64, DemangleN: 2_000, ProviderPairs: 1}
 }
 
 // Rows in run order.
-var Rows = []string{"toggle", "invoke", "batch", "throughput", "micro", "attach"}
+var Rows = []string{"toggle", "invoke", "provider", "batch", "throughput", "micro", "attach"}
 
 // Harness runs the rows and collects the report.
 type Harness struct {
@@ -91,7 +94,7 @@ func New(root, outDir string, cfg Config) (*Harness, error) {
 	h.TSC = CalibrateTSC(5, 20*time.Millisecond)
 	h.Rep = newReport(cfg, h.TSC)
 	rt, err := b.Build("libedgeprobe.so", "gcc", []string{"-O2", "-g", "-fPIC", "-shared", "-fno-plt", "-pthread",
-		"-ftls-model=initial-exec", "-fvisibility=hidden"}, "runtime/edgeprobe.c")
+		"-ftls-model=initial-exec", "-fvisibility=hidden"}, runtimeSources(root)...)
 	if err != nil {
 		return nil, fmt.Errorf("building the runtime: %w", err)
 	}
@@ -103,6 +106,26 @@ func New(root, outDir string, cfg Config) (*Harness, error) {
 		newUprobes(h).available()
 	}
 	return h, nil
+}
+
+// runtimeSources are the runtime's C and assembly files, as the Makefile
+// builds bin/libedgeprobe.so (runtime/*.c and runtime/*.S), relative to root.
+func runtimeSources(root string) []string {
+	var srcs []string
+	for _, pat := range []string{"runtime/*.c", "runtime/*.S"} {
+		m, _ := filepath.Glob(filepath.Join(root, pat))
+		for _, p := range m {
+			rel, err := filepath.Rel(root, p)
+			if err != nil {
+				rel = p
+			}
+			srcs = append(srcs, rel)
+		}
+	}
+	if len(srcs) == 0 {
+		srcs = []string{"runtime/edgeprobe.c"}
+	}
+	return srcs
 }
 
 // loadCalibration takes the int3 wait from internal/calibrate's saved
@@ -139,7 +162,7 @@ func (h *Harness) logf(format string, args ...any) {
 func (h *Harness) Run(ctx context.Context) {
 	start := time.Now()
 	fns := map[string]func(context.Context) error{
-		"toggle": h.RunToggle, "invoke": h.RunInvoke, "batch": h.RunBatch,
+		"toggle": h.RunToggle, "invoke": h.RunInvoke, "provider": h.RunProvider, "batch": h.RunBatch,
 		"throughput": h.RunThroughput, "micro": h.RunMicro, "attach": h.RunAttach,
 	}
 	for _, r := range Rows {

@@ -19,6 +19,9 @@ var RequiredKeys = []string{
 	"inert_overhead_pct.flip", "inert_overhead_pct.nop",
 	"throughput_ratio.10k", "throughput_ratio.100k",
 	"peers.uprobe_hit", "peers.xray_hit", "peers.uprobe_attach", "calibrate.wait_ns",
+	"provider_cost.cyg_nop", "provider_cost.cyg_flip", "provider_cost.fentry_flip",
+	"provider_cost.cyg_glibc", "provider_cost.cyg_runtime_count", "provider_cost.fentry_glibc",
+	"provider_cost.fentry_runtime_entry",
 }
 
 // Meta says where and how the report was made.
@@ -56,6 +59,7 @@ type Report struct {
 	Stats    map[string]Summary // dotted key -> full summary
 	Skipped  map[string]string  // dotted key -> reason
 	Micro    []MicroResult
+	Provider []ProviderResult
 	Sections []Section
 	Commands []string
 }
@@ -113,8 +117,9 @@ func (r *Report) JSON() ([]byte, error) {
 	root["skipped"] = r.Skipped
 	root["meta"] = r.Meta
 	root["micro"] = r.Micro
+	root["provider"] = r.Provider
 	root["build_commands"] = r.Commands
-	root["units"] = "ns unless the key names another unit (pct, ratio, per_s); stats carry ns and TSC ticks"
+	root["units"] = "ns unless the key names another unit (pct, ratio, per_s; provider_cost.* are percent overheads); stats carry ns and TSC ticks"
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetIndent("", "  ")

@@ -3,7 +3,7 @@
 //
 //	go run ./internal/bench/cmd/benchreport [-quick] [-rows toggle,micro] [-setup]
 //
-// `make bench` runs it as is (about 3 minutes on two cores once the targets are built), `make
+// `make bench` runs it as is (about 7 minutes on two cores once the targets are built, 4 of them the provider row), `make
 // bench-quick` with -quick (under 2 minutes once the targets are built).
 package main
 
@@ -28,7 +28,7 @@ func main() {
 	out := flag.String("out", "", "output directory (default <repo>/out/bench)")
 	rows := flag.String("rows", "", "comma-separated rows to run: "+strings.Join(bench.Rows, ","))
 	wait := flag.Duration("int3-wait", 0, "int3 wait between phases (0: xmod.DefaultWait)")
-	setup := flag.Bool("setup", false, "apt-get install the missing peers (bpftrace, linux-perf, gdb, libclang-rt-14-dev) first")
+	setup := flag.Bool("setup", false, "apt-get install the missing peers (bpftrace, linux-perf, gdb, libclang-rt-14-dev) and binutils-source (the provider row's workloads) first")
 	quiet := flag.Bool("q", false, "no progress lines on stderr")
 	benchmd := flag.String("benchmarks", "", "also write this file (BENCHMARKS.md) with the report and how to reproduce it")
 	conditions := flag.String("conditions", "", "a sentence on the run's conditions for -benchmarks (e.g. \"quiet machine\")")
@@ -99,6 +99,9 @@ func installPeers() {
 	}
 	if m, _ := filepath.Glob("/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.xray-x86_64.a"); len(m) == 0 {
 		pkgs = append(pkgs, "libclang-rt-14-dev")
+	}
+	if _, err := os.Stat(bench.BinutilsTarball); err != nil {
+		pkgs = append(pkgs, "binutils-source") // zlib and libiberty for the provider row
 	}
 	if len(pkgs) == 0 {
 		return

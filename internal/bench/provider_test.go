@@ -1,0 +1,81 @@
+package bench
+
+import (
+	"context"
+	"strings"
+	"testing"
+)
+
+// TestProviderRow builds every variant of the provider-cost row's workloads
+// in the tiny configuration. The row itself fails when a variant's output
+// differs from the uninstrumented build's, when a cold build reaches a hook
+// under the counting preload, or when the runtime's counts disagree with
+// the preload's; this test checks the same from the results, and that the
+// row's JSON keys have a value or a reason.
+func TestProviderRow(t *testing.T) {
+	h := harness(t, "provider")
+	if why := h.Rep.Skipped["provider_cost.cyg_flip"]; strings.Contains(why, "binutils-source not installed") {
+		t.Skip(why)
+	}
+	var keys []string
+	for _, k := range ProviderKeys {
+		keys = append(keys, "provider_cost."+k, "provider_cost.zlib."+k, "provider_cost.demangle."+k)
+	}
+	requireKeys(t, h, keys...)
+	seen := map[string]bool{}
+	for _, r := range h.Rep.Provider {
+		seen[r.Workload+"."+r.Variant] = true
+		if r.Skip != "" {
+			if !strings.HasPrefix(r.Variant, "fentry_runtime") {
+				t.Errorf("%s %s not measured: %s", r.Workload, r.Variant, r.Skip)
+			}
+			continue
+		}
+		if !r.SameOutput {
+			t.Errorf("%s %s: output differs from the uninstrumented build's", r.Workload, r.Variant)
+		}
+		if r.CPU.N != h.Cfg.ProviderPairs {
+			t.Errorf("%s %s: %d timed runs, want %d", r.Workload, r.Variant, r.CPU.N, h.Cfg.ProviderPairs)
+		}
+		if r.Cold && r.HookCalls != 0 {
+			t.Errorf("%s %s: cold build reached %d hooks", r.Workload, r.Variant, r.HookCalls)
+		}
+		if !r.Cold && r.Variant != "uninstrumented" && r.Variant != "runtime_startup" && r.HookCalls == 0 {
+			t.Errorf("%s %s: active build reached no hook", r.Workload, r.Variant)
+		}
+	}
+	for _, w := range []string{"zlib", "demangle"} {
+		for _, k := range append([]string{"uninstrumented"}, ProviderKeys...) {
+			if !seen[w+"."+k] {
+				t.Errorf("no result for %s %s", w, k)
+			}
+		}
+	}
+}
+
+// TestProviderRowMissingSource: without binutils-source the row reports
+// every key as not measured, with the reason, and does not fail.
+func TestProviderRowMissingSource(t *testing.T) {
+	old := binutilsTarball
+	binutilsTarball = "/nonexistent/binutils-2.40.tar.xz"
+	defer func() { binutilsTarball = old }()
+	h := &Harness{Cfg: Tiny(), Rep: newReport(Tiny(), TSC{Hz: 1e9})}
+	if err := h.RunProvider(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range ProviderKeys {
+		if why := h.Rep.Skipped["provider_cost."+k]; !strings.HasPrefix(why, "not measured: binutils-source not installed") {
+			t.Errorf("provider_cost.%s: reason %q", k, why)
+		}
+	}
+	if len(h.Rep.Sections) != 1 || !strings.Contains(h.Rep.Sections[0].Text, "binutils-source not installed") {
+		t.Errorf("the section does not say why: %+v", h.Rep.Sections)
+	}
+}
+
+func TestRuntimeSources(t *testing.T) {
+	srcs := runtimeSources(t.TempDir())
+	if len(srcs) != 1 || srcs[0] != "runtime/edgeprobe.c" {
+		t.Errorf("runtimeSources(empty dir) = %v", srcs)
+	}
+}
