@@ -130,7 +130,8 @@ func checkFentrySites(t *testing.T, spec testutil.Spec, fx testutil.Fixture, l *
 			t.Errorf("fentry probe %d at %#x: objdump shows no call to __fentry__ there\n%s", p.ID, a, fx.Command)
 		}
 		entry := uint64(p.FunctionAddress)
-		if entry != a && !(entry+4 == a && bytes.Equal(data[p.Offset-4:p.Offset], endbr64)) {
+		nested := entry+2 == a && bytes.Equal(data[p.Offset-2:p.Offset], pushR10)
+		if entry != a && !nested && !(entry+4 == a && bytes.Equal(data[p.Offset-4:p.Offset], endbr64)) {
 			t.Errorf("fentry probe %d at %#x: function %s starts at %#x, and not with endbr64 just before the site", p.ID, a, p.Function, entry)
 		}
 		if name, ok := starts[entry]; !ok {
@@ -378,7 +379,7 @@ func TestFentryRefs(t *testing.T) {
 		skipped[s.Container] = s.Reason
 	}
 	for fn, want := range map[string]string{
-		"late":   "not the first instruction of a function",
+		"late":   "not a function's entry instruction",
 		"tail":   "jump to __fentry__",
 		"old_pg": "call to mcount",
 	} {
@@ -452,4 +453,31 @@ func FuzzMcountLoc(f *testing.F) {
 			t.Fatalf("%d addresses from %d bytes", len(got), len(data))
 		}
 	})
+}
+
+// TestFentryNested: gcc brackets a nested function's fentry call with
+// push/pop %r10 (the static chain); the call is still that function's entry
+// probe, and the cold program computes the same.
+func TestFentryNested(t *testing.T) {
+	for _, opt := range []string{"-O0", "-O2"} {
+		spec := testutil.Spec{Compiler: "gcc", Opt: opt, Sources: []string{"nested.c"}, Profile: testutil.ProfileFentry, NoInstr: true}
+		fx := testutil.Build(t, spec)
+		l, rep, err := Scan(fx.Path, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkFentrySites(t, spec, fx, l, rep)
+		var inner *probelist.Probe
+		for i := range l.Probes {
+			if strings.HasPrefix(l.Probes[i].Function, "inner") {
+				inner = &l.Probes[i]
+			}
+		}
+		if inner == nil {
+			t.Fatalf("%s: no probe for the nested function (skipped: %+v)\n%s", opt, rep.Skipped, fx.Command)
+		}
+		if uint64(inner.Address) != uint64(inner.FunctionAddress)+2 {
+			t.Errorf("%s: nested probe at %s, function at %s: want the call right after push %%r10", opt, inner.Address, inner.FunctionAddress)
+		}
+	}
 }

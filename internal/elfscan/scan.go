@@ -209,14 +209,14 @@ func (o *object) scan(placeholder string) (*probelist.List, *Report, error) {
 	rep.Sites = make([]SiteState, 0, len(kept))
 	for _, s := range kept {
 		if s.hook.provider() == probelist.ProviderFentry {
-			start, ok := o.entryOf(s.addr)
+			start, ok := o.entryOf(s.addr, len(s.cur))
 			if !ok {
 				what := "call to __fentry__"
 				if s.inert {
 					what = "inert-looking call to __fentry__"
 				}
 				rep.Skipped = append(rep.Skipped, Skipped{Address: s.addr, Container: s.fn.name, Instruction: fmt.Sprintf("% x", s.cur), Hook: s.hook.hook,
-					Reason: what + " that is not the first instruction of a function (nor right after its endbr64): not an fentry site"})
+					Reason: what + " that is not a function's entry instruction (first, after endbr64, or inside push/pop %r10): not an fentry site"})
 				continue
 			}
 			s.fnAddr, s.resolved = start, true
@@ -245,22 +245,34 @@ func (o *object) scan(placeholder string) (*probelist.List, *Report, error) {
 	return list, rep, nil
 }
 
-// entryOf returns the start of the function whose entry instruction is at
-// addr: a function starting at addr, or one starting with endbr64 just
-// before it. That is the only place -mfentry puts the call.
-func (o *object) entryOf(addr uint64) (uint64, bool) {
-	if o.funcStarts[addr] {
-		return addr, true
+// entryOf returns the start of the function whose entry instruction is the
+// call at addr, of n bytes: a function starting at addr, or one starting with
+// endbr64 just before it. Those are the places -mfentry puts the call, and a
+// third: gcc brackets it with push/pop %r10 in nested functions, whose
+// static chain arrives in r10, which a call may clobber.
+func (o *object) entryOf(addr uint64, n int) (uint64, bool) {
+	at := func(a uint64, want []byte) bool {
+		b, _, ok := o.bytesAt(a, uint64(len(want)), true)
+		return ok && bytes.Equal(b, want)
 	}
-	if addr >= 4 && o.funcStarts[addr-4] {
-		if b, _, ok := o.bytesAt(addr-4, 4, true); ok && bytes.Equal(b, endbr64) {
-			return addr - 4, true
-		}
+	start := addr
+	if addr >= 2 && at(addr-2, pushR10) && at(addr+uint64(n), popR10) {
+		start = addr - 2
+	}
+	if o.funcStarts[start] {
+		return start, true
+	}
+	if start >= 4 && o.funcStarts[start-4] && at(start-4, endbr64) {
+		return start - 4, true
 	}
 	return 0, false
 }
 
-var endbr64 = []byte{0xf3, 0x0f, 0x1e, 0xfa}
+var (
+	endbr64 = []byte{0xf3, 0x0f, 0x1e, 0xfa}
+	pushR10 = []byte{0x41, 0x52}
+	popR10  = []byte{0x41, 0x5a}
+)
 
 func orNone(s string) string {
 	if s == "" {
