@@ -46,6 +46,10 @@ runs each row in a tiny configuration and checks only its counts.
 		}
 		b.WriteString(l + "\n")
 	}
+	b.WriteString("\n### Which provider to ship with\n\n" +
+		"fentry (`-pg -mfentry` at compile time only), shipped coldpatched with the flip placeholder: " +
+		"the figures of section 1c are the evidence, and docs/decisions.md (D11) carries the reasoning, " +
+		"so that a regenerated report cannot lose it.\n")
 	b.WriteString("\n### Build commands of this run\n\n")
 	for _, c := range r.Commands {
 		b.WriteString("    " + c + "\n")
