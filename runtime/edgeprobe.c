@@ -774,8 +774,8 @@ trace:
 		ep_trace(th, EP_EV_EXIT, key);
 }
 
-EP_EXPORT void __cyg_profile_func_enter(void *fn, void *site) {
-	(void)site;
+/* The body of both cyg hooks; inlined into each with exit a constant. */
+EP_INLINE void ep_cyg_hook(uint64_t key, int exit) {
 	struct ep_thread *th = ep_tls.slot;
 	if (unlikely((uintptr_t)th < EP_SLOT_MIN) && !(th = ep_claim()))
 		return;
@@ -788,28 +788,22 @@ EP_EXPORT void __cyg_profile_func_enter(void *fn, void *site) {
 		return;
 	ep_tls.busy = 1;
 	SIGFENCE();
-	ep_enter(th, (uint64_t)(uintptr_t)fn, ctl);
+	if (exit)
+		ep_exit(th, key, ctl);
+	else
+		ep_enter(th, key, ctl);
 	SIGFENCE();
 	ep_tls.busy = 0;
 }
 
+EP_EXPORT void __cyg_profile_func_enter(void *fn, void *site) {
+	(void)site;
+	ep_cyg_hook((uint64_t)(uintptr_t)fn, 0);
+}
+
 EP_EXPORT void __cyg_profile_func_exit(void *fn, void *site) {
 	(void)site;
-	struct ep_thread *th = ep_tls.slot;
-	if (unlikely((uintptr_t)th < EP_SLOT_MIN) && !(th = ep_claim()))
-		return;
-	if (unlikely(ep_tls.busy)) {
-		OWN_ADD(&th->reentrant_drops, 1);
-		return;
-	}
-	uint32_t ctl = LOAD(&ep.hdr->control);
-	if (unlikely(ctl & EP_CTL_PAUSE))
-		return;
-	ep_tls.busy = 1;
-	SIGFENCE();
-	ep_exit(th, (uint64_t)(uintptr_t)fn, ctl);
-	SIGFENCE();
-	ep_tls.busy = 0;
+	ep_cyg_hook((uint64_t)(uintptr_t)fn, 1);
 }
 
 /* clang -finstrument-function-entry-bare: no address and no exit. Counted as

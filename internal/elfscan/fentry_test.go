@@ -1,15 +1,12 @@
 package elfscan
 
 import (
-	"bufio"
 	"bytes"
 	"debug/elf"
 	"encoding/binary"
-	"os/exec"
 	"reflect"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -32,43 +29,14 @@ var objdumpProfTarget = regexp.MustCompile(`<(__fentry__|_?mcount)(@plt|@[A-Z_0-
 
 func objdumpFentry(t *testing.T, path string) objdumpCalls {
 	t.Helper()
-	testutil.RequireTool(t, "objdump")
-	out, err := exec.Command("objdump", "-d", "-w", "--no-show-raw-insn", path).Output()
-	if err != nil {
-		t.Fatalf("objdump -d %s: %v", path, err)
-	}
 	c := objdumpCalls{map[uint64]bool{}, map[uint64]bool{}}
-	inPLT := false
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if sec, ok := strings.CutPrefix(line, "Disassembly of section "); ok {
-			inPLT = strings.HasPrefix(sec, ".plt") || strings.HasPrefix(sec, ".iplt")
-			continue
-		}
-		addr, insn, ok := strings.Cut(line, ":\t")
-		if inPLT || !ok || !strings.HasPrefix(addr, " ") {
-			continue
-		}
-		m := objdumpProfTarget.FindStringSubmatch(strings.TrimSpace(insn))
-		if m == nil {
-			continue
-		}
-		a, err := strconv.ParseUint(strings.TrimSpace(addr), 16, 64)
-		if err != nil {
-			t.Fatalf("objdump line %q", line)
-		}
-		f := strings.Fields(insn)
-		for len(f) > 1 && (f[0] == "addr32" || f[0] == "bnd" || f[0] == "notrack") {
-			f = f[1:]
-		}
-		if f[0] == "call" && m[1] == "__fentry__" {
-			c.fentry[a] = true
+	objdumpTargets(t, path, objdumpProfTarget, func(addr uint64, mnemonic, target string) {
+		if mnemonic == "call" && target == "__fentry__" {
+			c.fentry[addr] = true
 		} else {
-			c.other[a] = true
+			c.other[addr] = true
 		}
-	}
+	})
 	return c
 }
 

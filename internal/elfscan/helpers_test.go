@@ -28,14 +28,32 @@ var objdumpTarget = regexp.MustCompile(`<(__cyg_profile_func_(?:enter_bare|enter
 
 func objdumpHookRefs(t *testing.T, path string) objdumpRefs {
 	t.Helper()
+	refs := objdumpRefs{map[uint64]string{}, map[uint64]string{}}
+	objdumpTargets(t, path, objdumpTarget, func(addr uint64, mnemonic, target string) {
+		switch {
+		case mnemonic == "call" || mnemonic == "jmp":
+			refs.sites[addr] = target
+		case strings.HasPrefix(mnemonic, "j"):
+			refs.conds[addr] = target
+		}
+	})
+	return refs
+}
+
+// objdumpTargets runs objdump -d over path and calls fn for every
+// instruction outside the PLTs whose target objdump names and re matches,
+// with the mnemonic (prefixes such as addr32 and bnd skipped) and re's first
+// group.
+func objdumpTargets(t *testing.T, path string, re *regexp.Regexp, fn func(addr uint64, mnemonic, target string)) {
+	t.Helper()
 	testutil.RequireTool(t, "objdump")
 	out, err := exec.Command("objdump", "-d", "-w", "--no-show-raw-insn", path).Output()
 	if err != nil {
 		t.Fatalf("objdump -d %s: %v", path, err)
 	}
-	refs := objdumpRefs{map[uint64]string{}, map[uint64]string{}}
 	inPLT := false
 	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
 		if sec, ok := strings.CutPrefix(line, "Disassembly of section "); ok {
@@ -46,7 +64,7 @@ func objdumpHookRefs(t *testing.T, path string) objdumpRefs {
 		if inPLT || !ok || !strings.HasPrefix(addr, " ") {
 			continue
 		}
-		m := objdumpTarget.FindStringSubmatch(strings.TrimSpace(insn))
+		m := re.FindStringSubmatch(strings.TrimSpace(insn))
 		if m == nil {
 			continue
 		}
@@ -58,14 +76,8 @@ func objdumpHookRefs(t *testing.T, path string) objdumpRefs {
 		for len(f) > 1 && (f[0] == "addr32" || f[0] == "bnd" || f[0] == "notrack") {
 			f = f[1:]
 		}
-		switch {
-		case f[0] == "call" || f[0] == "jmp":
-			refs.sites[a] = m[1]
-		case strings.HasPrefix(f[0], "j"):
-			refs.conds[a] = m[1]
-		}
+		fn(a, f[0], m[1])
 	}
-	return refs
 }
 
 // functionStarts lists the function symbols per nm, independently of
