@@ -828,7 +828,43 @@ func (t *Tracer) Detach() error {
 		return nil
 	}
 	<-t.done
+	if rerr := t.awaitRelease(); err == nil {
+		err = rerr
+	}
 	return err
+}
+
+// awaitRelease waits until no thread of the target names our tracer thread
+// as its tracer. Threads left traced (the leader-only mode never stops one)
+// are detached by the kernel when the tracer thread exits, and the Go runtime
+// ends a locked thread only after its goroutine has returned: without this
+// wait, a caller that seizes the process again at once (a Session switching
+// from flip to int3) could find it still traced and fail with EPERM.
+func (t *Tracer) awaitRelease() error {
+	deadline := time.Now().Add(t.opts.StopTimeout)
+	for tracedBy(t.pid, t.tid) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pid %d: still traced by thread %d %v after detaching", t.pid, t.tid, t.opts.StopTimeout)
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+	return nil
+}
+
+// tracedBy reports whether any thread of pid is traced by thread tracer.
+func tracedBy(pid, tracer int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return false // the process is gone: nothing is traced
+	}
+	want := fmt.Sprintf("TracerPid:\t%d\n", tracer)
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, task.Name()))
+		if err == nil && strings.Contains(string(b), want) {
+			return true
+		}
+	}
+	return false
 }
 
 func (t *Tracer) stopAllLocked() (int, error) {
