@@ -774,8 +774,27 @@ trace:
 		ep_trace(th, EP_EV_EXIT, key);
 }
 
-/* The body of both cyg hooks; inlined into each with exit a constant. */
-EP_INLINE void ep_cyg_hook(uint64_t key, int exit) {
+/* Entry without an exit probe: count (and trace) it, push nothing. */
+EP_STATIC void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl) {
+	uint32_t g;
+	struct ep_local *l = ep_lookup(th, key, &g);
+	if (g == EP_NONE) {
+		ADD(&ep.hdr->func_drop_enters, 1);
+		return;
+	}
+	if (l)
+		OWN_ADD(&l->entries, 1);
+	else
+		ADD(&ep.funcs[g].entries, 1);
+	if (ctl & EP_CTL_TRACE)
+		ep_trace(th, EP_EV_ENTER, key);
+}
+
+/* What a cyg hook does once it may record. */
+enum { EP_HOOK_ENTER, EP_HOOK_EXIT, EP_HOOK_COUNT };
+
+/* The body of every cyg hook; inlined into each with what a constant. */
+EP_INLINE void ep_cyg_hook(uint64_t key, int what) {
 	struct ep_thread *th = ep_tls.slot;
 	if (unlikely((uintptr_t)th < EP_SLOT_MIN) && !(th = ep_claim()))
 		return;
@@ -788,53 +807,31 @@ EP_INLINE void ep_cyg_hook(uint64_t key, int exit) {
 		return;
 	ep_tls.busy = 1;
 	SIGFENCE();
-	if (exit)
+	if (what == EP_HOOK_EXIT)
 		ep_exit(th, key, ctl);
-	else
+	else if (what == EP_HOOK_ENTER)
 		ep_enter(th, key, ctl);
+	else
+		ep_count_entry(th, key, ctl);
 	SIGFENCE();
 	ep_tls.busy = 0;
 }
 
 EP_EXPORT void __cyg_profile_func_enter(void *fn, void *site) {
 	(void)site;
-	ep_cyg_hook((uint64_t)(uintptr_t)fn, 0);
+	ep_cyg_hook((uint64_t)(uintptr_t)fn, EP_HOOK_ENTER);
 }
 
 EP_EXPORT void __cyg_profile_func_exit(void *fn, void *site) {
 	(void)site;
-	ep_cyg_hook((uint64_t)(uintptr_t)fn, 1);
+	ep_cyg_hook((uint64_t)(uintptr_t)fn, EP_HOOK_EXIT);
 }
 
 /* clang -finstrument-function-entry-bare: no address and no exit. Counted as
  * an entry keyed by the return address (inside the instrumented function)
  * with EP_KEY_BARE set; the reader resolves it by containment. */
 EP_EXPORT void __cyg_profile_func_enter_bare(void) {
-	uint64_t key = (uint64_t)(uintptr_t)__builtin_return_address(0) | EP_KEY_BARE;
-	struct ep_thread *th = ep_tls.slot;
-	if (unlikely((uintptr_t)th < EP_SLOT_MIN) && !(th = ep_claim()))
-		return;
-	if (unlikely(ep_tls.busy)) {
-		OWN_ADD(&th->reentrant_drops, 1);
-		return;
-	}
-	uint32_t ctl = LOAD(&ep.hdr->control);
-	if (unlikely(ctl & EP_CTL_PAUSE))
-		return;
-	ep_tls.busy = 1;
-	SIGFENCE();
-	uint32_t g;
-	struct ep_local *l = ep_lookup(th, key, &g);
-	if (g == EP_NONE)
-		ADD(&ep.hdr->func_drop_enters, 1);
-	else if (l)
-		OWN_ADD(&l->entries, 1);
-	else
-		ADD(&ep.funcs[g].entries, 1);
-	if (g != EP_NONE && (ctl & EP_CTL_TRACE))
-		ep_trace(th, EP_EV_ENTER, key);
-	SIGFENCE();
-	ep_tls.busy = 0;
+	ep_cyg_hook((uint64_t)(uintptr_t)__builtin_return_address(0) | EP_KEY_BARE, EP_HOOK_COUNT);
 }
 
 /* ---- fentry provider (-pg -mfentry) ----
@@ -1080,21 +1077,6 @@ EP_INLINE uint64_t ep_site_key(uint64_t ret) {
 
 /* ---- recording ---- */
 
-/* Entry without an exit probe: count (and trace) it, push nothing. */
-EP_STATIC void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl) {
-	uint32_t g;
-	struct ep_local *l = ep_lookup(th, key, &g);
-	if (g == EP_NONE) {
-		ADD(&ep.hdr->func_drop_enters, 1);
-		return;
-	}
-	if (l)
-		OWN_ADD(&l->entries, 1);
-	else
-		ADD(&ep.funcs[g].entries, 1);
-	if (ctl & EP_CTL_TRACE)
-		ep_trace(th, EP_EV_ENTER, key);
-}
 
 /* The exit of the function whose frame was pushed at depth d. Frames above
  * it died without an exit (longjmp, exceptions): counted unmatched. */
