@@ -244,30 +244,10 @@ func TestFentryFork(t *testing.T) {
 		t.Run(b.String(), func(t *testing.T) {
 			lib := buildRuntime(t, b.cc)
 			bin := b.build(t)
-			dir := t.TempDir()
-			got := mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + filepath.Join(dir, "out.%p"), avx2Libc}, "fork")
-			var child, status int
-			if _, err := fmt.Sscanf(got, "child %d status %d", &child, &status); err != nil || status != 0 {
-				t.Fatalf("fixture output %q", got)
-			}
-			ents, _ := os.ReadDir(dir)
-			if len(ents) != 2 {
-				t.Fatalf("output files %v, want one per process", ents)
-			}
-			var parentOut string
-			for _, e := range ents {
-				if e.Name() != "out."+strconv.Itoa(child) {
-					parentOut = filepath.Join(dir, e.Name())
-				}
-			}
-			p := openOutput(t, parentOut)
+			p, c := runForked(t, lib, bin, "fork", avx2Libc)
 			checkCounts(t, byName(t, p, p.Maps()), map[string]ee{"main": {1, 1}, "mode_fork": {1, 1}, "outer": {1, 1},
 				"forker": {1, 1}, "parent_work": {3, 3}, "parent_after": {2, 2}})
 			noMismatch(t, p.Counters())
-			c := openOutput(t, filepath.Join(dir, "out."+strconv.Itoa(child)))
-			if int(c.Header().Pid) != child || c.Header().Ppid != p.Header().Pid {
-				t.Errorf("child region pid %d ppid %d, want %d, %d", c.Header().Pid, c.Header().Ppid, child, p.Header().Pid)
-			}
 			cf := byName(t, c, c.Maps())
 			checkCounts(t, cf, map[string]ee{"main": {0, 1}, "mode_fork": {0, 1}, "outer": {0, 1}, "forker": {0, 1}, "child_work": {5, 5}})
 			if m := c.Header().FentryMode; m != FentryUsed|FentryExits {

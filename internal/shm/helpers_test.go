@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"debug/elf"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -232,4 +233,33 @@ func noFile(t testing.TB, path string) {
 		t.Errorf("%s still exists", path)
 		os.Remove(path)
 	}
+}
+
+// runForked runs a fixture that forks (printing "child PID status N") with
+// EDGEPROBE_OUTPUT set, and returns the parent's and the child's output
+// regions, after checking there is exactly one per process and that the
+// child's names its parent.
+func runForked(t testing.TB, lib, bin, mode string, env ...string) (parent, child *Region) {
+	t.Helper()
+	dir := t.TempDir()
+	got := mustRun(t, lib, bin, append([]string{"EDGEPROBE_OUTPUT=" + filepath.Join(dir, "out.%p")}, env...), mode)
+	var pid, status int
+	if _, err := fmt.Sscanf(got, "child %d status %d", &pid, &status); err != nil || status != 0 {
+		t.Fatalf("fixture output %q", got)
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 2 {
+		t.Fatalf("output files %v, want one per process", ents)
+	}
+	childOut := "out." + strconv.Itoa(pid)
+	for _, e := range ents {
+		if e.Name() != childOut {
+			parent = openOutput(t, filepath.Join(dir, e.Name()))
+		}
+	}
+	child = openOutput(t, filepath.Join(dir, childOut))
+	if int(child.Header().Pid) != pid || child.Header().Ppid != parent.Header().Pid {
+		t.Errorf("child region pid %d ppid %d, want %d, %d", child.Header().Pid, child.Header().Ppid, pid, parent.Header().Pid)
+	}
+	return parent, child
 }

@@ -315,28 +315,8 @@ func TestForkAndExec(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			lib := buildRuntime(t, "gcc")
 			bin := testutil.Build(t, testutil.Spec{Sources: []string{"forkexec.c"}}).Path
-			dir := t.TempDir()
-			got := mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + filepath.Join(dir, "out.%p")}, mode)
-			var child, status int
-			if _, err := fmt.Sscanf(got, "child %d status %d", &child, &status); err != nil || status != 0 {
-				t.Fatalf("fixture output %q", got)
-			}
-			ents, _ := os.ReadDir(dir)
-			if len(ents) != 2 {
-				t.Fatalf("output files %v, want one per process", ents)
-			}
-			var parentOut string
-			for _, e := range ents {
-				if e.Name() != "out."+strconv.Itoa(child) {
-					parentOut = filepath.Join(dir, e.Name())
-				}
-			}
-			p := openOutput(t, parentOut)
+			p, c := runForked(t, lib, bin, mode)
 			checkCounts(t, byName(t, p, p.Maps()), map[string]ee{"main": {1, 1}, "parent_work": {3, 3}, "do_fork": {1, 1}, "parent_after": {2, 2}})
-			c := openOutput(t, filepath.Join(dir, "out."+strconv.Itoa(child)))
-			if int(c.Header().Pid) != child || c.Header().Ppid != p.Header().Pid {
-				t.Errorf("child region pid %d ppid %d, want %d, %d", c.Header().Pid, c.Header().Ppid, child, p.Header().Pid)
-			}
 			cf := byName(t, c, c.Maps())
 			if mode == "fork" {
 				checkCounts(t, cf, map[string]ee{"do_fork": {0, 1}, "child_work": {5, 5}})
@@ -346,7 +326,7 @@ func TestForkAndExec(t *testing.T) {
 			} else {
 				checkCounts(t, cf, map[string]ee{"main": {1, 1}, "exec_work": {4, 4}})
 			}
-			noFile(t, Path(child))
+			noFile(t, Path(int(c.Header().Pid)))
 			noFile(t, Path(int(p.Header().Pid)))
 		})
 	}
