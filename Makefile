@@ -10,7 +10,7 @@ RUNTIME_SRC    = $(wildcard runtime/*.c runtime/*.h runtime/*.S)
 
 all: build
 
-build: bin/coldpatch bin/hotpatch bin/libedgeprobe.so
+build: bin/coldpatch bin/hotpatch bin/libedgeprobe.so bin/libedgeprobe.a
 
 # Go's own cache decides what to rebuild; FORCE makes make always ask it.
 bin/coldpatch bin/hotpatch: FORCE
@@ -19,6 +19,14 @@ bin/coldpatch bin/hotpatch: FORCE
 bin/libedgeprobe.so: $(RUNTIME_SRC)
 	@mkdir -p bin
 	$(CC) $(RUNTIME_CFLAGS) $(filter %.c %.S,$^) -o $@
+
+# The runtime for static programs: link it whole (-Wl,--whole-archive), so its
+# hooks, not glibc's (one aliased no-op for enter and exit), are the ones called.
+bin/libedgeprobe.a: $(RUNTIME_SRC)
+	@mkdir -p bin/obj
+	$(CC) $(filter-out -shared,$(RUNTIME_CFLAGS)) -c runtime/edgeprobe.c -o bin/obj/edgeprobe.o
+	$(CC) $(filter-out -shared,$(RUNTIME_CFLAGS)) -c runtime/edgeprobe_fentry.S -o bin/obj/edgeprobe_fentry.o
+	rm -f $@ && ar rcs $@ bin/obj/edgeprobe.o bin/obj/edgeprobe_fentry.o
 
 vet:
 	$(GO) vet ./...

@@ -217,3 +217,57 @@ func TestStatsInput(t *testing.T) {
 		t.Errorf("functions seen %v, want all of %v", seen, want)
 	}
 }
+
+// TestStaticRuntime: a static program carries the runtime itself
+// (libedgeprobe.a, linked whole): coldpatch finds its sites (the runtime's
+// hooks are distinct functions, unlike glibc's), hotpatch turns them on and
+// off, and stats reads what they recorded.
+func TestStaticRuntime(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.RuntimeArchive(t, "gcc")
+	fx := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c"}, Static: true, PIE: testutil.Bool(false),
+		LDFlags: []string{"-Wl,--whole-archive", lib, "-Wl,--no-whole-archive"}})
+	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	p := testutil.Start(t, nil, fx.Path)
+	progress := p.Symbol(fx.Path, "progress")
+	pid := fmt.Sprint(p.Pid)
+	calls := func() uint64 {
+		var st struct {
+			Functions []struct {
+				Name    string `json:"name"`
+				Entries uint64 `json:"entries"`
+			} `json:"functions"`
+		}
+		if err := json.Unmarshal([]byte(run(t, "stats", "--pid", pid, "--json").Stdout), &st); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range st.Functions {
+			if f.Name == "work" {
+				return f.Entries
+			}
+		}
+		return 0
+	}
+	p.AwaitProgress(progress, 20000)
+	if n := calls(); n != 0 {
+		t.Fatalf("cold static program recorded %d calls of work", n)
+	}
+	run(t, "--pid", pid, "--enable", "work")
+	p.AwaitProgress(progress, 20000)
+	on := calls()
+	if on == 0 {
+		t.Fatal("work's probes are on but the runtime recorded no call")
+	}
+	run(t, "--pid", pid, "--disable", "work")
+	p.AwaitProgress(progress, 2000) // calls in flight when the sites flipped finish
+	a := calls()
+	p.AwaitProgress(progress, 20000)
+	if b := calls(); b != a {
+		t.Fatalf("work recorded %d more calls after its probes went off", b-a)
+	}
+	if out, _ := p.Finish(); !strings.Contains(out, "wrong=0") {
+		t.Fatalf("program output %q", out)
+	}
+}
