@@ -57,11 +57,6 @@ func (h *Harness) RunBatch(ctx context.Context) error {
 		list *probelist.List
 		run  func(ctx context.Context, t *Target, sites []xmod.Site) (on, off, single []float64, err error)
 	}
-	timeIt := func(f func() error) (float64, error) {
-		t0 := time.Now()
-		err := f()
-		return float64(time.Since(t0).Nanoseconds()), err
-	}
 	protos := []proto{
 		{"flip", flipBin, flipList, func(ctx context.Context, t *Target, sites []xmod.Site) (on, off, single []float64, err error) {
 			mem, err := ptrace.OpenMem(t.Pid)
@@ -75,16 +70,8 @@ func (h *Harness) RunBatch(ctx context.Context) error {
 			}
 			unpin := h.pinHarness()
 			defer unpin()
-			for i := 0; i < h.Cfg.BatchReps; i++ {
-				a, e := timeIt(func() error { return set(true) })
-				if e != nil {
-					return nil, nil, nil, e
-				}
-				d, e := timeIt(func() error { return set(false) })
-				if e != nil {
-					return nil, nil, nil, e
-				}
-				on, off = append(on, a), append(off, d)
+			if on, off, err = timePasses(h.Cfg.BatchReps, set); err != nil {
+				return nil, nil, nil, err
 			}
 			// One call per probe, enable pass then disable pass.
 			for _, v := range []bool{true, false} {
@@ -114,16 +101,8 @@ func (h *Harness) RunBatch(ctx context.Context) error {
 			if err = checkLive(ctx, t, set); err != nil {
 				return
 			}
-			for i := 0; i < h.Cfg.BatchReps; i++ {
-				a, e := timeIt(func() error { return set(true) })
-				if e != nil {
-					return nil, nil, nil, e
-				}
-				d, e := timeIt(func() error { return set(false) })
-				if e != nil {
-					return nil, nil, nil, e
-				}
-				on, off = append(on, a), append(off, d)
+			if on, off, err = timePasses(h.Cfg.BatchReps, set); err != nil {
+				return nil, nil, nil, err
 			}
 			err = tr.Detach()
 			return
@@ -170,4 +149,28 @@ func (h *Harness) RunBatch(ctx context.Context) error {
 	h.Rep.Set("batch20k.functions", float64(n))
 	sec.Foot = "Paper (Chamith et al. §8.3): 20,000 probes, each toggled by its own call; sync wordpatch 300/120 ticks for non-straddlers and ~8,800 for straddlers, callpatch 432/315 ticks."
 	return nil
+}
+
+// timePasses times reps passes of set(true) then set(false): every probe
+// enabled by one call, then disabled by one call.
+func timePasses(reps int, set func(on bool) error) (on, off []float64, err error) {
+	for i := 0; i < reps; i++ {
+		a, err := timeIt(func() error { return set(true) })
+		if err != nil {
+			return nil, nil, err
+		}
+		d, err := timeIt(func() error { return set(false) })
+		if err != nil {
+			return nil, nil, err
+		}
+		on, off = append(on, a), append(off, d)
+	}
+	return on, off, nil
+}
+
+// timeIt returns how long f took, in ns.
+func timeIt(f func() error) (float64, error) {
+	t0 := time.Now()
+	err := f()
+	return float64(time.Since(t0).Nanoseconds()), err
 }

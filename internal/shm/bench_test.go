@@ -29,11 +29,7 @@ func BenchmarkHookCost(b *testing.B) {
 	lib := buildRuntime(b, "gcc")
 	inst := testutil.Build(b, testutil.Spec{Sources: []string{"bench.c"}}).Path
 	plain := testutil.Build(b, testutil.Spec{Sources: []string{"bench.c"}, NoInstr: true}).Path
-	type mode struct {
-		name, bin, lib string
-		env            []string
-	}
-	modes := []mode{
+	modes := []costMode{
 		{"uninstr", plain, "", nil},
 		{"glibc", inst, "", nil},
 		{"count", inst, lib, []string{"EDGEPROBE_TIMING=0"}},
@@ -42,12 +38,31 @@ func BenchmarkHookCost(b *testing.B) {
 		{"timed-mono", inst, lib, []string{"EDGEPROBE_CLOCK=mono"}},
 		{"trace", inst, lib, []string{"EDGEPROBE_TRACE=1"}},
 	}
+	best := bestNsPerCall(b, modes, func(name string) bool { return name == "uninstr" || name == "timed-mono" || name == "trace" })
+	for _, k := range []string{"count-1T", "count-shared-1T", "timed-1T", "count-2T", "count-shared-2T", "timed-2T"} {
+		g := "glibc-" + k[strings.LastIndexByte(k, '-')+1:]
+		b.ReportMetric(best[k]/best[g], "x-glibc-"+k)
+		b.ReportMetric(best[k]-best[g], "ns-over-glibc-"+k)
+	}
+}
+
+// costMode is one configuration of the hook-cost fixture (bench.c): a
+// binary, a library to preload ("" for none) and its environment.
+type costMode struct {
+	name, bin, lib string
+	env            []string
+}
+
+// bestNsPerCall runs every mode with one and two threads, b.N times, and
+// returns the best ns per call of each as "<name>-<threads>T", reporting
+// each as a metric too. Modes for which skip2 is true run single-threaded.
+func bestNsPerCall(b *testing.B, modes []costMode, skip2 func(name string) bool) map[string]float64 {
 	const iters = 5000000
 	best := map[string]float64{}
 	for i := 0; i < b.N; i++ {
 		for _, threads := range []int{1, 2} {
 			for _, m := range modes {
-				if threads == 2 && (m.name == "uninstr" || m.name == "timed-mono" || m.name == "trace") {
+				if threads == 2 && skip2(m.name) {
 					continue
 				}
 				out := mustRun(b, m.lib, m.bin, m.env, strconv.Itoa(threads), strconv.Itoa(iters))
@@ -65,9 +80,5 @@ func BenchmarkHookCost(b *testing.B) {
 	for k, v := range best {
 		b.ReportMetric(v, "ns/call-"+k)
 	}
-	for _, k := range []string{"count-1T", "count-shared-1T", "timed-1T", "count-2T", "count-shared-2T", "timed-2T"} {
-		g := "glibc-" + k[strings.LastIndexByte(k, '-')+1:]
-		b.ReportMetric(best[k]/best[g], "x-glibc-"+k)
-		b.ReportMetric(best[k]-best[g], "ns-over-glibc-"+k)
-	}
+	return best
 }

@@ -1,9 +1,6 @@
 package shm
 
 import (
-	"fmt"
-	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
@@ -35,11 +32,7 @@ func BenchmarkFentryCost(b *testing.B) {
 	fentry := testutil.Build(b, testutil.Spec{Sources: []string{"bench.c"}, NoInstr: true, Profile: testutil.ProfileFentry, Name: "bench-fentry"}).Path
 	cyg := testutil.Build(b, testutil.Spec{Sources: []string{"bench.c"}}).Path
 	ret := testutil.Build(b, testutil.Spec{Sources: []string{"fentry_ret.S"}, Shared: true, NoInstr: true, Name: "libfentry_ret.so"}).Path
-	type mode struct {
-		name, bin, lib string
-		env            []string
-	}
-	modes := []mode{
+	modes := []costMode{
 		{"uninstr", plain, "", nil},
 		{"fentry-ret", fentry, ret, nil},
 		{"fentry-glibc", fentry, "", nil},
@@ -50,29 +43,7 @@ func BenchmarkFentryCost(b *testing.B) {
 		{"cyg-count", cyg, lib, []string{"EDGEPROBE_TIMING=0"}},
 		{"cyg-timed", cyg, lib, nil},
 	}
-	const iters = 5000000
-	best := map[string]float64{}
-	for i := 0; i < b.N; i++ {
-		for _, threads := range []int{1, 2} {
-			for _, m := range modes {
-				if threads == 2 && m.name == "uninstr" {
-					continue
-				}
-				out := mustRun(b, m.lib, m.bin, m.env, strconv.Itoa(threads), strconv.Itoa(iters))
-				v, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(out, "ns_per_call")), 64)
-				if err != nil {
-					b.Fatalf("%s: output %q", m.name, out)
-				}
-				key := fmt.Sprintf("%s-%dT", m.name, threads)
-				if old, ok := best[key]; !ok || v < old {
-					best[key] = v
-				}
-			}
-		}
-	}
-	for k, v := range best {
-		b.ReportMetric(v, "ns/call-"+k)
-	}
+	best := bestNsPerCall(b, modes, func(name string) bool { return name == "uninstr" })
 	for _, t := range []string{"1T", "2T"} {
 		for _, k := range []string{"fentry-entry", "fentry-exit", "fentry-timed"} {
 			b.ReportMetric(best[k+"-"+t]/best["fentry-ret-"+t], "x-fentry-ret-"+k+"-"+t)
