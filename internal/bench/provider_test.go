@@ -4,6 +4,8 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
 
 // TestProviderRow builds every variant of the provider-cost row's workloads
@@ -15,7 +17,7 @@ import (
 func TestProviderRow(t *testing.T) {
 	h := harness(t, "provider")
 	if why := h.Rep.Skipped["provider_cost.cyg_flip"]; strings.Contains(why, "binutils-source not installed") {
-		t.Skip(why)
+		testutil.Unavailable(t, "%s", why)
 	}
 	var keys []string
 	for _, k := range ProviderKeys {

@@ -30,7 +30,7 @@ func requireRun(t *testing.T) {
 	t.Helper()
 	testutil.RequirePtrace(t)
 	if _, err := findCC(""); err != nil {
-		t.Skip(err)
+		testutil.Unavailable(t, "%v", err)
 	}
 }
 
@@ -286,10 +286,7 @@ func TestOptionsErrors(t *testing.T) {
 //
 //	EDGEPROBE_CALIBRATE_TOGGLES=20000 go test -v -timeout 1h -run TestCalibrateSoak ./internal/calibrate
 func TestCalibrateSoak(t *testing.T) {
-	n := os.Getenv("EDGEPROBE_CALIBRATE_TOGGLES")
-	if n == "" {
-		t.Skip("soak only: set EDGEPROBE_CALIBRATE_TOGGLES (toggles per point)")
-	}
+	n := testutil.OptIn(t, "EDGEPROBE_CALIBRATE_TOGGLES", "calibration soak (toggles per point)")
 	requireRun(t)
 	toggles, err := strconv.Atoi(n)
 	if err != nil {

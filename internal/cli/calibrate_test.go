@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
 
 // TestInt3Wait: the calibrated wait is used when one is saved; a corrupt
@@ -40,9 +42,7 @@ func TestInt3Wait(t *testing.T) {
 // TestCalibrateSaved: a real (tiny) calibration saves a wait that int3Wait
 // then returns. Needs ptrace rights, like every calibration.
 func TestCalibrateSaved(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: calibration needs root (ptrace of the bundled target)")
-	}
+	testutil.RequireRoot(t, "calibration ptraces the bundled target")
 	path := filepath.Join(t.TempDir(), "cal.json")
 	t.Setenv("EDGEPROBE_CALIBRATION", path)
 	o := runHotpatch("calibrate", "--waits", "0,1us", "--toggles", "40")

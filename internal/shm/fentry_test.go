@@ -30,7 +30,7 @@ func requireAVX(t testing.TB) {
 	t.Helper()
 	b, err := os.ReadFile("/proc/cpuinfo")
 	if err != nil || !strings.Contains(string(b), " avx ") {
-		t.Skip("skipping: the fentry fixture is built with -mavx and this CPU has no AVX")
+		testutil.Unavailable(t, "the fentry fixture is built with -mavx and this CPU has no AVX")
 	}
 }
 

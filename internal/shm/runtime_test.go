@@ -19,9 +19,10 @@ func TestRuntimeBuildsWarningFree(t *testing.T) {
 	for _, cc := range []string{"gcc", "clang"} {
 		t.Run(cc, func(t *testing.T) {
 			lib := buildRuntime(t, cc) // -Wall -Wextra -Werror
+			testutil.RequireTool(t, "nm")
 			out, err := exec.Command("nm", "-D", "--defined-only", lib).Output()
 			if err != nil {
-				t.Skipf("nm: %v", err)
+				t.Fatalf("nm -D %s: %v", lib, err)
 			}
 			var exported []string
 			for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {

@@ -3,12 +3,12 @@ package xmod_test
 import (
 	"context"
 	"errors"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
+	"github.com/edgeprobe/edgeprobe/internal/testutil"
 	"github.com/edgeprobe/edgeprobe/internal/xmod"
 )
 
@@ -224,8 +224,6 @@ func TestStressInt3Async(t *testing.T)  { runStress(t, protoInt3Async) }
 func TestStressStop(t *testing.T)       { runStress(t, protoStop) }
 
 func TestStressInt3NoSync(t *testing.T) {
-	if os.Getenv("EDGEPROBE_SOAK") == "" {
-		t.Skip("soak only (EDGEPROBE_SOAK=60s): the time-wait-only int3 protocol is not one we ship")
-	}
+	testutil.OptIn(t, "EDGEPROBE_SOAK", "soak of the time-wait-only int3 protocol, which we do not ship (EDGEPROBE_SOAK=60s)")
 	runStress(t, protoInt3NoSync)
 }
