@@ -6,7 +6,7 @@ RUNTIME_CFLAGS = -O2 -g -fPIC -shared -fno-plt -pthread -ftls-model=initial-exec
                  -fvisibility=hidden -Wall -Wextra -Werror
 RUNTIME_SRC    = $(wildcard runtime/*.c runtime/*.h runtime/*.S)
 
-.PHONY: all build test test-short vet fuzz demo bench bench-quick gobench clean FORCE
+.PHONY: all build test test-long test-short vet fuzz demo bench bench-quick gobench clean FORCE
 
 all: build
 
@@ -32,9 +32,21 @@ vet:
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 
-# Every test. The ptrace and /proc/PID/mem tests skip with a reason unless run as root.
+# Every test but the opt-in ones, within 10 minutes on two cores (docs/testing.md).
+# The ptrace and /proc/PID/mem tests skip with a reason unless run as root; with CI=true
+# a test that cannot run fails instead. The log shows each package's result, failed
+# tests' output, skipped tests' reasons, the slowest packages and tests, and ends with
+# "N passed, N failed, N skipped"; out/test/ keeps the JSON events and that line.
+# -timeout is go test's default, per package: what passes here passes `go test ./...`.
+TESTSUMMARY = $(GO) run ./internal/testjson/cmd/testsummary -json out/test/go-test.json -line out/test/summary.txt
 test: build vet
-	$(GO) test $(GOFLAGS) -count=1 -timeout 30m ./...
+	@rm -f out/test/summary.txt
+	$(TESTSUMMARY) -- $(GOFLAGS) -count=1 -timeout 10m ./...
+
+# The long matrices (every -O level) and the soaks, EDGEPROBE_SOAK per stress test.
+EDGEPROBE_SOAK ?= 30s
+test-long: build vet
+	EDGEPROBE_LONG=1 EDGEPROBE_SOAK=$(EDGEPROBE_SOAK) $(TESTSUMMARY) -budget 60m -- $(GOFLAGS) -count=1 -timeout 60m ./...
 
 test-short: build
 	$(GO) test $(GOFLAGS) -short ./...
