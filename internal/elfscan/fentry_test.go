@@ -145,6 +145,10 @@ func uninstrumented(t *testing.T, spec testutil.Spec, args ...string) runResult 
 
 var fentryCalls = regexp.MustCompile(`fentry calls=(\d+)`)
 
+// TestFentryMatrix scans, coldpatches and runs -pg -mfentry builds: both
+// compilers and code models, C and C++, our own __fentry__, -fcf-protection
+// and -mrecord-mcount. The C rows run at -O2, and with EDGEPROBE_LONG at
+// every level; -O0 stays covered by the C++ and -mrecord-mcount rows.
 func TestFentryMatrix(t *testing.T) {
 	var specs []testutil.Spec
 	fentry := func(s testutil.Spec) testutil.Spec {
@@ -156,7 +160,7 @@ func TestFentryMatrix(t *testing.T) {
 	}
 	pie, nopie := testutil.Bool(true), testutil.Bool(false)
 	for _, cc := range []string{"gcc", "clang"} {
-		for _, opt := range []string{"-O0", "-O2"} {
+		for _, opt := range testutil.Opts("-O2") {
 			specs = append(specs,
 				fentry(testutil.Spec{Compiler: cc, Opt: opt, PIE: pie}),
 				fentry(testutil.Spec{Compiler: cc, Opt: opt, PIE: nopie}),

@@ -153,8 +153,8 @@ func (s Spec) common() []string {
 
 var buildMu sync.Mutex // one compiler at a time per test binary: the machine has two cores
 
-// Build compiles spec and returns a private copy of the result. The test is
-// skipped when the compiler is missing, and fails when the build fails.
+// Build compiles spec and returns a private copy of the result. A missing
+// compiler ends the test (Unavailable); a failed build fails it.
 func Build(t testing.TB, spec Spec) Fixture {
 	t.Helper()
 	RequireTool(t, spec.compiler())
@@ -270,6 +270,15 @@ func cacheDir(t testing.TB) string {
 	return d
 }
 
+// Opts returns the optimisation levels a matrix walks: the given ones, and
+// with EDGEPROBE_LONG every level from -O0 to -O3.
+func Opts(short ...string) []string {
+	if Long() {
+		return []string{"-O0", "-O1", "-O2", "-O3"}
+	}
+	return short
+}
+
 // FixtureDir is testdata/fixtures at the repository root.
 func FixtureDir(t testing.TB) string {
 	t.Helper()
@@ -287,11 +296,12 @@ func RepoRoot(t testing.TB) string {
 }
 
 // Matrix is the compiler x optimisation x code-model matrix every scanner test
-// walks: gcc and clang at -O0..-O3, PIE, non-PIE, -fno-plt, static, stripped.
+// walks: gcc and clang, PIE, non-PIE, -fno-plt, static, stripped, at -O0 and
+// -O2, and with EDGEPROBE_LONG (`make test-long`) at -O1 and -O3 too.
 func Matrix(sources ...string) []Spec {
 	var specs []Spec
 	for _, cc := range []string{"gcc", "clang"} {
-		for _, opt := range []string{"-O0", "-O1", "-O2", "-O3"} {
+		for _, opt := range Opts("-O0", "-O2") {
 			specs = append(specs,
 				Spec{Compiler: cc, Opt: opt, Sources: sources, PIE: Bool(true)},
 				Spec{Compiler: cc, Opt: opt, Sources: sources, PIE: Bool(false)},
