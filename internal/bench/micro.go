@@ -258,56 +258,12 @@ func (h *Harness) RunMicro(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	up := newUprobes(h)
-	type variant struct {
-		name, note string
-		run        func(n int64) (microRun, error)
-		maxN       int64
-		ns         []int64
-		skip       string
-		counted    bool
-	}
-	vars := []*variant{
-		{name: "uninstrumented (gcc -O2)", run: func(n int64) (microRun, error) { return h.runPlain(ctx, m.uninstr, n, nil, false) }},
-		{name: "inert (flip placeholder)", counted: true, note: "runtime preloaded; counts must be 0",
-			run: func(n int64) (microRun, error) { return h.runPlain(ctx, m.flip, n, nil, true) }},
-		{name: "edgeprobe enabled", counted: true, note: "cold flip build + runtime, empty()'s 2 probes flipped on through /proc/PID/mem before the loop",
-			run: func(n int64) (microRun, error) { return h.runEnabled(ctx, m, n, nil) }},
-		{name: "edgeprobe enabled, count only", counted: true, note: "the same with EDGEPROBE_TIMING=0 (no latency clock reads)",
-			run: func(n int64) (microRun, error) { return h.runEnabled(ctx, m, n, []string{"EDGEPROBE_TIMING=0"}) }},
-	}
-	if m.clang != "" {
-		vars = append(vars, &variant{name: "uninstrumented (clang -O2)", note: "XRay's baseline",
-			run: func(n int64) (microRun, error) { return h.runPlain(ctx, m.clang, n, nil, false) }})
-	}
-	xv := &variant{name: "LLVM XRay", counted: true, note: "clang -fxray-instrument -fxray-instruction-threshold=1; __xray_patch() in the program, counting handler",
-		run: func(n int64) (microRun, error) { return h.runPlain(ctx, m.xray, n, nil, false) }}
-	if strings.HasPrefix(m.xray, "error: ") {
-		xv.skip = "cannot build the XRay target: " + strings.TrimPrefix(m.xray, "error: ") + " (apt-get install libclang-rt-14-dev)"
-	}
-	vars = append(vars, xv)
-	uv := &variant{name: "uprobe + uretprobe", counted: true, maxN: h.Cfg.UprobeMaxN,
-		note: "tracefs uprobe_events on empty() of the uninstrumented build; counts from uprobe_profile",
-		run:  func(n int64) (microRun, error) { return up.run(ctx, m.uninstr, n) }}
-	if reason := up.available(); reason != "" {
-		uv.skip = reason
-	}
-	vars = append(vars, uv)
-	gv := &variant{name: "gdb breakpoints", counted: true, ns: h.Cfg.GdbNs,
-		note: "break at empty and at its ret, commands: silent, continue; counts from info breakpoints",
-		run:  func(n int64) (microRun, error) { return h.runGdb(ctx, m.uninstr, n) }}
-	if _, err := exec.LookPath("gdb"); err != nil {
-		gv.skip = "gdb is not installed (apt-get install gdb)"
-	}
-	vars = append(vars, gv)
-
-	sec := Section{Title: "4. iProbe micro-benchmark (Arora et al., Figure 5)",
+	sec := &Section{Title: "4. iProbe micro-benchmark (Arora et al., Figure 5)",
 		Text: "N calls of an empty function (bench/micro.c, `empty()` is `nop; ret` uninstrumented), entry and exit counted where the variant counts. Time is the loop's wall time (the program's own CLOCK_MONOTONIC); each run's counted entries and exits are checked equal to N. Per call = one entry and one exit.",
 		Head: []string{"variant", "N", "loop time", "per call", "x uninstrumented", "entries / exits"}}
-	defer func() { h.Rep.Add(sec) }()
-	base := map[int64]float64{}
-	var hitNotes []string
-	for _, v := range vars {
+	defer func() { h.Rep.Add(*sec) }()
+	base := map[int64]float64{} // the gcc baseline's median loop time by N
+	for _, v := range h.microVariants(ctx, m) {
 		ns := v.ns
 		if ns == nil {
 			ns = h.Cfg.MicroNs
@@ -321,49 +277,118 @@ func (h *Harness) RunMicro(ctx context.Context) error {
 				sec.Rows = append(sec.Rows, []string{v.name, fmtCount(n), fmt.Sprintf("not run: N > %s (the per-call cost is measured at smaller N; this N would take ~%s per run)", fmtCount(v.maxN), estimate(h.Rep.Micro, v.name, n)), "", "", ""})
 				continue
 			}
-			reps := h.Cfg.Reps
-			if r, ok := h.Cfg.MicroReps[n]; ok {
-				reps = r
+			res, err := h.measureMicro(v, n)
+			if err != nil {
+				return err
 			}
-			if v.ns != nil || (v.maxN > 0 && n >= 10_000_000) {
-				reps = min(reps, 3)
-			}
-			var tot []float64
-			var last microRun
-			for i := 0; i < reps; i++ {
-				r, err := v.run(n)
-				if err != nil {
-					return fmt.Errorf("%s N=%d: %w", v.name, n, err)
-				}
-				want := uint64(n)
-				if v.name == "inert (flip placeholder)" {
-					want = 0
-				}
-				if v.counted && (r.entries != want || r.exits != want) {
-					return fmt.Errorf("%s N=%d: counted %d entries and %d exits, want %d", v.name, n, r.entries, r.exits, want)
-				}
-				tot = append(tot, r.ns)
-				last = r
-			}
-			ts := Summarize(tot, h.TSC)
-			res := MicroResult{Variant: v.name, N: n, Total: ts, PerCall: ts.Scale(1 / float64(n)), Counted: v.counted, Entries: last.entries, Exits: last.exits, Note: v.note}
-			h.Rep.Micro = append(h.Rep.Micro, res)
-			if strings.HasPrefix(v.name, "uninstrumented (gcc") {
-				base[n] = ts.MedianNs
-			}
-			ratio := ""
-			if b := base[n]; b > 0 {
-				ratio = fmt.Sprintf("%.2fx", ts.MedianNs/b)
-			}
-			counts := "not counted"
-			if v.counted {
-				counts = fmt.Sprintf("%d / %d", last.entries, last.exits)
-			}
-			sec.Rows = append(sec.Rows, []string{v.name, fmtCount(n), Cell(ts), Cell(res.PerCall), ratio, counts})
+			h.reportMicro(sec, res, base)
 		}
 	}
-	// Per-hit costs of the peers: (variant - its baseline) / 2 per call, at
-	// the largest N both ran.
+	h.reportMicroHits(sec)
+	return nil
+}
+
+// microVariant is one line of the micro-benchmark: a way to run micro.c.
+type microVariant struct {
+	name, note string
+	run        func(n int64) (microRun, error)
+	maxN       int64   // larger N are not run (0: no limit)
+	ns         []int64 // its own sizes (nil: Cfg.MicroNs)
+	skip       string  // why it cannot run here
+	counted    bool    // entries and exits are counted and checked
+}
+
+// microVariants are edgeprobe's variants and the peers', in report order.
+func (h *Harness) microVariants(ctx context.Context, m *microBuilds) []*microVariant {
+	up := newUprobes(h)
+	vars := []*microVariant{
+		{name: "uninstrumented (gcc -O2)", run: func(n int64) (microRun, error) { return h.runPlain(ctx, m.uninstr, n, nil, false) }},
+		{name: "inert (flip placeholder)", counted: true, note: "runtime preloaded; counts must be 0",
+			run: func(n int64) (microRun, error) { return h.runPlain(ctx, m.flip, n, nil, true) }},
+		{name: "edgeprobe enabled", counted: true, note: "cold flip build + runtime, empty()'s 2 probes flipped on through /proc/PID/mem before the loop",
+			run: func(n int64) (microRun, error) { return h.runEnabled(ctx, m, n, nil) }},
+		{name: "edgeprobe enabled, count only", counted: true, note: "the same with EDGEPROBE_TIMING=0 (no latency clock reads)",
+			run: func(n int64) (microRun, error) { return h.runEnabled(ctx, m, n, []string{"EDGEPROBE_TIMING=0"}) }},
+	}
+	if m.clang != "" {
+		vars = append(vars, &microVariant{name: "uninstrumented (clang -O2)", note: "XRay's baseline",
+			run: func(n int64) (microRun, error) { return h.runPlain(ctx, m.clang, n, nil, false) }})
+	}
+	xv := &microVariant{name: "LLVM XRay", counted: true, note: "clang -fxray-instrument -fxray-instruction-threshold=1; __xray_patch() in the program, counting handler",
+		run: func(n int64) (microRun, error) { return h.runPlain(ctx, m.xray, n, nil, false) }}
+	if strings.HasPrefix(m.xray, "error: ") {
+		xv.skip = "cannot build the XRay target: " + strings.TrimPrefix(m.xray, "error: ") + " (apt-get install libclang-rt-14-dev)"
+	}
+	vars = append(vars, xv)
+	uv := &microVariant{name: "uprobe + uretprobe", counted: true, maxN: h.Cfg.UprobeMaxN,
+		note: "tracefs uprobe_events on empty() of the uninstrumented build; counts from uprobe_profile",
+		run:  func(n int64) (microRun, error) { return up.run(ctx, m.uninstr, n) }}
+	if reason := up.available(); reason != "" {
+		uv.skip = reason
+	}
+	vars = append(vars, uv)
+	gv := &microVariant{name: "gdb breakpoints", counted: true, ns: h.Cfg.GdbNs,
+		note: "break at empty and at its ret, commands: silent, continue; counts from info breakpoints",
+		run:  func(n int64) (microRun, error) { return h.runGdb(ctx, m.uninstr, n) }}
+	if _, err := exec.LookPath("gdb"); err != nil {
+		gv.skip = "gdb is not installed (apt-get install gdb)"
+	}
+	return append(vars, gv)
+}
+
+// measureMicro runs variant v at size n its number of times, checking every
+// run's counts.
+func (h *Harness) measureMicro(v *microVariant, n int64) (MicroResult, error) {
+	reps := h.Cfg.Reps
+	if r, ok := h.Cfg.MicroReps[n]; ok {
+		reps = r
+	}
+	if v.ns != nil || (v.maxN > 0 && n >= 10_000_000) {
+		reps = min(reps, 3)
+	}
+	var tot []float64
+	var last microRun
+	for i := 0; i < reps; i++ {
+		r, err := v.run(n)
+		if err != nil {
+			return MicroResult{}, fmt.Errorf("%s N=%d: %w", v.name, n, err)
+		}
+		want := uint64(n)
+		if v.name == "inert (flip placeholder)" {
+			want = 0
+		}
+		if v.counted && (r.entries != want || r.exits != want) {
+			return MicroResult{}, fmt.Errorf("%s N=%d: counted %d entries and %d exits, want %d", v.name, n, r.entries, r.exits, want)
+		}
+		tot = append(tot, r.ns)
+		last = r
+	}
+	ts := Summarize(tot, h.TSC)
+	return MicroResult{Variant: v.name, N: n, Total: ts, PerCall: ts.Scale(1 / float64(n)), Counted: v.counted, Entries: last.entries, Exits: last.exits, Note: v.note}, nil
+}
+
+// reportMicro records one cell and its row; base collects the gcc
+// baseline's times, which the ratios of later rows are against.
+func (h *Harness) reportMicro(sec *Section, res MicroResult, base map[int64]float64) {
+	h.Rep.Micro = append(h.Rep.Micro, res)
+	if strings.HasPrefix(res.Variant, "uninstrumented (gcc") {
+		base[res.N] = res.Total.MedianNs
+	}
+	ratio := ""
+	if b := base[res.N]; b > 0 {
+		ratio = fmt.Sprintf("%.2fx", res.Total.MedianNs/b)
+	}
+	counts := "not counted"
+	if res.Counted {
+		counts = fmt.Sprintf("%d / %d", res.Entries, res.Exits)
+	}
+	sec.Rows = append(sec.Rows, []string{res.Variant, fmtCount(res.N), Cell(res.Total), Cell(res.PerCall), ratio, counts})
+}
+
+// reportMicroHits derives the per-hit cost of each peer, (variant -
+// baseline) / 2 per call, at the largest N both ran, and writes the foot.
+func (h *Harness) reportMicroHits(sec *Section) {
+	var hitNotes []string
 	hit := func(key, variant, baseline string) {
 		// The variant's largest N, against the baseline at the same N or,
 		// when the baseline never ran at that N (gdb's small N), at its
@@ -399,7 +424,6 @@ func (h *Harness) RunMicro(ctx context.Context) error {
 	hit("peers.gdb_hit", "gdb breakpoints", "uninstrumented (gcc -O2)")
 	sec.Foot = "Per probe hit ((variant - baseline) / 2 per call, spread from the variant's runs): " + strings.Join(hitNotes, "; ") + ".\n\n" +
 		"Paper (Arora et al., Fig. 5, dual-core x86-64, Ubuntu 12.10): iProbe under 5x the uninstrumented time up to 10^8 calls (1.5 s at 10^8), DynInst ~25 s, SystemTap ~20 minutes."
-	return nil
 }
 
 func fmtCount(n int64) string {

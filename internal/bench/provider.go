@@ -253,80 +253,128 @@ type pcVariant struct {
 func (h *Harness) RunProvider(ctx context.Context) error {
 	sec := Section{Title: "1c. Inert and active cost by provider on a real workload",
 		Head: []string{"workload", "variant", "CPU per run", "vs uninstrumented (paired)", "hooks reached per run", "per hook call", "note"}}
-	missing := func(reason string) {
-		for _, k := range ProviderKeys {
-			h.Rep.Skip("provider_cost."+k, reason)
-		}
-	}
 	if _, err := os.Stat(binutilsTarball); err != nil {
 		reason := "not measured: binutils-source not installed (" + binutilsTarball + " is missing; apt-get install binutils-source, or benchreport -setup)"
-		missing(reason)
+		h.skipProviderKeys(reason)
 		sec.Text = reason
 		h.Rep.Add(sec)
 		return nil
 	}
-	src, err := h.extractBinutils()
-	if err != nil {
-		missing("not measured: " + err.Error())
-		return err
-	}
-	counter, err := h.B.Build("libhookcount.so", "gcc", []string{"-O2", "-g", "-shared", "-fPIC"}, "bench/hookcount.c")
+	env, err := h.providerSetup()
 	if err != nil {
 		return err
 	}
-	emptyFentry, err := h.B.Build("libemptyfentry.so", "gcc", []string{"-O2", "-g", "-shared", "-fPIC"}, "bench/emptyfentry.c")
-	if err != nil {
-		return err
-	}
-	rtFentry := runtimeHasFentry(h.Runtime)
 	var errs []string
-	worst := map[string]float64{}
-	worstWl := map[string]string{}
-	workloads := h.providerWorkloads(src)
+	worst := providerWorst{}
+	workloads := h.providerWorkloads(env.src)
 	for _, w := range workloads {
 		t0 := time.Now()
-		res, err := h.runWorkload(ctx, w, src, counter, emptyFentry, rtFentry)
+		res, err := h.runWorkload(ctx, w, env)
 		h.logf("provider %s: %.1fs", w.key, time.Since(t0).Seconds())
 		if err != nil {
 			errs = append(errs, w.key+": "+err.Error())
-			for _, k := range ProviderKeys {
-				h.Rep.Skip("provider_cost."+w.key+"."+k, "failed: "+err.Error())
-			}
-			sec.Rows = append(sec.Rows, []string{w.title, "-", "failed: " + firstLine(err.Error()), "", "", "", ""})
-			continue
 		}
-		for i, r := range res {
-			h.Rep.Provider = append(h.Rep.Provider, r)
-			row := []string{"", r.Name, "", "", r.HookText, "", ""}
-			if i == 0 {
-				row[0] = w.title
-				row[6] = w.what
-			}
-			if r.PerHook.N > 0 {
-				row[5] = fmtNs(r.PerHook.MedianNs)
-				h.Rep.Stats["provider_hook_ns."+w.key+"."+r.Variant] = r.PerHook
-			}
-			key := "provider_cost." + w.key + "." + r.Variant
-			switch {
-			case r.Skip != "":
-				row[2] = "not measured: " + r.Skip
-				if r.Variant != "uninstrumented" {
-					h.Rep.Skip(key, "not measured: "+r.Skip)
-				}
-			default:
-				row[2] = fmtCPU(r.CPU)
-				h.Rep.Stats["provider_cost_detail."+w.key+"."+r.Variant] = r.CPU
-				if r.Variant != "uninstrumented" {
-					row[3] = fmt.Sprintf("%+.1f%% (%+.1f..%+.1f)", r.Overhead.MedianNs, r.Overhead.P10Ns, r.Overhead.P90Ns)
-					h.Rep.Set(key, r.Overhead.MedianNs)
-					if old, ok := worst[r.Variant]; !ok || r.Overhead.MedianNs > old {
-						worst[r.Variant], worstWl[r.Variant] = r.Overhead.MedianNs, w.key
-					}
-				}
-			}
-			sec.Rows = append(sec.Rows, row)
-		}
+		h.reportWorkload(&sec, w, res, err, worst)
 	}
+	h.reportProviderTotals(workloads, worst)
+	sec.Text = providerText(h.targetCPU(), h.Cfg.ProviderPairs)
+	sec.Foot = h.providerVerdict(workloads)
+	h.Rep.Add(sec)
+	if len(errs) > 0 {
+		return errors.New(strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// providerText is the section's description.
+func providerText(cpu, pairs int) string {
+	return fmt.Sprintf("Real C libraries from Debian's binutils-source (binutils 2.40's bundled zlib 1.2.13 and libiberty), each built gcc -O2 -g three ways: uninstrumented, `-finstrument-functions` (cyg) and `-pg -mfentry` at compile time only (fentry; the link has no `-pg`), with our own driver (bench/zlibwork.c, bench/demanglework.c) left uninstrumented, so the variants differ in the library's code alone. "+
+		"The cold variants are coldpatch's output for the cyg and fentry builds (flip: `e8`->`3d`, one byte; nop: a multi-byte NOP). The active variants run the instrumented builds unpatched: with glibc's hooks (`__cyg_profile_func_*` are a bare `ret`; glibc's `__fentry__` is not: it saves the argument registers and calls `__mcount_internal`, which returns at once without gmon), with an empty preloaded `__fentry__` (bench/emptyfentry.c, a bare `ret`), and under the edgeprobe runtime (LD_PRELOAD, count-only `EDGEPROBE_TIMING=0` and the timed default; for fentry, entries only `EDGEPROBE_FENTRY_EXITS=0` and entries plus return-address-hijacking exits). "+
+		"CPU = user+sys of the child (rusage), %s; %d rounds after a checking round, every variant run once per round in a rotating order, and each variant's overhead is the median (p10..p90) of its per-round ratio against the uninstrumented run of the same round. "+
+		"Checks, every time the row runs: every run's output (the workload's checksums) equals the uninstrumented build's; under a counting preload (bench/hookcount.c) the cold builds reach no hook and the active ones reach theirs; the runtime counts as many entries as the counting preload (and as many exits, for cyg and fentry with exits). "+
+		"Per hook call (one entry or one exit) = the paired CPU difference divided by the hooks the run reached: against the uninstrumented run, and for the runtime's variants against the uninstrumented build under the runtime (the runtime's start-up and exit, which no hook pays for, taken out). "+
+		"`provider_cost.<variant>` in results.json is the larger of the two workloads' median overheads (percent); `provider_cost.<workload>.<variant>` are per workload. Not measured here: clang builds.",
+		pinText(cpu), pairs)
+}
+
+func (h *Harness) skipProviderKeys(reason string) {
+	for _, k := range ProviderKeys {
+		h.Rep.Skip("provider_cost."+k, reason)
+	}
+}
+
+// providerEnv is what every workload shares: the extracted sources, the
+// counting preload, the empty __fentry__ and whether the runtime has one.
+type providerEnv struct {
+	src, counter, emptyFentry string
+	rtFentry                  bool
+}
+
+func (h *Harness) providerSetup() (*providerEnv, error) {
+	src, err := h.extractBinutils()
+	if err != nil {
+		h.skipProviderKeys("not measured: " + err.Error())
+		return nil, err
+	}
+	e := &providerEnv{src: src, rtFentry: runtimeHasFentry(h.Runtime)}
+	if e.counter, err = h.B.Build("libhookcount.so", "gcc", []string{"-O2", "-g", "-shared", "-fPIC"}, "bench/hookcount.c"); err != nil {
+		return nil, err
+	}
+	if e.emptyFentry, err = h.B.Build("libemptyfentry.so", "gcc", []string{"-O2", "-g", "-shared", "-fPIC"}, "bench/emptyfentry.c"); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// providerWorst is each variant's largest median overhead over the
+// workloads.
+type providerWorst map[string]float64
+
+// reportWorkload adds one workload's rows and figures (or its failure).
+func (h *Harness) reportWorkload(sec *Section, w *pcWorkload, res []ProviderResult, err error, worst providerWorst) {
+	if err != nil {
+		for _, k := range ProviderKeys {
+			h.Rep.Skip("provider_cost."+w.key+"."+k, "failed: "+err.Error())
+		}
+		sec.Rows = append(sec.Rows, []string{w.title, "-", "failed: " + firstLine(err.Error()), "", "", "", ""})
+		return
+	}
+	for i, r := range res {
+		h.Rep.Provider = append(h.Rep.Provider, r)
+		row := []string{"", r.Name, "", "", r.HookText, "", ""}
+		if i == 0 {
+			row[0] = w.title
+			row[6] = w.what
+		}
+		if r.PerHook.N > 0 {
+			row[5] = fmtNs(r.PerHook.MedianNs)
+			h.Rep.Stats["provider_hook_ns."+w.key+"."+r.Variant] = r.PerHook
+		}
+		key := "provider_cost." + w.key + "." + r.Variant
+		switch {
+		case r.Skip != "":
+			row[2] = "not measured: " + r.Skip
+			if r.Variant != "uninstrumented" {
+				h.Rep.Skip(key, "not measured: "+r.Skip)
+			}
+		default:
+			row[2] = fmtCPU(r.CPU)
+			h.Rep.Stats["provider_cost_detail."+w.key+"."+r.Variant] = r.CPU
+			if r.Variant != "uninstrumented" {
+				row[3] = fmt.Sprintf("%+.1f%% (%+.1f..%+.1f)", r.Overhead.MedianNs, r.Overhead.P10Ns, r.Overhead.P90Ns)
+				h.Rep.Set(key, r.Overhead.MedianNs)
+				if old, ok := worst[r.Variant]; !ok || r.Overhead.MedianNs > old {
+					worst[r.Variant] = r.Overhead.MedianNs
+				}
+			}
+		}
+		sec.Rows = append(sec.Rows, row)
+	}
+}
+
+// reportProviderTotals sets provider_cost.<variant>: the worst workload's
+// overhead, or why no workload measured it.
+func (h *Harness) reportProviderTotals(workloads []*pcWorkload, worst providerWorst) {
 	for _, k := range ProviderKeys {
 		if v, ok := worst[k]; ok {
 			h.Rep.Set("provider_cost."+k, v)
@@ -341,19 +389,6 @@ func (h *Harness) RunProvider(ctx context.Context) error {
 		}
 		h.Rep.Skip("provider_cost."+k, why)
 	}
-	sec.Text = fmt.Sprintf("Real C libraries from Debian's binutils-source (binutils 2.40's bundled zlib 1.2.13 and libiberty), each built gcc -O2 -g three ways: uninstrumented, `-finstrument-functions` (cyg) and `-pg -mfentry` at compile time only (fentry; the link has no `-pg`), with our own driver (bench/zlibwork.c, bench/demanglework.c) left uninstrumented, so the variants differ in the library's code alone. "+
-		"The cold variants are coldpatch's output for the cyg and fentry builds (flip: `e8`->`3d`, one byte; nop: a multi-byte NOP). The active variants run the instrumented builds unpatched: with glibc's hooks (`__cyg_profile_func_*` are a bare `ret`; glibc's `__fentry__` is not: it saves the argument registers and calls `__mcount_internal`, which returns at once without gmon), with an empty preloaded `__fentry__` (bench/emptyfentry.c, a bare `ret`), and under the edgeprobe runtime (LD_PRELOAD, count-only `EDGEPROBE_TIMING=0` and the timed default; for fentry, entries only `EDGEPROBE_FENTRY_EXITS=0` and entries plus return-address-hijacking exits). "+
-		"CPU = user+sys of the child (rusage), %s; %d rounds after a checking round, every variant run once per round in a rotating order, and each variant's overhead is the median (p10..p90) of its per-round ratio against the uninstrumented run of the same round. "+
-		"Checks, every time the row runs: every run's output (the workload's checksums) equals the uninstrumented build's; under a counting preload (bench/hookcount.c) the cold builds reach no hook and the active ones reach theirs; the runtime counts as many entries as the counting preload (and as many exits, for cyg and fentry with exits). "+
-		"Per hook call (one entry or one exit) = the paired CPU difference divided by the hooks the run reached: against the uninstrumented run, and for the runtime's variants against the uninstrumented build under the runtime (the runtime's start-up and exit, which no hook pays for, taken out). "+
-		"`provider_cost.<variant>` in results.json is the larger of the two workloads' median overheads (percent); `provider_cost.<workload>.<variant>` are per workload. Not measured here: clang builds.",
-		pinText(h.targetCPU()), h.Cfg.ProviderPairs)
-	sec.Foot = h.providerVerdict(workloads)
-	h.Rep.Add(sec)
-	if len(errs) > 0 {
-		return errors.New(strings.Join(errs, "; "))
-	}
-	return nil
 }
 
 func pinText(cpu int) string {
@@ -371,8 +406,25 @@ func fmtCPU(s Summary) string {
 }
 
 // runWorkload builds one workload's variants, checks them, and times them.
-func (h *Harness) runWorkload(ctx context.Context, w *pcWorkload, src, counter, emptyFentry string, rtFentry bool) ([]ProviderResult, error) {
-	bins, err := h.buildWorkload(w, src)
+func (h *Harness) runWorkload(ctx context.Context, w *pcWorkload, env *providerEnv) ([]ProviderResult, error) {
+	vs, err := h.workloadVariants(w, env)
+	if err != nil {
+		return nil, err
+	}
+	base, err := h.checkVariants(ctx, w, vs, env.counter)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.timeVariants(ctx, w, vs, base); err != nil {
+		return nil, err
+	}
+	return h.providerResults(w, vs), nil
+}
+
+// workloadVariants builds the workload (uninstrumented, cyg, fentry), the
+// cold copies of each provider's build, and lists every variant.
+func (h *Harness) workloadVariants(w *pcWorkload, env *providerEnv) ([]*pcVariant, error) {
+	bins, err := h.buildWorkload(w, env.src)
 	if err != nil {
 		return nil, err
 	}
@@ -391,7 +443,7 @@ func (h *Harness) runWorkload(ctx context.Context, w *pcWorkload, src, counter, 
 		cold[c.prov+"_"+c.ph] = out
 	}
 	noFentry := ""
-	if !rtFentry {
+	if !env.rtFentry {
 		noFentry = "runtime has no __fentry__ yet (" + filepath.Base(h.Runtime) + " built from runtime/ defines none)"
 	}
 	vs := []*pcVariant{
@@ -405,17 +457,23 @@ func (h *Harness) runWorkload(ctx context.Context, w *pcWorkload, src, counter, 
 		{key: "cyg_runtime_count", name: "cyg, active: edgeprobe runtime, count only", bin: bins["cyg"], env: []string{"EDGEPROBE_TIMING=0"}, rt: true, provider: "cyg", exits: true},
 		{key: "cyg_runtime", name: "cyg, active: edgeprobe runtime (count + latency)", bin: bins["cyg"], rt: true, provider: "cyg", exits: true},
 		{key: "fentry_glibc", name: "fentry, active: glibc's __fentry__", bin: bins["fentry"], provider: "fentry"},
-		{key: "fentry_empty", name: "fentry, active: empty preloaded __fentry__", bin: bins["fentry"], env: []string{"LD_PRELOAD=" + emptyFentry}, provider: "fentry"},
+		{key: "fentry_empty", name: "fentry, active: empty preloaded __fentry__", bin: bins["fentry"], env: []string{"LD_PRELOAD=" + env.emptyFentry}, provider: "fentry"},
 		{key: "fentry_runtime_entry", name: "fentry, active: edgeprobe runtime, entries only", bin: bins["fentry"], env: []string{"EDGEPROBE_FENTRY_EXITS=0"}, rt: true, provider: "fentry", optional: true, skip: noFentry},
 		{key: "fentry_runtime", name: "fentry, active: edgeprobe runtime, entries + exits (count + latency)", bin: bins["fentry"], rt: true, provider: "fentry", exits: true, optional: true, skip: noFentry},
 	}
-	// The checking round: outputs, and the hooks each variant reaches.
+	return vs, nil
+}
+
+// checkVariants is the checking round: the uninstrumented output, then each
+// variant's output and the hooks it reaches (an optional variant that fails
+// is marked skipped). It returns the uninstrumented run.
+func (h *Harness) checkVariants(ctx context.Context, w *pcWorkload, vs []*pcVariant, counter string) (pcRun, error) {
 	base, err := h.runCPU(ctx, vs[0].bin, w.args, nil, false)
 	if err != nil {
-		return nil, err
+		return base, err
 	}
 	if !strings.HasPrefix(lastLine(base.out), "ok ") {
-		return nil, fmt.Errorf("uninstrumented %s printed no ok line: %q", w.key, base.out)
+		return base, fmt.Errorf("uninstrumented %s printed no ok line: %q", w.key, base.out)
 	}
 	counted := map[string][3]uint64{} // binary -> cyg enter, cyg exit, fentry under the counting preload
 	for _, v := range vs {
@@ -424,12 +482,17 @@ func (h *Harness) runWorkload(ctx context.Context, w *pcWorkload, src, counter, 
 		}
 		if err := h.checkVariant(ctx, w, v, base.out, counter, counted); err != nil {
 			if !v.optional {
-				return nil, fmt.Errorf("%s: %w", v.key, err)
+				return base, fmt.Errorf("%s: %w", v.key, err)
 			}
 			v.skip = "failed its check: " + firstLine(err.Error())
 		}
 	}
-	// The timed rounds, pinned, the order rotating round by round.
+	return base, nil
+}
+
+// timeVariants runs the timed rounds, pinned, the order rotating round by
+// round; every run's output must equal the uninstrumented one's.
+func (h *Harness) timeVariants(ctx context.Context, w *pcWorkload, vs []*pcVariant, base pcRun) error {
 	var live []*pcVariant
 	for _, v := range vs {
 		if v.skip == "" {
@@ -443,14 +506,20 @@ func (h *Harness) runWorkload(ctx context.Context, w *pcWorkload, src, counter, 
 			v := live[(j+r)%len(live)]
 			run, err := h.runCPU(ctx, v.bin, w.args, v.env, v.rt)
 			if err != nil {
-				return nil, fmt.Errorf("%s: %w", v.key, err)
+				return fmt.Errorf("%s: %w", v.key, err)
 			}
 			if run.out != base.out {
-				return nil, fmt.Errorf("%s: output differs from the uninstrumented build's:\n%s\nwant\n%s", v.key, run.out, base.out)
+				return fmt.Errorf("%s: output differs from the uninstrumented build's:\n%s\nwant\n%s", v.key, run.out, base.out)
 			}
 			v.cpu = append(v.cpu, run.cpuNs)
 		}
 	}
+	return nil
+}
+
+// providerResults turns each variant's runs into its result: CPU, paired
+// overhead against the uninstrumented build, and cost per hook reached.
+func (h *Harness) providerResults(w *pcWorkload, vs []*pcVariant) []ProviderResult {
 	var startup *pcVariant
 	if vs[1].key == "runtime_startup" && vs[1].skip == "" {
 		startup = vs[1]
@@ -482,7 +551,7 @@ func (h *Harness) runWorkload(ctx context.Context, w *pcWorkload, src, counter, 
 		}
 		res = append(res, r)
 	}
-	return res, nil
+	return res
 }
 
 func lastLine(s string) string {

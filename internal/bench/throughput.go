@@ -28,139 +28,196 @@ func rateName(r int) string {
 // RunThroughput is row 3 (the paper's Figure 12): executor threads call the
 // probed function while the harness toggles its entry probe at fixed rates.
 func (h *Harness) RunThroughput(ctx context.Context) error {
-	flipBin, _, flipList, _, err := h.toggleBuilds()
+	r, err := h.startThroughput(ctx)
 	if err != nil {
 		return err
+	}
+	defer r.close()
+	m, err := r.measure(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := r.t.Quit(ctx); err != nil {
+		return err
+	}
+	h.reportThroughput(m)
+	return nil
+}
+
+// throughputRun is the running toggle target and the flip that toggles it.
+type throughputRun struct {
+	h   *Harness
+	t   *Target
+	mem *ptrace.Mem
+	set func(on bool) error
+}
+
+func (h *Harness) startThroughput(ctx context.Context) (*throughputRun, error) {
+	flipBin, _, flipList, _, err := h.toggleBuilds()
+	if err != nil {
+		return nil, err
 	}
 	t, err := h.startToggle(ctx, flipBin, h.Cfg.Executors)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer t.Kill()
 	sites, err := Sites(t.Pid, flipList, "probed", "")
 	if err != nil {
-		return err
+		t.Kill()
+		return nil, err
 	}
 	mem, err := ptrace.OpenMem(t.Pid)
 	if err != nil {
-		return err
+		t.Kill()
+		return nil, err
 	}
-	defer mem.Close()
-	set := flipper(ctx, mem, sites)
-	if err := checkLive(ctx, t, set); err != nil {
-		return err
+	r := &throughputRun{h: h, t: t, mem: mem, set: flipper(ctx, mem, sites)}
+	if err := checkLive(ctx, t, r.set); err != nil {
+		r.close()
+		return nil, err
 	}
-	// window measures one window: calls, hook entries, executor CPU time.
-	type win struct{ calls, enters, cpu, wall, vol, invol float64 }
-	window := func() (win, error) {
-		v0, i0 := ctxSwitches(t.Pid)
-		a, err := t.Counts(ctx)
-		if err != nil {
-			return win{}, err
-		}
-		t0 := time.Now()
-		time.Sleep(h.Cfg.Window)
-		b, err := t.Counts(ctx)
-		if err != nil {
-			return win{}, err
-		}
-		v1, i1 := ctxSwitches(t.Pid)
-		w := win{calls: float64(b.Calls - a.Calls), enters: float64(b.Enters - a.Enters),
-			cpu: float64(b.CPUNs-a.CPUNs) / 1e9, wall: time.Since(t0).Seconds(), vol: float64(v1 - v0), invol: float64(i1 - i0)}
-		if w.cpu <= 0 || w.calls == 0 {
-			return w, errNoProgress
-		}
-		return w, nil
+	return r, nil
+}
+
+func (r *throughputRun) close() {
+	r.mem.Close()
+	r.t.Kill()
+}
+
+// win is one window's calls, hook entries, executor CPU time (s), wall
+// time (s) and context switches of the executors.
+type win struct{ calls, enters, cpu, wall, vol, invol float64 }
+
+// window measures one window.
+func (r *throughputRun) window(ctx context.Context) (win, error) {
+	v0, i0 := ctxSwitches(r.t.Pid)
+	a, err := r.t.Counts(ctx)
+	if err != nil {
+		return win{}, err
 	}
-	// toggled runs a toggler at rate (0: flat out) during one window.
-	toggled := func(rate int) (w win, achieved float64, err error) {
-		var stop atomic.Bool
-		var n int64
-		done := make(chan error, 1)
-		started := make(chan struct{})
-		go func() {
-			unpin := h.pinHarness()
-			defer unpin()
-			close(started)
-			period := time.Duration(0)
-			if rate > 0 {
-				period = time.Second / time.Duration(rate)
-			}
-			next := time.Now()
-			v := false
-			for !stop.Load() {
-				if period > 0 {
-					for time.Now().Before(next) {
-					}
-					next = next.Add(period)
-					if now := time.Now(); now.Sub(next) > period {
-						next = now // fell behind: no catch-up burst
-					}
+	t0 := time.Now()
+	time.Sleep(r.h.Cfg.Window)
+	b, err := r.t.Counts(ctx)
+	if err != nil {
+		return win{}, err
+	}
+	v1, i1 := ctxSwitches(r.t.Pid)
+	w := win{calls: float64(b.Calls - a.Calls), enters: float64(b.Enters - a.Enters),
+		cpu: float64(b.CPUNs-a.CPUNs) / 1e9, wall: time.Since(t0).Seconds(), vol: float64(v1 - v0), invol: float64(i1 - i0)}
+	if w.cpu <= 0 || w.calls == 0 {
+		return w, errNoProgress
+	}
+	return w, nil
+}
+
+// toggled runs a toggler at rate (0: flat out) during one window.
+func (r *throughputRun) toggled(ctx context.Context, rate int) (w win, achieved float64, err error) {
+	var stop atomic.Bool
+	var n int64
+	done := make(chan error, 1)
+	started := make(chan struct{})
+	go func() {
+		unpin := r.h.pinHarness()
+		defer unpin()
+		close(started)
+		period := time.Duration(0)
+		if rate > 0 {
+			period = time.Second / time.Duration(rate)
+		}
+		next := time.Now()
+		v := false
+		for !stop.Load() {
+			if period > 0 {
+				for time.Now().Before(next) {
 				}
-				if err := set(v); err != nil {
-					done <- err
-					return
+				next = next.Add(period)
+				if now := time.Now(); now.Sub(next) > period {
+					next = now // fell behind: no catch-up burst
 				}
-				v = !v
-				atomic.AddInt64(&n, 1)
 			}
-			done <- set(true)
-		}()
-		<-started
-		time.Sleep(h.Cfg.Window / 10)
-		n0, t0 := atomic.LoadInt64(&n), time.Now()
-		w, err = window()
-		if err == errNoProgress {
-			err = nil // counted as a starved round below
+			if err := r.set(v); err != nil {
+				done <- err
+				return
+			}
+			v = !v
+			atomic.AddInt64(&n, 1)
 		}
-		achieved = float64(atomic.LoadInt64(&n)-n0) / time.Since(t0).Seconds()
-		stop.Store(true)
-		if terr := <-done; err == nil {
-			err = terr
-		}
-		return
+		done <- r.set(true)
+	}()
+	<-started
+	time.Sleep(r.h.Cfg.Window / 10)
+	n0, t0 := atomic.LoadInt64(&n), time.Now()
+	w, err = r.window(ctx)
+	if err == errNoProgress {
+		err = nil // counted as a starved round below
 	}
-	type cell struct {
-		calls, enters, achieved, ratio, wallRatio, share, vol, invol []float64
-		starved                                                      int
+	achieved = float64(atomic.LoadInt64(&n)-n0) / time.Since(t0).Seconds()
+	stop.Store(true)
+	if terr := <-done; err == nil {
+		err = terr
 	}
-	cells := map[int]*cell{}
-	var act, inert, actWall, inertWall []float64
-	for rep := 0; rep < h.Cfg.Reps; rep++ {
-		if err := set(true); err != nil {
-			return err
+	return
+}
+
+// rateCell is what the rounds measured at one toggle rate.
+type rateCell struct {
+	calls, enters, achieved, ratio, wallRatio, share, vol, invol []float64
+	starved                                                      int
+}
+
+// throughputSamples are every round's figures: the steady rates (calls per
+// executor CPU-second and per wall second) with the probe enabled and
+// disabled, and each toggle rate's cell.
+type throughputSamples struct {
+	act, inert, actWall, inertWall []float64
+	cells                          map[int]*rateCell
+}
+
+func (m *throughputSamples) cell(rate int) *rateCell {
+	c := m.cells[rate]
+	if c == nil {
+		c = &rateCell{}
+		m.cells[rate] = c
+	}
+	return c
+}
+
+// measure runs Reps rounds, each the steady enabled and disabled windows
+// then every toggle rate.
+func (r *throughputRun) measure(ctx context.Context) (*throughputSamples, error) {
+	cfg := r.h.Cfg
+	m := &throughputSamples{cells: map[int]*rateCell{}}
+	for rep := 0; rep < cfg.Reps; rep++ {
+		if err := r.set(true); err != nil {
+			return nil, err
 		}
-		a, err := window()
+		a, err := r.window(ctx)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		if err := set(false); err != nil {
-			return err
+		if err := r.set(false); err != nil {
+			return nil, err
 		}
-		i, err := window()
+		i, err := r.window(ctx)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		ra, ri := a.calls/a.cpu, i.calls/i.cpu // calls per executor CPU-second
-		act, inert = append(act, ra), append(inert, ri)
-		actWall, inertWall = append(actWall, a.calls/a.wall), append(inertWall, i.calls/i.wall)
-		for _, r := range h.Cfg.Rates {
-			w, ach, err := toggled(r)
+		m.act, m.inert = append(m.act, ra), append(m.inert, ri)
+		m.actWall, m.inertWall = append(m.actWall, a.calls/a.wall), append(m.inertWall, i.calls/i.wall)
+		for _, rate := range cfg.Rates {
+			w, ach, err := r.toggled(ctx, rate)
 			if err != nil {
-				return fmt.Errorf("toggling at %s/s: %w", rateName(r), err)
+				return nil, fmt.Errorf("toggling at %s/s: %w", rateName(rate), err)
 			}
 			if w.enters > w.calls*1.01+1000 {
-				return fmt.Errorf("toggling at %s/s: %.0f calls but %.0f hook entries", rateName(r), w.calls, w.enters)
+				return nil, fmt.Errorf("toggling at %s/s: %.0f calls but %.0f hook entries", rateName(rate), w.calls, w.enters)
 			}
+			cl := m.cell(rate)
 			// A window where the executors hardly ran says nothing about the
 			// cost of a toggle: counted and reported, not used. (Other load
 			// is the usual cause; see the report for a stall seen here.)
-			if w.cpu < 0.5*w.wall*float64(h.Cfg.Executors) {
-				cl := cells[r]
-				if cl == nil {
-					cl = &cell{}
-					cells[r] = cl
-				}
+			if w.cpu < 0.5*w.wall*float64(cfg.Executors) {
 				cl.starved++
 				continue
 			}
@@ -168,25 +225,21 @@ func (h *Harness) RunThroughput(ctx context.Context) error {
 			// enabled ones at the steady enabled rate, the rest at the
 			// steady disabled rate.
 			ideal := w.enters/ra + (w.calls-w.enters)/ri
-			ra0, ri0 := actWall[len(actWall)-1], inertWall[len(inertWall)-1]
+			ra0, ri0 := m.actWall[len(m.actWall)-1], m.inertWall[len(m.inertWall)-1]
 			idealWall := w.enters/ra0 + (w.calls-w.enters)/ri0
-			cl := cells[r]
-			if cl == nil {
-				cl = &cell{}
-				cells[r] = cl
-			}
 			cl.calls = append(cl.calls, w.calls/w.wall)
 			cl.enters = append(cl.enters, w.enters/w.wall)
 			cl.achieved = append(cl.achieved, ach)
 			cl.ratio = append(cl.ratio, ideal/w.cpu)
 			cl.wallRatio = append(cl.wallRatio, idealWall/w.wall)
 			cl.vol, cl.invol = append(cl.vol, w.vol/w.wall), append(cl.invol, w.invol/w.wall)
-			cl.share = append(cl.share, w.cpu/w.wall/float64(h.Cfg.Executors))
+			cl.share = append(cl.share, w.cpu/w.wall/float64(cfg.Executors))
 		}
 	}
-	if _, err := t.Quit(ctx); err != nil {
-		return err
-	}
+	return m, nil
+}
+
+func (h *Harness) reportThroughput(m *throughputSamples) {
 	med := func(s []float64) float64 { return Summarize(s, h.TSC).MedianNs }
 	sec := Section{Title: "3. Throughput under toggling (Chamith et al., Figure 12)",
 		Text: fmt.Sprintf("bench/toggle.c (flip placeholder), %d executor thread(s) pinned to CPU 1 calling `probed()` with counting hooks; the harness, pinned to CPU 0, flips the function's entry and exit probes (one xmod.Flip call per toggle) at each rate for a %v window; %d rounds, the rates interleaved with the steady baselines. "+
@@ -194,12 +247,12 @@ func (h *Harness) RunThroughput(ctx context.Context) error {
 			"`ratio (wall)` uses wall-clock time (the paper's throughput; the JSON's throughput_ratio); `ratio (CPU)` uses the executors' CPU time (pthread_getcpuclockid), which leaves out time an executor spent off its CPU, whether other load took it or the toggling did. The context-switch rates show which.",
 			h.Cfg.Executors, h.Cfg.Window, h.Cfg.Reps),
 		Head: []string{"toggle rate", "achieved toggles/s", "calls/s (wall)", "hook entries/s", "executor on CPU", "voluntary / involuntary switches/s", "ratio (wall)", "ratio (CPU)"}}
-	sec.Rows = append(sec.Rows, []string{"none, probe enabled", "0", fmt.Sprintf("%.3g", med(actWall)), "", "", "", "", fmt.Sprintf("%.3g calls per CPU-s", med(act))},
-		[]string{"none, probe disabled", "0", fmt.Sprintf("%.3g", med(inertWall)), "", "", "", "", fmt.Sprintf("%.3g calls per CPU-s", med(inert))})
-	h.Rep.Set("throughput_detail.enabled_calls_per_cpu_s", med(act))
-	h.Rep.Set("throughput_detail.disabled_calls_per_cpu_s", med(inert))
+	sec.Rows = append(sec.Rows, []string{"none, probe enabled", "0", fmt.Sprintf("%.3g", med(m.actWall)), "", "", "", "", fmt.Sprintf("%.3g calls per CPU-s", med(m.act))},
+		[]string{"none, probe disabled", "0", fmt.Sprintf("%.3g", med(m.inertWall)), "", "", "", "", fmt.Sprintf("%.3g calls per CPU-s", med(m.inert))})
+	h.Rep.Set("throughput_detail.enabled_calls_per_cpu_s", med(m.act))
+	h.Rep.Set("throughput_detail.disabled_calls_per_cpu_s", med(m.inert))
 	for _, r := range h.Cfg.Rates {
-		cl := cells[r]
+		cl := m.cell(r)
 		if len(cl.ratio) == 0 {
 			h.Rep.Skip("throughput_ratio."+rateName(r), fmt.Sprintf("in all %d rounds the executors were on their CPU less than half the window: no usable measurement", cl.starved))
 			sec.Rows = append(sec.Rows, []string{rateName(r) + "/s", "", "", "", "", "", "not measured: executors starved in every round", ""})
@@ -228,7 +281,6 @@ func (h *Harness) RunThroughput(ctx context.Context) error {
 	}
 	sec.Foot = "Paper: throughput unaffected through 100k toggles/s (callpatch), degrading towards 1M/s. Here each toggle is a pwrite to /proc/PID/mem from another process; the executor's core sees a cross-modified line every toggle."
 	h.Rep.Add(sec)
-	return nil
 }
 
 // ctxSwitches sums the voluntary and involuntary context switches of every
