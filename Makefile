@@ -58,6 +58,7 @@ FUZZTIME ?= 30s
 FUZZ = $(GO) test -run '^$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 5s -fuzz
 fuzz:
 	$(FUZZ) '^FuzzRead$$' ./internal/probelist
+	$(FUZZ) '^FuzzCompact$$' ./internal/probelist
 	$(FUZZ) '^FuzzScan$$' ./internal/elfscan
 	$(FUZZ) '^FuzzEhFrame$$' ./internal/elfscan
 	$(FUZZ) '^FuzzMcountLoc$$' ./internal/elfscan

@@ -200,91 +200,113 @@ func (p *Probe) DifferingBytes() int {
 
 // Validate checks the list's internal consistency; errors name the probe.
 func (l *List) Validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrFormat, fmt.Sprintf(format, args...))
-	}
-	if l.Format != Format {
-		return bad("format is %q, want %q", l.Format, Format)
-	}
-	if l.Version != Version {
-		return bad("version %d is not supported (this build reads version %d)", l.Version, Version)
-	}
-	if l.Binary.Path == "" {
-		return bad("binary.path is empty")
-	}
-	if l.Binary.Size <= 0 {
-		return bad("binary.size %d is not positive", l.Binary.Size)
-	}
-	if l.Binary.Type != "exec" && l.Binary.Type != "dyn" {
-		return bad("binary.type %q is neither \"exec\" nor \"dyn\"", l.Binary.Type)
-	}
-	if l.Binary.BuildID != "" {
-		if _, err := hex.DecodeString(l.Binary.BuildID); err != nil {
-			return bad("binary.build_id %q is not hex", l.Binary.BuildID)
-		}
-	}
-	if l.Placeholder != PlaceholderFlip && l.Placeholder != PlaceholderNop {
-		return bad("placeholder %q is neither %q nor %q", l.Placeholder, PlaceholderFlip, PlaceholderNop)
+	if err := l.Binary.validate(l.Format, l.Version, l.Placeholder); err != nil {
+		return err
 	}
 	if l.Probes == nil {
-		return bad("probes is missing")
+		return badList("probes is missing")
 	}
 	var prevEnd uint64
 	for i := range l.Probes {
 		p := &l.Probes[i]
-		where := func(format string, args ...any) error {
-			return bad("probes[%d] (id %d at %s): %s", i, p.ID, p.Address, fmt.Sprintf(format, args...))
-		}
-		if p.ID != i {
-			return where("id is %d, want %d (ids are dense and in order)", p.ID, i)
-		}
-		if p.Kind != KindEntry && p.Kind != KindExit {
-			return where("kind %q is neither %q nor %q", p.Kind, KindEntry, KindExit)
-		}
-		hooks, ok := providerHooks[p.Provider]
-		if !ok {
-			return where("provider %q is neither %q nor %q", p.Provider, ProviderCyg, ProviderFentry)
-		}
-		if ProviderOf(p.Hook) != p.Provider {
-			return where("hook %q is not a %s hook (%s)", p.Hook, p.Provider, strings.Join(hooks, ", "))
-		}
-		if p.Provider == ProviderFentry {
-			if p.Kind != KindEntry {
-				return where("an fentry probe is an entry probe: the binary has no fentry exit site (exits come from the runtime)")
-			}
-			if p.Encoding != EncCallRel32 && p.Encoding != EncCallGOT && p.Encoding != EncAddr32Call {
-				return where("an fentry site is a call, not %s", p.Encoding)
-			}
-		}
-		if p.Function == "" || p.Container == "" {
-			return where("function and container must be named")
-		}
-		if p.Placeholder != PlaceholderFlip && p.Placeholder != PlaceholderNop {
-			return where("placeholder %q is neither %q nor %q", p.Placeholder, PlaceholderFlip, PlaceholderNop)
-		}
-		want, ok := encodingLength[p.Encoding]
-		if !ok {
-			return where("unknown encoding %q", p.Encoding)
-		}
-		if len(p.Active) != want || len(p.Inert) != want {
-			return where("%s site has %d active and %d inert bytes, want %d", p.Encoding, len(p.Active), len(p.Inert), want)
-		}
-		if p.DifferingBytes() == 0 {
-			return where("active and inert bytes are equal")
-		}
-		if p.Placeholder == PlaceholderFlip && p.DifferingBytes() != 1 {
-			return where("flip placeholder differs from the active form in %d bytes, want 1", p.DifferingBytes())
+		if err := p.validate(i, l.Binary.Size); err != nil {
+			return err
 		}
 		if uint64(p.Address) < prevEnd {
-			return where("overlaps or precedes the previous probe")
+			return p.bad(i, "overlaps or precedes the previous probe")
 		}
-		prevEnd = uint64(p.Address) + uint64(want)
-		if uint64(p.Offset)+uint64(want) > uint64(l.Binary.Size) {
-			return where("offset %s lies past the end of the %d-byte binary", p.Offset, l.Binary.Size)
+		prevEnd = uint64(p.Address) + uint64(len(p.Active))
+	}
+	return nil
+}
+
+func badList(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrFormat, fmt.Sprintf(format, args...))
+}
+
+// validate checks the document's identity and the binary it describes.
+func (b *Binary) validate(format string, version int, placeholder string) error {
+	if format != Format {
+		return badList("format is %q, want %q", format, Format)
+	}
+	if version != Version {
+		return badList("version %d is not supported (this build reads version %d)", version, Version)
+	}
+	if b.Path == "" {
+		return badList("binary.path is empty")
+	}
+	if b.Size <= 0 {
+		return badList("binary.size %d is not positive", b.Size)
+	}
+	if b.Type != "exec" && b.Type != "dyn" {
+		return badList("binary.type %q is neither \"exec\" nor \"dyn\"", b.Type)
+	}
+	if b.BuildID != "" {
+		if _, err := hex.DecodeString(b.BuildID); err != nil {
+			return badList("binary.build_id %q is not hex", b.BuildID)
 		}
-		if s := Straddle(uint64(p.Address), want); s != p.Straddle {
-			return where("straddle is %q, want %q", p.Straddle, s)
+	}
+	if placeholder != PlaceholderFlip && placeholder != PlaceholderNop {
+		return badList("placeholder %q is neither %q nor %q", placeholder, PlaceholderFlip, PlaceholderNop)
+	}
+	return nil
+}
+
+func (p *Probe) bad(i int, format string, args ...any) error {
+	return badList("probes[%d] (id %d at %s): %s", i, p.ID, p.Address, fmt.Sprintf(format, args...))
+}
+
+// validate checks one probe, the i-th of a list of a size-byte binary, on
+// its own; its order among the others is the list's to check.
+func (p *Probe) validate(i int, size int64) error {
+	if p.ID != i {
+		return p.bad(i, "id is %d, want %d (ids are dense and in order)", p.ID, i)
+	}
+	if p.Kind != KindEntry && p.Kind != KindExit {
+		return p.bad(i, "kind %q is neither %q nor %q", p.Kind, KindEntry, KindExit)
+	}
+	hooks, ok := providerHooks[p.Provider]
+	if !ok {
+		return p.bad(i, "provider %q is neither %q nor %q", p.Provider, ProviderCyg, ProviderFentry)
+	}
+	if ProviderOf(p.Hook) != p.Provider {
+		return p.bad(i, "hook %q is not a %s hook (%s)", p.Hook, p.Provider, strings.Join(hooks, ", "))
+	}
+	if p.Provider == ProviderFentry {
+		if p.Kind != KindEntry {
+			return p.bad(i, "an fentry probe is an entry probe: the binary has no fentry exit site (exits come from the runtime)")
 		}
+		if p.Encoding != EncCallRel32 && p.Encoding != EncCallGOT && p.Encoding != EncAddr32Call {
+			return p.bad(i, "an fentry site is a call, not %s", p.Encoding)
+		}
+	}
+	if p.Function == "" || p.Container == "" {
+		return p.bad(i, "function and container must be named")
+	}
+	if p.Placeholder != PlaceholderFlip && p.Placeholder != PlaceholderNop {
+		return p.bad(i, "placeholder %q is neither %q nor %q", p.Placeholder, PlaceholderFlip, PlaceholderNop)
+	}
+	want, ok := encodingLength[p.Encoding]
+	if !ok {
+		return p.bad(i, "unknown encoding %q", p.Encoding)
+	}
+	if len(p.Active) != want || len(p.Inert) != want {
+		return p.bad(i, "%s site has %d active and %d inert bytes, want %d", p.Encoding, len(p.Active), len(p.Inert), want)
+	}
+	if p.DifferingBytes() == 0 {
+		return p.bad(i, "active and inert bytes are equal")
+	}
+	if p.Placeholder == PlaceholderFlip && p.DifferingBytes() != 1 {
+		return p.bad(i, "flip placeholder differs from the active form in %d bytes, want 1", p.DifferingBytes())
+	}
+	if uint64(p.Address)+uint64(want) < uint64(p.Address) {
+		return p.bad(i, "runs past the end of the address space")
+	}
+	if uint64(p.Offset) > uint64(size) || uint64(size)-uint64(p.Offset) < uint64(want) {
+		return p.bad(i, "offset %s lies past the end of the %d-byte binary", p.Offset, size)
+	}
+	if s := Straddle(uint64(p.Address), want); s != p.Straddle {
+		return p.bad(i, "straddle is %q, want %q", p.Straddle, s)
 	}
 	return nil
 }

@@ -106,29 +106,57 @@ func noExitSiteError(s Selector, p *Probe, more int) error {
 // selector for exits only that names an fentry probe is refused with
 // ErrNoExitSite rather than quietly leaving that function without exits.
 func (l *List) Select(s Selector) ([]int, error) {
+	return selectProbes(s, len(l.Probes), func(yield func(int) bool) {
+		for i := range l.Probes {
+			if !yield(i) {
+				return
+			}
+		}
+	}, func(i int) (*Probe, error) { return &l.Probes[i], nil })
+}
+
+// selectProbes is Select over n probes, of which only the candidates (in
+// ascending order) may match s's pattern; get returns one probe.
+func selectProbes(s Selector, n int, candidates func(yield func(int) bool), get func(int) (*Probe, error)) ([]int, error) {
 	if id, ok := strings.CutPrefix(s.Pattern, "id:"); ok {
 		// Ids are indices: no scan (Restore selects thousands by id).
-		if n, err := strconv.Atoi(id); err == nil && n >= 0 && n < len(l.Probes) {
-			if s.Match(&l.Probes[n]) {
-				return []int{n}, nil
+		if n2, err := strconv.Atoi(id); err == nil && n2 >= 0 && n2 < n {
+			p, err := get(n2)
+			if err != nil {
+				return nil, err
 			}
-			if s.noExitSite(&l.Probes[n]) {
-				return nil, noExitSiteError(s, &l.Probes[n], 0)
+			if s.Match(p) {
+				return []int{n2}, nil
+			}
+			if s.noExitSite(p) {
+				return nil, noExitSiteError(s, p, 0)
 			}
 		}
 		return nil, fmt.Errorf("%w %q", ErrNoMatch, s.Pattern)
 	}
-	var idx []int
-	var fentry []int
-	for i := range l.Probes {
-		if s.Match(&l.Probes[i]) {
+	var idx, fentry []int
+	var firstFentry *Probe
+	var err error
+	candidates(func(i int) bool {
+		var p *Probe
+		if p, err = get(i); err != nil {
+			return false
+		}
+		if s.Match(p) {
 			idx = append(idx, i)
-		} else if s.noExitSite(&l.Probes[i]) {
+		} else if s.noExitSite(p) {
+			if fentry == nil {
+				firstFentry = p
+			}
 			fentry = append(fentry, i)
 		}
+		return true
+	})
+	if err != nil {
+		return nil, err
 	}
 	if len(fentry) > 0 {
-		return nil, noExitSiteError(s, &l.Probes[fentry[0]], len(fentry)-1)
+		return nil, noExitSiteError(s, firstFentry, len(fentry)-1)
 	}
 	if len(idx) == 0 {
 		return nil, fmt.Errorf("%w %q", ErrNoMatch, s.Pattern)
