@@ -1,0 +1,576 @@
+package probecache
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"debug/elf"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/edgeprobe/edgeprobe/internal/elfscan"
+	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procmaps"
+)
+
+// EnvDir names the environment variable that overrides DefaultDir; "off"
+// turns the cache off.
+const EnvDir = "EDGEPROBE_CACHE"
+
+// SystemDir is root's cache directory.
+const SystemDir = "/var/cache/edgeprobe"
+
+// Sentinel errors of Open.
+var (
+	ErrDisabled = errors.New("probe cache disabled")
+	ErrUnsafe   = errors.New("probe cache directory is not private")
+)
+
+// Limits: past either, the least recently written entries go.
+var (
+	maxEntries       = 512
+	maxBytes   int64 = 512 << 20
+)
+
+// DefaultDir is $EDGEPROBE_CACHE if set ("" when it is "off"); else, for
+// root, SystemDir; else $XDG_CACHE_HOME/edgeprobe, with XDG_CACHE_HOME
+// defaulting to $HOME/.cache ("" without a home).
+func DefaultDir() string { return defaultDir(os.Geteuid(), os.Getenv) }
+
+func defaultDir(euid int, getenv func(string) string) string {
+	if d := getenv(EnvDir); d != "" {
+		if d == "off" {
+			return ""
+		}
+		return d
+	}
+	if euid == 0 {
+		return SystemDir
+	}
+	base := getenv("XDG_CACHE_HOME")
+	if base == "" || !filepath.IsAbs(base) { // the XDG spec: relative values are ignored
+		home := getenv("HOME")
+		if home == "" || !filepath.IsAbs(home) {
+			return ""
+		}
+		base = filepath.Join(home, ".cache")
+	}
+	return filepath.Join(base, "edgeprobe")
+}
+
+// Cache is an open cache directory. A nil *Cache caches nothing: its
+// methods read and scan every time.
+type Cache struct {
+	dir  int // O_DIRECTORY|O_NOFOLLOW descriptor; every access is relative to it
+	path string
+	tool []byte                           // this program's build identity, part of every key
+	now  func() time.Time                 // the clock racy entries are judged by
+	uid  int                              // the effective uid entries must belong to
+	warn func(format string, args ...any) // where a rejected entry is reported; nil: nowhere
+
+	hits, misses atomic.Int64
+}
+
+// Stats returns how many lookups found a usable entry and how many did not.
+func (c *Cache) Stats() (hits, misses int64) {
+	if c == nil {
+		return 0, 0
+	}
+	return c.hits.Load(), c.misses.Load()
+}
+
+var (
+	defaultOnce  sync.Once
+	defaultCache *Cache
+	defaultErr   error
+)
+
+// Default opens DefaultDir once per process. A nil Cache with an error
+// says why nothing is cached (ErrDisabled when it is off or impossible,
+// ErrUnsafe when the directory is not private).
+func Default() (*Cache, error) {
+	defaultOnce.Do(func() { defaultCache, defaultErr = Open(DefaultDir()) })
+	return defaultCache, defaultErr
+}
+
+// Open opens (creating it 0700 if missing) the cache directory at path and
+// checks it is private: a directory, not a symlink, owned by the effective
+// user, with no group or other access.
+func Open(path string) (*Cache, error) {
+	if path == "" {
+		return nil, fmt.Errorf("%w (%s=off, or no home directory)", ErrDisabled, EnvDir)
+	}
+	tool, err := toolID()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrDisabled, err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrDisabled, err)
+	}
+	if err := unix.Mkdir(path, 0o700); err != nil && err != unix.EEXIST {
+		return nil, fmt.Errorf("%w: mkdir %s: %v", ErrDisabled, path, err)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v (a symlink is refused)", ErrUnsafe, path, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%w: %s: %v", ErrDisabled, path, err)
+	}
+	uid := os.Geteuid()
+	if int(st.Uid) != uid || st.Mode&0o077 != 0 {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%w: %s is owned by uid %d with mode %#o; want uid %d and mode 0700", ErrUnsafe, path, st.Uid, st.Mode&0o7777, uid)
+	}
+	return &Cache{dir: fd, path: path, tool: tool, now: time.Now, uid: uid}, nil
+}
+
+// Path is the directory.
+func (c *Cache) Path() string { return c.path }
+
+// toolID is this program's Go build ID (or GNU build-id) note: any change
+// to the program changes it, and with it every key.
+func toolID() ([]byte, error) {
+	f, err := elf.Open("/proc/self/exe")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	for _, name := range []string{".note.go.buildid", ".note.gnu.build-id"} {
+		if s := f.Section(name); s != nil {
+			if b, err := s.Data(); err == nil && len(b) > 0 {
+				sum := sha256.Sum256(b)
+				return sum[:], nil
+			}
+		}
+	}
+	return nil, errors.New("this program carries no build id")
+}
+
+// Entry kinds.
+const (
+	kindList byte = 1
+	kindScan byte = 2
+)
+
+// source is what an entry was made from: a file's identity when it was
+// read, and when that was.
+type source struct {
+	dev, ino           uint64
+	size, mtime, ctime int64 // ns since the epoch
+	statTime           int64 // our clock, just before the stat
+	content            [32]byte
+}
+
+func (s *source) sameFile(o *source) bool {
+	return s.dev == o.dev && s.ino == o.ino && s.size == o.size && s.mtime == o.mtime && s.ctime == o.ctime
+}
+
+// racyMargin is how long after a file's ctime a change to it may still
+// leave the ctime as it was: a timestamp tick (4-10 ms on Linux's coarse
+// clock), or a second or two on filesystems that keep whole seconds, which
+// show as a zero nanosecond part.
+func racyMargin(s *source) int64 {
+	if s.mtime%1e9 == 0 && s.ctime%1e9 == 0 {
+		return int64(2 * time.Second)
+	}
+	return int64(100 * time.Millisecond)
+}
+
+// racy reports whether the file may have changed after statTime without
+// its ctime changing.
+func (s *source) racy() bool { return s.ctime+racyMargin(s) > s.statTime }
+
+// stat describes f as of now.
+func (c *Cache) stat(f *os.File) (source, error) {
+	now := time.Now
+	if c != nil {
+		now = c.now
+	}
+	s := source{statTime: now().UnixNano()}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return s, err
+	}
+	s.dev, s.ino, s.size = st.Dev, st.Ino, st.Size
+	s.mtime, s.ctime = st.Mtim.Nano(), st.Ctim.Nano()
+	return s, nil
+}
+
+func (c *Cache) key(kind byte, fields ...any) [32]byte {
+	h := sha256.New()
+	h.Write(c.tool)
+	h.Write([]byte{kind})
+	for _, f := range fields {
+		fmt.Fprintf(h, "%v\x00", f)
+	}
+	var k [32]byte
+	copy(k[:], h.Sum(nil))
+	return k
+}
+
+// List returns the probe list in the JSON file at path, from the cache
+// when an entry made from this file, unchanged, is there; otherwise it
+// reads and checks the JSON (errors name the file) and stores the result.
+func (c *Cache) List(path string) (*probelist.Index, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	src, err := c.stat(f)
+	if err != nil {
+		return nil, err
+	}
+	var key [32]byte
+	if c != nil {
+		key = c.key(kindList, src.dev, src.ino)
+		if e, ok := c.lookup(key, kindList, f, &src); ok && !e.noSites {
+			return e.index, nil
+		}
+	}
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return nil, err
+	}
+	l, err := probelist.Read(bytes.NewReader(data))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	compact, err := l.Compact()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	x, err := probelist.OpenCompact(compact)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	src.content = sha256.Sum256(data)
+	c.store(key, kindList, f, &src, compact, false)
+	return x, nil
+}
+
+// Scan returns the scan of object o of process pid (the file it mapped,
+// through map_files), with every hook site as a probe in the flip style,
+// as coldpatch would list them: from the cache when it is there, else
+// scanned and stored. An object that cannot have a site (elfscan
+// .MayHaveSites: it names no hook, or defines the hooks and calls none)
+// is not scanned. With no site, the error wraps elfscan.ErrNoHookSites.
+//
+// This is the scan the safety checks compare a site with: Index.At finds
+// the probe listed at an address.
+func (c *Cache) Scan(pid int, o *procmaps.Object) (*probelist.Index, error) {
+	f, err := procmaps.Open(pid, o)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	src, err := c.stat(f)
+	if err != nil {
+		return nil, err
+	}
+	noSites := fmt.Errorf("%s: %w", o.Path, elfscan.ErrNoHookSites)
+	var key [32]byte
+	if c != nil {
+		key = c.key(kindScan, o.BuildID, o.Path, src.dev, src.ino)
+		if e, ok := c.lookup(key, kindScan, f, &src); ok {
+			if e.noSites {
+				return nil, noSites
+			}
+			return e.index, nil
+		}
+	}
+	data := make([]byte, src.size)
+	if _, err := f.ReadAt(data, 0); err != nil {
+		return nil, fmt.Errorf("%s: %w", o.Path, err)
+	}
+	src.content = sha256.Sum256(data)
+	may, err := elfscan.MayHaveSites(data, o.Path)
+	if err != nil {
+		return nil, err
+	}
+	if !may {
+		c.store(key, kindScan, f, &src, nil, true)
+		return nil, noSites
+	}
+	list, _, err := elfscan.ScanReader(bytes.NewReader(data), src.size, o.Path, elfscan.Options{Placeholder: probelist.PlaceholderFlip})
+	if errors.Is(err, elfscan.ErrNoHookSites) {
+		c.store(key, kindScan, f, &src, nil, true)
+		return nil, noSites
+	}
+	if err != nil {
+		return nil, err
+	}
+	compact, err := list.Compact()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", o.Path, err)
+	}
+	x, err := probelist.OpenCompact(compact)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", o.Path, err)
+	}
+	c.store(key, kindScan, f, &src, compact, false)
+	return x, nil
+}
+
+// The entry file: a fixed header, then the compact list.
+const (
+	entryMagic      = "EPCACHE1"
+	entryHeaderSize = 144
+)
+
+type entry struct {
+	index   *probelist.Index
+	noSites bool
+}
+
+func entryName(key [32]byte) string { return hex.EncodeToString(key[:20]) + ".epc" }
+
+func encodeEntry(key [32]byte, kind byte, src *source, payload []byte, noSites bool) []byte {
+	b := make([]byte, entryHeaderSize, entryHeaderSize+len(payload))
+	le := binary.LittleEndian
+	copy(b, entryMagic)
+	b[8] = kind
+	if noSites {
+		b[9] = 1
+	}
+	copy(b[16:48], key[:])
+	le.PutUint64(b[48:], src.dev)
+	le.PutUint64(b[56:], src.ino)
+	le.PutUint64(b[64:], uint64(src.size))
+	le.PutUint64(b[72:], uint64(src.mtime))
+	le.PutUint64(b[80:], uint64(src.ctime))
+	le.PutUint64(b[88:], uint64(src.statTime))
+	copy(b[96:128], src.content[:])
+	le.PutUint64(b[128:], uint64(len(payload)))
+	b = append(b, payload...)
+	le.PutUint32(b[136:], entryCRC(b))
+	return b
+}
+
+// entryCRC covers the whole entry but the CRC itself: a corrupt entry is
+// found before anything is used, and rebuilt (the compact form's own
+// checks stay, for entries forged with a fitting CRC).
+func entryCRC(b []byte) uint32 {
+	c := crc32.Update(0, castagnoli, b[:136])
+	return crc32.Update(c, castagnoli, b[140:])
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// lookup returns the entry for key if it is there, sound, and made from the
+// file f is now (src). A racy entry is used only if f's content hashes as it
+// did; it is then rewritten, clean, when f has become old enough.
+func (c *Cache) lookup(key [32]byte, kind byte, f *os.File, src *source) (entry, bool) {
+	data, err := c.read(entryName(key))
+	if err != nil {
+		c.misses.Add(1)
+		return entry{}, false
+	}
+	e, err := c.check(data, key, kind, f, src)
+	if err != nil || e.index == nil {
+		unix.Munmap(data) // an Index keeps its mapping for good
+	}
+	if err != nil {
+		c.misses.Add(1)
+		return entry{}, false
+	}
+	c.hits.Add(1)
+	return e, true
+}
+
+var errStale = errors.New("stale entry")
+
+func (c *Cache) check(data []byte, key [32]byte, kind byte, f *os.File, src *source) (entry, error) {
+	le := binary.LittleEndian
+	var was source
+	was.dev, was.ino = le.Uint64(data[48:]), le.Uint64(data[56:])
+	was.size, was.mtime, was.ctime = int64(le.Uint64(data[64:])), int64(le.Uint64(data[72:])), int64(le.Uint64(data[80:]))
+	was.statTime = int64(le.Uint64(data[88:]))
+	copy(was.content[:], data[96:128])
+	e := entry{noSites: data[9] == 1}
+	if string(data[:8]) != entryMagic || data[8] != kind || data[9] > 1 || !bytes.Equal(data[16:48], key[:]) ||
+		le.Uint64(data[128:]) != uint64(len(data)-entryHeaderSize) || e.noSites != (len(data) == entryHeaderSize) ||
+		le.Uint32(data[136:]) != entryCRC(data) {
+		c.warnf("probe cache: %s is not an entry of this key; rebuilding it", entryName(key))
+		return entry{}, errStale
+	}
+	if !was.sameFile(src) {
+		return entry{}, errStale
+	}
+	if was.racy() {
+		sum, err := contentHash(f)
+		if err != nil || sum != was.content {
+			return entry{}, errStale
+		}
+		src.content = sum
+		if !src.racy() { // old enough now: this content is the file's for good
+			c.write(entryName(key), encodeEntry(key, kind, src, data[entryHeaderSize:], e.noSites))
+		}
+	}
+	if !e.noSites {
+		x, err := probelist.OpenCompact(data[entryHeaderSize:])
+		if err != nil {
+			c.warnf("probe cache: %s: %v; rebuilding it", entryName(key), err)
+			return entry{}, err
+		}
+		e.index = x
+	}
+	return e, nil
+}
+
+func contentHash(f *os.File) ([32]byte, error) {
+	h := sha256.New()
+	if _, err := io.Copy(h, io.NewSectionReader(f, 0, 1<<62)); err != nil {
+		return [32]byte{}, err
+	}
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	return sum, nil
+}
+
+// read maps an entry read-only, if it is a regular file of ours that no one
+// else may write. The mapping stays for the life of the Index made from it.
+func (c *Cache) read(name string) ([]byte, error) {
+	fd, err := unix.Openat(c.dir, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != c.uid || st.Mode&0o022 != 0 {
+		c.warnf("probe cache: %s is not a private regular file of uid %d (mode %#o, uid %d); ignored", name, c.uid, st.Mode, st.Uid)
+		return nil, ErrUnsafe
+	}
+	if st.Size < entryHeaderSize || st.Size > maxBytes {
+		return nil, errors.New("entry size")
+	}
+	return unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_PRIVATE)
+}
+
+// store writes an entry for what was read from f, unless f changed while
+// it was read (its identity is taken again) or c is nil.
+func (c *Cache) store(key [32]byte, kind byte, f *os.File, src *source, payload []byte, noSites bool) {
+	if c == nil {
+		return
+	}
+	now, err := c.stat(f)
+	if err != nil || !now.sameFile(src) {
+		return
+	}
+	c.write(entryName(key), encodeEntry(key, kind, src, payload, noSites))
+	c.prune()
+}
+
+var randReader = rand.Reader
+
+// write puts data in place atomically: a new file (O_EXCL, 0600), then a
+// rename over the old entry. Errors only cost the cache a miss.
+func (c *Cache) write(name string, data []byte) {
+	var rnd [8]byte
+	if _, err := io.ReadFull(randReader, rnd[:]); err != nil {
+		return
+	}
+	tmp := ".tmp-" + hex.EncodeToString(rnd[:])
+	fd, err := unix.Openat(c.dir, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return
+	}
+	f := os.NewFile(uintptr(fd), tmp)
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = unix.Renameat(c.dir, tmp, c.dir, name)
+	}
+	if err != nil {
+		unix.Unlinkat(c.dir, tmp, 0)
+	}
+}
+
+// prune keeps the directory under maxEntries and maxBytes, dropping the
+// entries written longest ago, and removes temporary files a killed
+// writer left over a minute ago.
+func (c *Cache) prune() {
+	names, err := c.names()
+	if err != nil {
+		return
+	}
+	type ent struct {
+		name  string
+		size  int64
+		mtime int64
+	}
+	var ents []ent
+	var total int64
+	for _, n := range names {
+		var st unix.Stat_t
+		if unix.Fstatat(c.dir, n, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
+			continue
+		}
+		if strings.HasPrefix(n, ".tmp-") {
+			if c.now().UnixNano()-st.Mtim.Nano() > int64(time.Minute) {
+				unix.Unlinkat(c.dir, n, 0)
+			}
+			continue
+		}
+		ents = append(ents, ent{n, st.Size, st.Mtim.Nano()})
+		total += st.Size
+	}
+	if len(ents) <= maxEntries && total <= maxBytes {
+		return
+	}
+	sort.Slice(ents, func(i, j int) bool { return ents[i].mtime < ents[j].mtime })
+	for _, e := range ents {
+		if len(ents) <= maxEntries && total <= maxBytes {
+			break
+		}
+		if unix.Unlinkat(c.dir, e.name, 0) == nil {
+			total -= e.size
+		}
+		ents = ents[1:]
+	}
+}
+
+// names lists the directory through its descriptor.
+func (c *Cache) names() ([]string, error) {
+	fd, err := unix.Openat(c.dir, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	d := os.NewFile(uintptr(fd), c.path)
+	defer d.Close()
+	return d.Readdirnames(-1)
+}
+
+func (c *Cache) warnf(format string, args ...any) {
+	if c.warn != nil {
+		c.warn(format, args...)
+	}
+}
+
+// SetWarn sets where rejected entries are reported (nil: nowhere).
+func (c *Cache) SetWarn(w func(format string, args ...any)) {
+	if c != nil {
+		c.warn = w
+	}
+}

@@ -1,0 +1,312 @@
+package probecache
+
+import (
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgeprobe/edgeprobe/internal/elfscan"
+	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procmaps"
+	"github.com/edgeprobe/edgeprobe/internal/testutil"
+)
+
+func openCache(t *testing.T) *Cache {
+	t.Helper()
+	c, err := Open(filepath.Join(t.TempDir(), "cache"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// later makes the cache's clock run ahead, so files made by the test are
+// old enough for clean (non-racy) entries.
+func later(c *Cache) { c.now = func() time.Time { return time.Now().Add(time.Hour) } }
+
+// probeList builds a fixture, scans it and writes its probe list as JSON.
+func probeList(t *testing.T) (string, *probelist.List) {
+	t.Helper()
+	fx := testutil.Build(t, testutil.Spec{Sources: []string{"basic.c"}})
+	l, _, err := elfscan.Scan(fx.Path, elfscan.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "probes.json")
+	if err := l.WriteFile(path); err != nil {
+		t.Fatal(err)
+	}
+	return path, l
+}
+
+func mustList(t *testing.T, c *Cache, path string, want *probelist.List) {
+	t.Helper()
+	x, err := c.List(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := x.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("the cached list differs from the JSON")
+	}
+}
+
+func expectStats(t *testing.T, c *Cache, hits, misses int64) {
+	t.Helper()
+	if h, m := c.Stats(); h != hits || m != misses {
+		t.Fatalf("%d hits and %d misses, want %d and %d", h, m, hits, misses)
+	}
+}
+
+func entryPath(t *testing.T, c *Cache) string {
+	t.Helper()
+	m, _ := filepath.Glob(filepath.Join(c.Path(), "*.epc"))
+	if len(m) != 1 {
+		t.Fatalf("%d entries, want 1: %v", len(m), m)
+	}
+	return m[0]
+}
+
+func TestListCached(t *testing.T) {
+	path, want := probeList(t)
+	c := openCache(t)
+	later(c)
+	mustList(t, c, path, want)
+	expectStats(t, c, 0, 1)
+	mustList(t, c, path, want)
+	expectStats(t, c, 1, 1)
+	// A clean entry is trusted on the file's identity alone: a changed hash
+	// in it does not matter ...
+	changeHash(t, entryPath(t, c))
+	mustList(t, c, path, want)
+	expectStats(t, c, 2, 1)
+	// ... but a change of the file does, whatever its size.
+	l := *want
+	l.Binary.Path = "/elsewhere/" + strings.Repeat("x", 4)
+	if err := l.WriteFile(path); err != nil {
+		t.Fatal(err)
+	}
+	mustList(t, c, path, &l)
+	expectStats(t, c, 2, 2)
+}
+
+// TestListRacy: an entry made right after the file changed is used only
+// after its content is hashed again; a different content is a miss.
+func TestListRacy(t *testing.T) {
+	path, want := probeList(t)
+	c := openCache(t)
+	mustList(t, c, path, want) // the file is new: a racy entry
+	mustList(t, c, path, want)
+	expectStats(t, c, 1, 1)
+	changeHash(t, entryPath(t, c)) // as if the file had changed within its ctime's tick
+	mustList(t, c, path, want)
+	expectStats(t, c, 1, 2)
+	// Once the file is old enough, the entry is rewritten clean.
+	later(c)
+	mustList(t, c, path, want)
+	expectStats(t, c, 2, 2)
+	changeHash(t, entryPath(t, c))
+	mustList(t, c, path, want)
+	expectStats(t, c, 3, 2)
+}
+
+// changeHash alters the content hash an entry records, with a fitting CRC.
+func changeHash(t *testing.T, e string) {
+	t.Helper()
+	b, err := os.ReadFile(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[100] ^= 0xff
+	binary.LittleEndian.PutUint32(b[136:], entryCRC(b))
+	if err := os.WriteFile(e, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRejectedEntries: a corrupt, foreign, shared or linked entry is
+// ignored and replaced, and what it pointed at is left alone.
+func TestRejectedEntries(t *testing.T) {
+	path, want := probeList(t)
+	cases := map[string]func(t *testing.T, e string){
+		"corrupt": func(t *testing.T, e string) {
+			b, _ := os.ReadFile(e)
+			b[len(b)-3] ^= 0xff
+			os.WriteFile(e, b, 0o600)
+		},
+		"truncated": func(t *testing.T, e string) { os.Truncate(e, 100) },
+		"other writable": func(t *testing.T, e string) {
+			os.Chmod(e, 0o666)
+		},
+		"symlink": func(t *testing.T, e string) {
+			victim := filepath.Join(t.TempDir(), "victim")
+			b, _ := os.ReadFile(e)
+			os.WriteFile(victim, b, 0o600)
+			os.Remove(e)
+			os.Symlink(victim, e)
+			t.Cleanup(func() {
+				if got, _ := os.ReadFile(victim); string(got) != string(b) {
+					t.Error("the symlink's target was written")
+				}
+			})
+		},
+		"foreign owner": func(t *testing.T, e string) {
+			testutil.RequireRoot(t, "to give an entry to another user")
+			os.Chown(e, 65534, 65534)
+		},
+	}
+	for name, spoil := range cases {
+		t.Run(name, func(t *testing.T) {
+			c := openCache(t)
+			later(c)
+			mustList(t, c, path, want)
+			spoil(t, entryPath(t, c))
+			mustList(t, c, path, want) // ignored: a miss, and rebuilt
+			expectStats(t, c, 0, 2)
+			st, err := os.Lstat(entryPath(t, c))
+			if err != nil || !st.Mode().IsRegular() || st.Mode().Perm() != 0o600 {
+				t.Fatalf("rebuilt entry: %v %v", st.Mode(), err)
+			}
+			mustList(t, c, path, want)
+			expectStats(t, c, 1, 2)
+		})
+	}
+}
+
+// TestOpenRefuses: a directory another user could write, one owned by
+// another user, or a symlink is not used.
+func TestOpenRefuses(t *testing.T) {
+	dir := t.TempDir()
+	private := filepath.Join(dir, "private")
+	c, err := Open(private)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := os.Stat(private); st.Mode().Perm() != 0o700 {
+		t.Errorf("created with mode %v, want 0700", st.Mode())
+	}
+	_ = c
+	shared := filepath.Join(dir, "shared")
+	os.Mkdir(shared, 0o777)
+	os.Chmod(shared, 0o777)
+	link := filepath.Join(dir, "link")
+	os.Symlink(private, link)
+	for _, p := range []string{shared, link} {
+		if _, err := Open(p); !errors.Is(err, ErrUnsafe) {
+			t.Errorf("%s: %v, want ErrUnsafe", p, err)
+		}
+	}
+	if os.Geteuid() == 0 {
+		foreign := filepath.Join(dir, "foreign")
+		os.Mkdir(foreign, 0o700)
+		os.Chown(foreign, 65534, 65534)
+		if _, err := Open(foreign); !errors.Is(err, ErrUnsafe) {
+			t.Errorf("a directory of uid 65534: %v, want ErrUnsafe", err)
+		}
+	}
+	if _, err := Open(""); !errors.Is(err, ErrDisabled) {
+		t.Errorf("no path: %v, want ErrDisabled", err)
+	}
+}
+
+func TestDefaultDir(t *testing.T) {
+	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	for _, c := range []struct {
+		euid int
+		env  map[string]string
+		want string
+	}{
+		{0, nil, SystemDir},
+		{1000, map[string]string{"HOME": "/home/u"}, "/home/u/.cache/edgeprobe"},
+		{1000, map[string]string{"HOME": "/home/u", "XDG_CACHE_HOME": "/c"}, "/c/edgeprobe"},
+		{1000, map[string]string{"HOME": "/home/u", "XDG_CACHE_HOME": "rel"}, "/home/u/.cache/edgeprobe"},
+		{1000, nil, ""},
+		{0, map[string]string{EnvDir: "/x"}, "/x"},
+		{0, map[string]string{EnvDir: "off"}, ""},
+	} {
+		if got := defaultDir(c.euid, env(c.env)); got != c.want {
+			t.Errorf("euid %d %v: %q, want %q", c.euid, c.env, got, c.want)
+		}
+	}
+}
+
+// TestScanCached: the scan of a running program's objects, cached; glibc
+// (which defines the hooks and calls none) is recognised without a scan and
+// cached as having no sites.
+func TestScanCached(t *testing.T) {
+	fx := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c"}})
+	p := testutil.Start(t, nil, fx.Path)
+	objs, err := procmaps.Objects(p.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _, err := elfscan.Scan(fx.Path, elfscan.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := openCache(t)
+	later(c)
+	for round := 0; round < 2; round++ {
+		found := 0
+		for i := range objs {
+			o := &objs[i]
+			x, err := c.Scan(p.Pid, o)
+			switch {
+			case errors.Is(err, elfscan.ErrNoHookSites):
+				if strings.Contains(o.Path, filepath.Base(fx.Path)) {
+					t.Fatalf("%s: no sites", o.Path)
+				}
+			case err != nil:
+				t.Fatal(err)
+			default:
+				found++
+				got, err := x.List()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !reflect.DeepEqual(got.Probes, want.Probes) || got.Binary.BuildID != want.Binary.BuildID {
+					t.Fatalf("%s: the scan differs from elfscan.Scan's", o.Path)
+				}
+			}
+		}
+		if found != 1 {
+			t.Fatalf("round %d: %d objects with sites, want the executable only", round, found)
+		}
+	}
+	expectStats(t, c, int64(len(objs)), int64(len(objs)))
+}
+
+// TestPrune: past the entry limit, the oldest entries go.
+func TestPrune(t *testing.T) {
+	defer func(n int) { maxEntries = n }(maxEntries)
+	maxEntries = 3
+	c := openCache(t)
+	for i := 0; i < 6; i++ {
+		p := filepath.Join(t.TempDir(), "probes.json")
+		_, l := probeListOnce(t)
+		l.WriteFile(p)
+		if _, err := c.List(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m, _ := filepath.Glob(filepath.Join(c.Path(), "*.epc")); len(m) != 3 {
+		t.Fatalf("%d entries, want 3", len(m))
+	}
+}
+
+var onceList *probelist.List
+
+func probeListOnce(t *testing.T) (string, *probelist.List) {
+	if onceList == nil {
+		_, onceList = probeList(t)
+	}
+	return "", onceList
+}
