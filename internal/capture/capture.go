@@ -55,7 +55,12 @@ func open(ctx context.Context, o Options) (*session, error) {
 	}
 	var lists []*probelist.List
 	for _, t := range s.hp.Targets() {
-		lists = append(lists, t.List)
+		l, err := t.List.List()
+		if err != nil {
+			s.close(ctx)
+			return nil, err
+		}
+		lists = append(lists, l)
 	}
 	if s.sym, err = report.ForPID(o.PID, lists); err != nil {
 		s.close(ctx)

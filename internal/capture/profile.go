@@ -153,12 +153,11 @@ func functionsOf(s *session) map[uint64]*quota {
 		targets[t.Object.Path] = t
 	}
 	for _, r := range s.enabled.Sites {
-		t := targets[r.Object]
-		p := &t.List.Probes[r.ID]
-		if !p.Resolved || p.FunctionAddress == 0 {
+		p, err := targets[r.Object].Probe(r.ID)
+		if err != nil || !p.Resolved || p.FunctionAddress == 0 { // enabled, so decoded before: no error
 			continue
 		}
-		addr := t.Object.Runtime(uint64(p.FunctionAddress))
+		addr := targets[r.Object].Object.Runtime(uint64(p.FunctionAddress))
 		q := qs[addr]
 		if q == nil {
 			q = &quota{}

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
+	"github.com/edgeprobe/edgeprobe/internal/probecache"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 )
 
@@ -88,7 +89,9 @@ may be repeated and mixed; a later one wins for a probe both select.
 Without --probes, hotpatch scans every instrumented object the process maps (the
 executable and its shared libraries), so any -finstrument-functions binary works, cold or
 not. With --probes it uses coldpatch's lists and checks each against the mapped object.
-Every site's live bytes are verified before anything is written; a site holding anything
+Both are kept in a private per-user cache, so a second call neither parses nor scans:
+$EDGEPROBE_CACHE (off to disable), else /var/cache/edgeprobe for root, ~/.cache/edgeprobe
+for others (docs/probe-list.md); -v prints its hits and misses. Every site's live bytes are verified before anything is written; a site holding anything
 but its active or inert form refuses the whole request.
 
 Protocols: flip (one atomic byte store, no stop; the default wherever a site allows it),
@@ -147,6 +150,12 @@ permission, stale probe list, interrupted); 2 usage; 3 a selector matched no pro
 					printSites(stderr, res)
 				}
 			}
+			if verbose {
+				if c, _ := probecache.Default(); c != nil {
+					hits, misses := c.Stats()
+					fmt.Fprintf(stderr, "probe cache %s: %d hits, %d misses\n", c.Path(), hits, misses)
+				}
+			}
 			if err != nil {
 				return classify(err)
 			}
@@ -157,6 +166,9 @@ permission, stale probe list, interrupted); 2 usage; 3 a selector matched no pro
 		},
 	}
 	tf.register(cmd)
+	// Every subcommand that loads targets reads the probe cache: say once
+	// when it cannot be used because its directory is not private.
+	cmd.PersistentPreRun = func(c *cobra.Command, _ []string) { warnCache(stderr, verbose) }
 	f := cmd.Flags()
 	f.VarP(actionFlag{true, &actions}, "enable", "e", "turn on the probes `SEL` selects (repeatable)")
 	f.VarP(actionFlag{false, &actions}, "disable", "d", "turn off the probes `SEL` selects (repeatable)")
@@ -205,6 +217,19 @@ progress) or foreign (neither form: a stale probe list, or someone else's patch)
 	}
 	tf.register(cmd)
 	return cmd
+}
+
+// warnCache reports a probe cache that is not used for a reason the user
+// should know (a directory that is not private), and with -v every entry
+// it ignores.
+func warnCache(stderr io.Writer, verbose bool) {
+	c, err := probecache.Default()
+	if errors.Is(err, probecache.ErrUnsafe) {
+		fmt.Fprintf(stderr, "hotpatch: warning: %v: probe lists and scans are not cached\n", err)
+	}
+	if verbose {
+		c.SetWarn(func(format string, args ...any) { fmt.Fprintf(stderr, "hotpatch: "+format+"\n", args...) })
+	}
 }
 
 func printSites(w io.Writer, res *hotpatch.Result) {

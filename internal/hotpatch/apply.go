@@ -316,7 +316,11 @@ func resolve(targets []*Target, actions []Action) ([]selected, error) {
 	}
 	sel := make([]selected, len(order))
 	for i, k := range order {
-		sel[i] = selected{target: targets[k.t], probe: &targets[k.t].List.Probes[k.p], on: want[k]}
+		p, err := targets[k.t].Probe(k.p)
+		if err != nil {
+			return nil, err
+		}
+		sel[i] = selected{target: targets[k.t], probe: p, on: want[k]}
 	}
 	return sel, nil
 }

@@ -319,7 +319,8 @@ func scanRunning(s *subject) (*probelist.List, *Target, error) {
 	}
 	for _, t := range targets {
 		if strings.Contains(t.Object.Path, "mt-") {
-			return t.List, t, nil
+			l, err := t.List.List()
+			return l, t, err
 		}
 	}
 	return nil, nil, errors.New("executable not found among targets")
@@ -423,5 +424,69 @@ func TestStrippedAfterColdpatch(t *testing.T) {
 	s.expectMoving(t, "work on in the stripped copy", true, true)
 	s.hotpatch(t, "--disable", "work")
 	s.expectFrozen(t, "off again")
+	s.finish(t)
+}
+
+// TestProbeCache: a second hotpatch call takes its list, or without one
+// the scans of the objects, from the probe cache; a list rewritten since
+// (here within the racy margin, same size) is read again, never served
+// from the cache; a cache directory others may write is refused with a
+// warning, and hotpatch still works.
+func TestProbeCache(t *testing.T) {
+	testutil.RequirePtrace(t)
+	cache := filepath.Join(t.TempDir(), "cache")
+	t.Setenv("EDGEPROBE_CACHE", cache)
+	s := startMT(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", PIE: testutil.Bool(true)}, "flip", true)
+	expect := func(r cmdResult, hits, misses int) {
+		t.Helper()
+		want := fmt.Sprintf("probe cache %s: %d hits, %d misses", cache, hits, misses)
+		if !strings.Contains(r.Stderr, want) {
+			t.Fatalf("stderr lacks %q:\n%s", want, r.Stderr)
+		}
+	}
+	expect(s.hotpatch(t, "-v", "--enable", "leaf"), 0, 1)
+	s.expectMoving(t, "leaf on", true, true)
+	expect(s.hotpatch(t, "-v", "--disable", "leaf"), 1, 0)
+	s.expectFrozen(t, "leaf off")
+
+	// The same list with leaf renamed, as long as before.
+	list := s.probeArgs[1]
+	b, err := os.ReadFile(list)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renamed := bytes.ReplaceAll(b, []byte(`"function": "leaf"`), []byte(`"function": "lfea"`))
+	if bytes.Equal(renamed, b) || len(renamed) != len(b) {
+		t.Fatal("no leaf probe to rename")
+	}
+	if err := os.WriteFile(list, renamed, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	expect(s.hotpatch(t, "-v", "--enable", "lfea"), 0, 1)
+	s.expectMoving(t, "lfea (leaf) on", true, true)
+	if r := command(t, "hotpatch", append([]string{"--pid", fmt.Sprint(s.Pid)}, append(s.probeArgs, "--enable", "leaf")...)...); r.Code != 3 {
+		t.Fatalf("the old name still selects: exit %d: %s", r.Code, r.Stderr)
+	}
+
+	// Without a list: every mapped object's scan, then from the cache.
+	s.probeArgs = nil
+	r := s.hotpatch(t, "-v", "--disable", "leaf")
+	objects := strings.Count(r.Stderr, "misses") // one line
+	if objects != 1 || strings.Contains(r.Stderr, ": 0 misses") {
+		t.Fatalf("first scan: %s", r.Stderr)
+	}
+	var n int
+	fmt.Sscanf(r.Stderr[strings.Index(r.Stderr, "hits, ")+len("hits, "):], "%d", &n)
+	expect(s.hotpatch(t, "-v", "--enable", "leaf"), n, 0)
+	s.expectMoving(t, "leaf on, from cached scans", true, true)
+
+	if err := os.Chmod(cache, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	r = s.hotpatch(t, "--disable", "*")
+	if !strings.Contains(r.Stderr, "not private") || !strings.Contains(r.Stderr, "not cached") {
+		t.Fatalf("no warning about a shared cache directory: %q", r.Stderr)
+	}
+	s.expectFrozen(t, "all off, uncached")
 	s.finish(t)
 }

@@ -34,8 +34,11 @@ func Status(pid int, probeFiles []string) ([]ProbeState, error) {
 	defer mem.Close()
 	var out []ProbeState
 	for _, t := range targets {
-		for i := range t.List.Probes {
-			p := &t.List.Probes[i]
+		for i := 0; i < t.List.Len(); i++ {
+			p, err := t.Probe(i)
+			if err != nil {
+				return nil, err
+			}
 			addr := t.Object.Runtime(uint64(p.Address))
 			buf := make([]byte, len(p.Active))
 			if err := mem.ReadMem(addr, buf); err != nil {
