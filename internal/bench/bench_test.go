@@ -186,6 +186,17 @@ func TestMicroRow(t *testing.T) {
 	}
 }
 
+// TestCLIRow runs the CLI row: every toggle it times must succeed, cached
+// and not, and every phase be timed.
+func TestCLIRow(t *testing.T) {
+	h := harness(t, "cli")
+	keys := []string{"cli.help", "cli.toggle_list", "cli.toggle_scan", "cli.toggle_list_uncached", "cli.toggle_scan_uncached"}
+	for _, p := range cliPhaseNames {
+		keys = append(keys, "cli_phase."+p)
+	}
+	requireKeys(t, h, keys...)
+}
+
 func TestAttachRow(t *testing.T) {
 	h := harness(t, "attach")
 	requireKeys(t, h, "peers.uprobe_attach", "peers.edgeprobe_attach", "peers.xray_attach", "peers.gdb_attach")

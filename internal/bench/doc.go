@@ -26,6 +26,9 @@
 //     function with entry and exit counted, for edgeprobe and the peers that
 //     run here (uprobes through tracefs, LLVM XRay, gdb breakpoints).
 //  5. Attach/enable time per probe for the peers.
+//  6. One `hotpatch` toggle exec to exit, with a probe list and without
+//     (the scan), from the probe cache and without it, against a bare
+//     `hotpatch --help`; and the time of each of its phases.
 //
 // Every figure is a median over repeated runs with its p10-p90 spread and
 // median absolute deviation, in ns and in TSC ticks (the TSC frequency is

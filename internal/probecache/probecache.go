@@ -463,7 +463,7 @@ func (c *Cache) read(name string) ([]byte, error) {
 	if st.Size < entryHeaderSize || st.Size > maxBytes {
 		return nil, errors.New("entry size")
 	}
-	return unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_PRIVATE)
+	return unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_POPULATE)
 }
 
 // store writes an entry for what was read from f, unless f changed while
