@@ -252,17 +252,26 @@ func (c *Cache) List(path string) (*probelist.Index, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	compact, err := l.Compact()
+	compact, x, err := compactOf(l, path)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	x, err := probelist.OpenCompact(compact)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, err
 	}
 	src.content = sha256.Sum256(data)
 	c.store(key, kindList, f, &src, compact, false)
 	return x, nil
+}
+
+// compactOf encodes l and opens the result; errors name where l came from.
+func compactOf(l *probelist.List, from string) ([]byte, *probelist.Index, error) {
+	compact, err := l.Compact()
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", from, err)
+	}
+	x, err := probelist.OpenCompact(compact)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", from, err)
+	}
+	return compact, x, nil
 }
 
 // Scan returns the scan of object o of process pid (the file it mapped,
@@ -316,13 +325,9 @@ func (c *Cache) Scan(pid int, o *procmaps.Object) (*probelist.Index, error) {
 	if err != nil {
 		return nil, err
 	}
-	compact, err := list.Compact()
+	compact, x, err := compactOf(list, o.Path)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", o.Path, err)
-	}
-	x, err := probelist.OpenCompact(compact)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", o.Path, err)
+		return nil, err
 	}
 	c.store(key, kindScan, f, &src, compact, false)
 	return x, nil
