@@ -91,8 +91,9 @@ executable and its shared libraries), so any -finstrument-functions binary works
 not. With --probes it uses coldpatch's lists and checks each against the mapped object.
 Both are kept in a private per-user cache, so a second call neither parses nor scans:
 $EDGEPROBE_CACHE (off to disable), else /var/cache/edgeprobe for root, ~/.cache/edgeprobe
-for others (docs/probe-list.md); -v prints its hits and misses. Every site's live bytes are verified before anything is written; a site holding anything
-but its active or inert form refuses the whole request.
+for others (docs/probe-list.md); -v prints its hits and misses. Every site's live bytes
+are verified before anything is written; a site holding anything but its active or inert
+form refuses the whole request.
 
 Protocols: flip (one atomic byte store, no stop; the default wherever a site allows it),
 int3 and int3-async (multi-byte sites: int3 first, threads that hit it are held by
@@ -166,9 +167,14 @@ permission, stale probe list, interrupted); 2 usage; 3 a selector matched no pro
 		},
 	}
 	tf.register(cmd)
-	// Every subcommand that loads targets reads the probe cache: say once
-	// when it cannot be used because its directory is not private.
-	cmd.PersistentPreRun = func(c *cobra.Command, _ []string) { warnCache(stderr, verbose) }
+	// The commands that load targets read the probe cache: say once when it
+	// cannot be used because its directory is not private.
+	cmd.PersistentPreRun = func(c *cobra.Command, _ []string) {
+		switch c.Name() {
+		case "hotpatch", "list", "trace", "profile":
+			warnCache(stderr, verbose)
+		}
+	}
 	f := cmd.Flags()
 	f.VarP(actionFlag{true, &actions}, "enable", "e", "turn on the probes `SEL` selects (repeatable)")
 	f.VarP(actionFlag{false, &actions}, "disable", "d", "turn off the probes `SEL` selects (repeatable)")
