@@ -166,101 +166,97 @@ var cliPhaseNames = []string{"lock", "maps", "list", "scan", "attach", "verify",
 // round that fills this process's cache entries.
 func (r *cliRun) phases(ctx context.Context) (map[string][]float64, error) {
 	out := map[string][]float64{}
-	warm := true
-	lap := func(name string, t0 time.Time) time.Time {
-		now := time.Now()
-		if !warm {
-			out[name] = append(out[name], float64(now.Sub(t0).Nanoseconds()))
-		}
-		return now
-	}
 	sel, err := probelist.ParseSelector(r.fn, "")
 	if err != nil {
 		return nil, err
 	}
 	for i := -1; i < r.h.Cfg.Reps*3; i++ {
-		warm = i < 0
 		t0 := time.Now()
-		lock, err := hotpatch.AcquireLock(r.t.Pid, false)
-		if err != nil {
-			return nil, err
-		}
-		t0 = lap("lock", t0)
-		objs, err := procmaps.Objects(r.t.Pid)
-		if err != nil {
-			lock.Release()
-			return nil, err
-		}
-		t0 = lap("maps", t0)
-		cache, err := probecache.Open(r.cache)
-		if err != nil {
-			lock.Release()
-			return nil, err
-		}
-		x, err := cache.List(r.list)
-		if err != nil {
-			lock.Release()
-			return nil, err
-		}
-		idx, err := x.Select(sel)
-		if err != nil {
-			lock.Release()
-			return nil, err
-		}
-		var main *procmaps.Object
-		for k := range objs {
-			if objs[k].BuildID == x.Binary().BuildID {
-				main = &objs[k]
+		lap := func(name string) {
+			now := time.Now()
+			if i >= 0 {
+				out[name] = append(out[name], float64(now.Sub(t0).Nanoseconds()))
 			}
+			t0 = now
 		}
-		if main == nil {
-			lock.Release()
-			return nil, errors.New("the list's object is not mapped")
-		}
-		var sites []xmod.Site
-		for _, k := range idx {
-			p, err := x.Probe(k)
-			if err != nil {
-				lock.Release()
-				return nil, err
-			}
-			sites = append(sites, xmod.Site{Addr: main.Runtime(uint64(p.Address)), Active: p.Active, Inert: p.Inert})
-		}
-		t0 = lap("list", t0)
-		for k := range objs {
-			if _, err := cache.Scan(r.t.Pid, &objs[k]); err != nil && !errors.Is(err, elfscan.ErrNoHookSites) {
-				lock.Release()
-				return nil, err
-			}
-		}
-		t0 = lap("scan", t0)
-		tr, err := ptrace.Attach(r.t.Pid, ptrace.Options{LeaderOnly: true})
-		if err != nil {
-			lock.Release()
-			return nil, err
-		}
-		t0 = lap("attach", t0)
-		_, err = xmod.Classify(tr, sites)
-		t0 = lap("verify", t0)
-		if err == nil {
-			_, err = xmod.Flip(ctx, tr, changes(sites, i%2 == 0), xmod.FlipOptions{})
-			t0 = lap("write", t0)
-		}
-		if err == nil {
-			_, err = xmod.Classify(tr, sites)
-			t0 = lap("readback", t0)
-		}
-		derr := tr.Detach()
-		lap("detach", t0)
-		lock.Release()
-		if err == nil {
-			err = derr
-		}
-		if err != nil {
+		if err := r.phaseRound(ctx, sel, i%2 == 0, lap); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
+}
+
+// phaseRound is one toggle, lap called after each phase.
+func (r *cliRun) phaseRound(ctx context.Context, sel probelist.Selector, on bool, lap func(string)) error {
+	lock, err := hotpatch.AcquireLock(r.t.Pid, false)
+	if err != nil {
+		return err
+	}
+	defer lock.Release()
+	lap("lock")
+	objs, err := procmaps.Objects(r.t.Pid)
+	if err != nil {
+		return err
+	}
+	lap("maps")
+	cache, err := probecache.Open(r.cache)
+	if err != nil {
+		return err
+	}
+	defer cache.Close()
+	x, err := cache.List(r.list)
+	if err != nil {
+		return err
+	}
+	idx, err := x.Select(sel)
+	if err != nil {
+		return err
+	}
+	var main *procmaps.Object
+	for k := range objs {
+		if objs[k].BuildID == x.Binary().BuildID {
+			main = &objs[k]
+		}
+	}
+	if main == nil {
+		return errors.New("the list's object is not mapped")
+	}
+	var sites []xmod.Site
+	for _, k := range idx {
+		p, err := x.Probe(k)
+		if err != nil {
+			return err
+		}
+		sites = append(sites, xmod.Site{Addr: main.Runtime(uint64(p.Address)), Active: p.Active, Inert: p.Inert})
+	}
+	lap("list")
+	for k := range objs {
+		if _, err := cache.Scan(r.t.Pid, &objs[k]); err != nil && !errors.Is(err, elfscan.ErrNoHookSites) {
+			return err
+		}
+	}
+	lap("scan")
+	tr, err := ptrace.Attach(r.t.Pid, ptrace.Options{LeaderOnly: true})
+	if err != nil {
+		return err
+	}
+	lap("attach")
+	_, err = xmod.Classify(tr, sites)
+	lap("verify")
+	if err == nil {
+		_, err = xmod.Flip(ctx, tr, changes(sites, on), xmod.FlipOptions{})
+		lap("write")
+	}
+	if err == nil {
+		_, err = xmod.Classify(tr, sites)
+		lap("readback")
+	}
+	derr := tr.Detach()
+	lap("detach")
+	if err == nil {
+		err = derr
+	}
+	return err
 }
 
 func (h *Harness) reportCLI(r *cliRun, m *cliSamples, ph map[string][]float64) {

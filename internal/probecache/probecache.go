@@ -143,6 +143,9 @@ func Open(path string) (*Cache, error) {
 // Path is the directory.
 func (c *Cache) Path() string { return c.path }
 
+// Close closes the directory. Indexes from the cache stay usable.
+func (c *Cache) Close() error { return unix.Close(c.dir) }
+
 // toolID is this program's Go build ID (or GNU build-id) note: any change
 // to the program changes it, and with it every key.
 func toolID() ([]byte, error) {
