@@ -52,6 +52,7 @@ fuzz:
 	$(FUZZ) '^FuzzDecode$$' ./internal/x86dec
 	$(FUZZ) '^FuzzParseHeader$$' ./internal/shm
 	$(FUZZ) '^FuzzParse$$' ./internal/calibrate
+	$(FUZZ) '^FuzzSignatures$$' ./internal/dwarfargs
 
 demo: build
 	./scripts/demo.sh

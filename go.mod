@@ -3,12 +3,14 @@ module github.com/edgeprobe/edgeprobe
 go 1.26.8
 
 require (
-	github.com/chzyer/readline v1.5.1 // indirect
-	github.com/google/pprof v0.0.0-20260906184651-6331bc6350fe // indirect
-	github.com/ianlancetaylor/demangle v0.0.0-20250417193237-f615e6bd150b // indirect
+	github.com/go-delve/delve v1.27.2
+	github.com/google/pprof v0.0.0-20260906184651-6331bc6350fe
+	github.com/spf13/cobra v1.10.2
+	golang.org/x/arch v0.32.0
+	golang.org/x/sys v0.49.0
+)
+
+require (
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
-	github.com/spf13/cobra v1.10.2 // indirect
-	github.com/spf13/pflag v1.0.9 // indirect
-	golang.org/x/arch v0.32.0 // indirect
-	golang.org/x/sys v0.49.0 // indirect
+	github.com/spf13/pflag v1.0.10 // indirect
 )

@@ -21,6 +21,7 @@ const (
 	String            // Uint: the pointer; Str: the bytes read from it (see Note, Truncated)
 	Enum              // Int; Str: the enumerator's name, if it has one
 	Struct            // Fields, in declaration order
+	Wide              // Str: the decimal text of an integer wider than 64 bits
 )
 
 // Value is one recorded argument or return value, typed from DWARF.
@@ -93,6 +94,8 @@ func (v Value) write(b *strings.Builder) {
 		} else {
 			b.WriteString(strconv.FormatInt(v.Int, 10))
 		}
+	case Wide:
+		b.WriteString(v.Str)
 	case Struct:
 		b.WriteString("{")
 		for i, f := range v.Fields {
