@@ -53,6 +53,7 @@ fuzz:
 	$(FUZZ) '^FuzzParseHeader$$' ./internal/shm
 	$(FUZZ) '^FuzzParse$$' ./internal/calibrate
 	$(FUZZ) '^FuzzSignatures$$' ./internal/dwarfargs
+	$(FUZZ) '^FuzzReader$$' ./internal/perfetto
 
 demo: build
 	./scripts/demo.sh
