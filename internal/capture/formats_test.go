@@ -205,3 +205,56 @@ func TestTraceTextCallTree(t *testing.T) {
 		})
 	}
 }
+
+// TestTop: top with --enable shows per-interval rates and percentiles, one
+// JSON object per interval, and puts the probes back.
+func TestTop(t *testing.T) {
+	p := startCold(t)
+	r := run(t, "top", "--pid", fmt.Sprint(p.Pid), "--enable", "work", "--enable", "leaf", "--interval", "100ms", "--count", "3", "--json")
+	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("%d snapshots, want 3: %q", len(lines), r.Stdout)
+	}
+	var lastTotal uint64
+	for i, l := range lines {
+		var s struct {
+			PID        int   `json:"pid"`
+			IntervalNs int64 `json:"interval_ns"`
+			Functions  []struct {
+				Name       string  `json:"name"`
+				Calls      uint64  `json:"calls"`
+				PerSec     float64 `json:"calls_per_sec"`
+				P50        uint64  `json:"p50_ns"`
+				P99        uint64  `json:"p99_ns"`
+				TotalCalls uint64  `json:"total_calls"`
+			} `json:"functions"`
+		}
+		if err := json.Unmarshal([]byte(l), &s); err != nil {
+			t.Fatalf("snapshot %d: %v: %q", i, err, l)
+		}
+		seen := 0
+		for _, f := range s.Functions {
+			if f.Name != "work" && f.Name != "leaf" {
+				continue
+			}
+			seen++
+			rate := float64(f.Calls) / (float64(s.IntervalNs) / 1e9)
+			if f.Calls == 0 || f.P50 == 0 || f.P50 > f.P99 || (f.PerSec-rate) > 1e-6*rate || (rate-f.PerSec) > 1e-6*rate {
+				t.Errorf("snapshot %d: %+v (interval %d ns)", i, f, s.IntervalNs)
+			}
+			if f.Name == "work" {
+				if f.TotalCalls < lastTotal+f.Calls {
+					t.Errorf("snapshot %d: work's total %d did not grow by its %d calls from %d", i, f.TotalCalls, f.Calls, lastTotal)
+				}
+				lastTotal = f.TotalCalls
+			}
+		}
+		if s.PID != p.Pid || seen != 2 {
+			t.Errorf("snapshot %d: pid %d, %d of work and leaf: %s", i, s.PID, seen, l)
+		}
+	}
+	allOff(t, p)
+	if o, _ := p.Finish(); !strings.Contains(o, "wrong=0") {
+		t.Fatalf("program output %q", o)
+	}
+}
