@@ -328,6 +328,11 @@ func returnLoc(t *Type) (parts []Part, inMemory bool, why string) {
 	if t.ByRef {
 		return nil, true, ""
 	}
+	if t.Kind == KComplex && isLongDouble(t.Elem) {
+		// COMPLEX_X87: returned in st0 and st1, not in memory, though it is
+		// larger than 16 bytes.
+		return nil, false, "returned in the x87 registers st0 and st1, which the return probe does not save"
+	}
 	cls, why := classify(t)
 	if why != "" {
 		return nil, false, why

@@ -286,28 +286,25 @@ func (t *Table) build(addr uint64, ref funcRef) (*Signature, error) {
 		}
 	}
 	// The declared parameters, in declaration order: the abstract origin's
-	// when there is one (a clone lists the ones it kept first).
+	// when this is a concrete instance of one (a clone lists the ones it
+	// kept first); else this DIE's own (a C++ definition outside its class
+	// names its parameters, the in-class declaration does not).
 	var decl []*declared
 	byOrigin := map[dwarf.Offset]*declared{}
-	if len(chain) > 1 {
-		for _, c := range chain[1:] {
-			ps, v, err := t.children(c.Offset)
-			if err != nil {
+	if origin, ok := e.Val(dwarf.AttrAbstractOrigin).(dwarf.Offset); ok {
+		ps, v, err := t.children(origin)
+		if err != nil {
+			return nil, err
+		}
+		variadic = variadic || v
+		for _, p := range ps {
+			d := &declared{origin: p.Offset}
+			d.name, _ = p.Val(dwarf.AttrName).(string)
+			if d.typ, err = t.tr.typeOf(p); err != nil {
 				return nil, err
 			}
-			variadic = variadic || v
-			if len(ps) == 0 || len(decl) > 0 {
-				continue
-			}
-			for _, p := range ps {
-				d := &declared{origin: p.Offset}
-				d.name, _ = p.Val(dwarf.AttrName).(string)
-				if d.typ, err = t.tr.typeOf(p); err != nil {
-					return nil, err
-				}
-				decl = append(decl, d)
-				byOrigin[p.Offset] = d
-			}
+			decl = append(decl, d)
+			byOrigin[p.Offset] = d
 		}
 	}
 	for _, c := range concrete {
