@@ -336,3 +336,41 @@ func (s *Signature) String() string {
 	}
 	return b.String()
 }
+
+// TestUnoptimizedKeepsTheABI: at -O0 no compiler changes a calling
+// convention, so no signature may say it did (C and C++: methods, this,
+// templates, destructors).
+func TestUnoptimizedKeepsTheABI(t *testing.T) {
+	for _, spec := range []testutil.Spec{
+		{Compiler: "g++", Sources: []string{"exc.cc"}, Opt: "-O0"},
+		{Compiler: "clang++", Sources: []string{"exc.cc"}, Opt: "-O0"},
+		{Compiler: "gcc", Sources: []string{"basic.c"}, Opt: "-O0"},
+		{Compiler: "clang", Sources: []string{"basic.c"}, Opt: "-O0"},
+	} {
+		t.Run(spec.String(), func(t *testing.T) {
+			tab, err := Open(testutil.Build(t, spec).Path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for _, a := range tab.Addrs() {
+				s, err := tab.Lookup(a)
+				if err != nil {
+					t.Fatal(err)
+				}
+				n++
+				if s.Changed != "" {
+					t.Errorf("%s: %s", s, s.Changed)
+				}
+				for i, p := range s.Params {
+					if p.Name == "this" && (i != 0 || len(p.Parts) != 1 || p.Parts[0] != (Part{Kind: LocInt, Reg: 0, Size: 8})) {
+						t.Errorf("%s: this is not the first argument, in rdi", s)
+					}
+				}
+			}
+			if n < 5 {
+				t.Errorf("only %d functions", n)
+			}
+		})
+	}
+}
