@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -311,7 +312,11 @@ line, the others opened with '{' and closed with '}'.`,
 				return err
 			}
 			defer f.Close()
-			if err := report.ReplayPerfetto(f, report.NewTextSink(stdout)); err != nil {
+			in := bufio.NewReader(f)
+			if b, _ := in.Peek(1); len(b) == 1 && b[0] == '{' {
+				return fmt.Errorf("%s: a JSON trace; replay reads Perfetto traces (hotpatch trace --format perfetto)", args[0])
+			}
+			if err := report.ReplayPerfetto(in, report.NewTextSink(stdout)); err != nil {
 				return fmt.Errorf("%s: %w", args[0], err)
 			}
 			return nil

@@ -198,10 +198,9 @@ func (t *Table) Lookup(addr uint64) (sig *Signature, err error) {
 // declared is a parameter as the source declares it, with the DIE that
 // locates it in this instance of the function.
 type declared struct {
-	name   string
-	typ    *Type
-	origin dwarf.Offset // the abstract parameter, or the DIE itself
-	loc    *dwarf.Entry // the concrete DIE with the location, nil if none
+	name string
+	typ  *Type
+	loc  *dwarf.Entry // the concrete DIE with the location, nil if none
 }
 
 func (t *Table) build(addr uint64, ref funcRef) (*Signature, error) {
@@ -298,7 +297,7 @@ func (t *Table) build(addr uint64, ref funcRef) (*Signature, error) {
 		}
 		variadic = variadic || v
 		for _, p := range ps {
-			d := &declared{origin: p.Offset}
+			d := &declared{}
 			d.name, _ = p.Val(dwarf.AttrName).(string)
 			if d.typ, err = t.tr.typeOf(p); err != nil {
 				return nil, err
@@ -317,7 +316,7 @@ func (t *Table) build(addr uint64, ref funcRef) (*Signature, error) {
 				continue
 			}
 		}
-		d := &declared{origin: c.Offset, loc: c}
+		d := &declared{loc: c}
 		d.name, _ = c.Val(dwarf.AttrName).(string)
 		if _, ok := c.Val(dwarf.AttrType).(dwarf.Offset); ok {
 			if d.typ, err = t.tr.typeOf(c); err != nil {
