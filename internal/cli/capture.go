@@ -197,6 +197,9 @@ Formats (--format; by default chosen from the output's extension: .json is chrom
 			if duration <= 0 {
 				return usagef("trace needs a positive --duration")
 			}
+			if !cmd.Flags().Changed("max-calls") && format != formatChrome {
+				maxCalls = 0 // the streaming formats hold nothing in memory
+			}
 			sels, err := sel.parse()
 			if err != nil {
 				return err
@@ -272,7 +275,7 @@ Formats (--format; by default chosen from the output's extension: .json is chrom
 	cmd.Flags().DurationVar(&duration, "duration", 0, "how long to record")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write the trace to `FILE` (text: stdout without it)")
 	cmd.Flags().StringVar(&format, "format", "", "perfetto, chrome-json or text (default: from the output's extension)")
-	cmd.Flags().IntVar(&maxCalls, "max-calls", 1000000, "stop early once this many calls are captured (0: no limit)")
+	cmd.Flags().IntVar(&maxCalls, "max-calls", 1000000, "stop early once this many calls are captured (0: no limit; default no limit but for chrome-json, which is held in memory)")
 	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{formatPerfetto, formatChrome, formatText}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
