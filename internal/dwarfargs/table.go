@@ -204,7 +204,7 @@ type declared struct {
 }
 
 func (t *Table) build(addr uint64, ref funcRef) (*Signature, error) {
-	e, r, err := t.tr.entry(ref.off)
+	e, _, err := t.tr.entry(ref.off)
 	if err != nil {
 		return nil, err
 	}
@@ -252,37 +252,9 @@ func (t *Table) build(addr uint64, ref funcRef) (*Signature, error) {
 	}
 
 	// The concrete parameters, in this instance's order.
-	var concrete []*dwarf.Entry
-	variadic := false
-	if e.Children {
-		depth := 0
-		for {
-			c, err := r.Next()
-			if err != nil {
-				return nil, err
-			}
-			if c == nil {
-				break
-			}
-			if c.Tag == 0 {
-				if depth == 0 {
-					break
-				}
-				depth--
-				continue
-			}
-			if depth == 0 {
-				switch c.Tag {
-				case dwarf.TagFormalParameter:
-					concrete = append(concrete, c)
-				case dwarf.TagUnspecifiedParameters:
-					variadic = true
-				}
-			}
-			if c.Children {
-				depth++
-			}
-		}
+	concrete, variadic, err := t.children(ref.off)
+	if err != nil {
+		return nil, err
 	}
 	// The declared parameters, in declaration order: the abstract origin's
 	// when this is a concrete instance of one (a clone lists the ones it
@@ -423,31 +395,21 @@ func (t *Table) build(addr uint64, ref funcRef) (*Signature, error) {
 
 // children returns the formal parameters of the subprogram DIE at off, and
 // whether it is variadic.
-func (t *Table) children(off dwarf.Offset) ([]*dwarf.Entry, bool, error) {
+func (t *Table) children(off dwarf.Offset) (params []*dwarf.Entry, variadic bool, err error) {
 	e, r, err := t.tr.entry(off)
-	if err != nil || !e.Children {
+	if err != nil {
 		return nil, false, err
 	}
-	var out []*dwarf.Entry
-	variadic := false
-	for {
-		c, err := r.Next()
-		if err != nil {
-			return nil, false, err
-		}
-		if c == nil || c.Tag == 0 {
-			return out, variadic, nil
-		}
+	err = eachChild(r, e, func(c *dwarf.Entry) error {
 		switch c.Tag {
 		case dwarf.TagFormalParameter:
-			out = append(out, c)
+			params = append(params, c)
 		case dwarf.TagUnspecifiedParameters:
 			variadic = true
 		}
-		if c.Children {
-			r.SkipChildren()
-		}
-	}
+		return nil
+	})
+	return params, variadic, err
 }
 
 func sameRegs(a, b []Part) bool {

@@ -231,26 +231,18 @@ func (tr *typeReader) read(off dwarf.Offset) (*Type, error) {
 		if v, _ := e.Val(attrGNUVector).(bool); v {
 			t.Kind = KVector
 		}
-		if e.Children {
-			for {
-				c, err := r.Next()
-				if err != nil {
-					return nil, err
-				}
-				if c == nil || c.Tag == 0 {
-					break
-				}
-				if c.Tag == dwarf.TagSubrangeType && t.Count < 0 {
-					if n, ok := c.Val(dwarf.AttrCount).(int64); ok {
-						t.Count = n
-					} else if ub, ok := c.Val(dwarf.AttrUpperBound).(int64); ok {
-						t.Count = ub + 1
-					}
-				}
-				if c.Children {
-					r.SkipChildren()
+		err = eachChild(r, e, func(c *dwarf.Entry) error {
+			if c.Tag == dwarf.TagSubrangeType && t.Count < 0 {
+				if n, ok := c.Val(dwarf.AttrCount).(int64); ok {
+					t.Count = n
+				} else if ub, ok := c.Val(dwarf.AttrUpperBound).(int64); ok {
+					t.Count = ub + 1
 				}
 			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
 		}
 		if t.Count >= 0 && elem.Size >= 0 && !hasSize {
 			t.Size = t.Count * elem.Size
@@ -271,27 +263,19 @@ func (tr *typeReader) read(off dwarf.Offset) (*Type, error) {
 			}
 			t.Signed = u.Kind == KInt || (u.Kind == KChar && u.Signed)
 		}
-		if e.Children {
-			for {
-				c, err := r.Next()
-				if err != nil {
-					return nil, err
-				}
-				if c == nil || c.Tag == 0 {
-					break
-				}
-				if c.Tag == dwarf.TagEnumerator {
-					n, _ := c.Val(dwarf.AttrName).(string)
-					v, _ := c.Val(dwarf.AttrConstValue).(int64)
-					t.Enums = append(t.Enums, Enumerator{n, v})
-					if v < 0 {
-						t.Signed = true
-					}
-				}
-				if c.Children {
-					r.SkipChildren()
+		err := eachChild(r, e, func(c *dwarf.Entry) error {
+			if c.Tag == dwarf.TagEnumerator {
+				n, _ := c.Val(dwarf.AttrName).(string)
+				v, _ := c.Val(dwarf.AttrConstValue).(int64)
+				t.Enums = append(t.Enums, Enumerator{n, v})
+				if v < 0 {
+					t.Signed = true
 				}
 			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
 		}
 	case dwarf.TagSubroutineType:
 		ret, err := tr.typeOf(e)
@@ -312,6 +296,20 @@ func plainChar(name string) bool {
 
 // members reads the children of a struct, class or union.
 func (tr *typeReader) members(t *Type, e *dwarf.Entry, r *dwarf.Reader) error {
+	return eachChild(r, e, func(c *dwarf.Entry) error {
+		if (c.Tag == dwarf.TagMember || c.Tag == dwarf.TagInheritance) && !staticMember(c) {
+			f, err := tr.member(t, c)
+			if err != nil {
+				return err
+			}
+			t.Fields = append(t.Fields, f)
+		}
+		return nil
+	})
+}
+
+// eachChild calls fn for each direct child of e, which r has just read.
+func eachChild(r *dwarf.Reader, e *dwarf.Entry, fn func(c *dwarf.Entry) error) error {
 	if !e.Children {
 		return nil
 	}
@@ -323,12 +321,8 @@ func (tr *typeReader) members(t *Type, e *dwarf.Entry, r *dwarf.Reader) error {
 		if c == nil || c.Tag == 0 {
 			return nil
 		}
-		if (c.Tag == dwarf.TagMember || c.Tag == dwarf.TagInheritance) && !staticMember(c) {
-			f, err := tr.member(t, c)
-			if err != nil {
-				return err
-			}
-			t.Fields = append(t.Fields, f)
+		if err := fn(c); err != nil {
+			return err
 		}
 		if c.Children {
 			r.SkipChildren()

@@ -53,6 +53,17 @@ func writeSample(t *testing.T, w io.Writer) *Writer {
 	return tw
 }
 
+// sampleFile writes the sample trace to a file and returns its path.
+func sampleFile(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "trace.pftrace")
+	f, err := os.Create(path)
+	must(t, err)
+	writeSample(t, f)
+	must(t, f.Close())
+	return path
+}
+
 func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
@@ -108,11 +119,7 @@ func TestRoundTrip(t *testing.T) {
 // Perfetto's schema under the name and type we meant.
 func TestProtocDecodesWithPerfettoSchema(t *testing.T) {
 	testutil.RequireTool(t, "protoc")
-	path := filepath.Join(t.TempDir(), "trace.pftrace")
-	f, err := os.Create(path)
-	must(t, err)
-	writeSample(t, f)
-	f.Close()
+	path := sampleFile(t)
 	text := protoc(t, path, "--proto_path=testdata", "--decode=perfetto.protos.Trace", "perfetto_subset.proto")
 	for _, line := range strings.Split(text, "\n") {
 		if l := strings.TrimSpace(line); l != "" && l[0] >= '0' && l[0] <= '9' {
@@ -140,11 +147,7 @@ func TestProtocDecodesWithPerfettoSchema(t *testing.T) {
 // nest there.
 func TestProtocDecodeRaw(t *testing.T) {
 	testutil.RequireTool(t, "protoc")
-	path := filepath.Join(t.TempDir(), "trace.pftrace")
-	f, err := os.Create(path)
-	must(t, err)
-	writeSample(t, f)
-	f.Close()
+	path := sampleFile(t)
 	root := parseRaw(t, protoc(t, path, "--decode_raw"))
 	pkts := root.all("1")
 	if len(pkts) != 11 { // clock snapshot, 3 track descriptors, 7 events

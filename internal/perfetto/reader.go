@@ -355,11 +355,9 @@ func (r *Reader) trackEvent(b []byte, ts uint64, seq *seqState) (*Event, error) 
 		case fTETrackUUID:
 			track = v
 		case fTENameIID:
-			n, ok := seq.names[v]
-			if !ok {
-				return fmt.Errorf("event name iid %d was never interned", v)
-			}
-			ev.Name = n
+			var err error
+			ev.Name, err = interned(seq.names, v, "event name")
+			return err
 		case fTEName:
 			ev.Name = string(sub)
 		case fTEDebugAnnotations:
@@ -378,6 +376,15 @@ func (r *Reader) trackEvent(b []byte, ts uint64, seq *seqState) (*Event, error) 
 	return ev, nil
 }
 
+// interned looks an iid up in one of the sequence's interning tables.
+func interned(table map[uint64]string, iid uint64, what string) (string, error) {
+	s, ok := table[iid]
+	if !ok {
+		return "", fmt.Errorf("%s iid %d was never interned", what, iid)
+	}
+	return s, nil
+}
+
 func annotation(b []byte, seq *seqState, depth int) (Arg, error) {
 	var a Arg
 	if depth > 32 {
@@ -386,11 +393,9 @@ func annotation(b []byte, seq *seqState, depth int) (Arg, error) {
 	err := fields(b, func(num protowire.Number, _ protowire.Type, v uint64, sub []byte) error {
 		switch num {
 		case fDANameIID:
-			n, ok := seq.annNames[v]
-			if !ok {
-				return fmt.Errorf("annotation name iid %d was never interned", v)
-			}
-			a.Name = n
+			var err error
+			a.Name, err = interned(seq.annNames, v, "annotation name")
+			return err
 		case fDAName:
 			a.Name = string(sub)
 		case fDABool:
