@@ -65,6 +65,8 @@ fuzz:
 	$(FUZZ) '^FuzzDecode$$' ./internal/x86dec
 	$(FUZZ) '^FuzzParseHeader$$' ./internal/shm
 	$(FUZZ) '^FuzzParse$$' ./internal/calibrate
+	$(FUZZ) '^FuzzSignatures$$' ./internal/dwarfargs
+	$(FUZZ) '^FuzzReader$$' ./internal/perfetto
 
 demo: build
 	./scripts/demo.sh

@@ -5,23 +5,28 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/report"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 )
 
 // TraceResult summarises a trace capture.
 type TraceResult struct {
-	Tracer   *report.Tracer
 	Events   uint64 // events read from the rings
 	Dropped  uint64 // events the runtime dropped because a ring was full
+	Calls    uint64 // calls passed to the sink (Unwound and Open included)
+	Unpaired uint64 // exits of calls that began before the capture
+	Unwound  uint64 // calls that never returned (longjmp, exceptions)
+	Open     uint64 // calls still running when the capture ended
 	Duration time.Duration
 	Limited  bool // the capture stopped at MaxCalls before Duration
 }
 
 // Trace enables the selection, switches the runtime's event rings on,
-// drains them every few milliseconds for o.Duration, then switches them off
-// and puts the probes back as they were.
-func Trace(ctx context.Context, o Options) (res *TraceResult, err error) {
+// drains them every few milliseconds for o.Duration into sink (as a
+// well-formed call stream, see calltrace.Matcher), then switches them off,
+// closes the sink and puts the probes back as they were.
+func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResult, err error) {
 	s, err := open(ctx, o)
 	if err != nil {
 		return nil, err
@@ -34,7 +39,10 @@ func Trace(ctx context.Context, o Options) (res *TraceResult, err error) {
 	if !s.region.Writable() {
 		return nil, fmt.Errorf("%s is read-only to us: tracing needs to switch the rings on", s.region.Path())
 	}
-	res = &TraceResult{Tracer: report.NewTracer(o.PID, s.sym)}
+	res = &TraceResult{}
+	m := calltrace.NewMatcher(sink)
+	conv := newConverter(s.sym)
+	var sinkErr error
 	tids := map[int]int32{} // slot -> the thread that owns it now
 	drain := func(keep bool) {
 		for _, th := range s.region.Threads() {
@@ -46,11 +54,14 @@ func Trace(ctx context.Context, o Options) (res *TraceResult, err error) {
 					tids[th.Index] = int32(e.Addr) // the slot changed hands
 					return
 				}
-				if keep && !res.Limited {
-					res.Events++
-					res.Tracer.Add(tids[th.Index], e)
-					res.Limited = o.MaxCalls > 0 && res.Tracer.Calls() >= o.MaxCalls
+				if !keep || res.Limited || sinkErr != nil {
+					return
 				}
+				res.Events++
+				if sinkErr = m.Add(conv.event(tids[th.Index], e)); sinkErr != nil {
+					return
+				}
+				res.Limited = o.MaxCalls > 0 && m.Calls >= uint64(o.MaxCalls)
 			})
 		}
 	}
@@ -60,17 +71,55 @@ func Trace(ctx context.Context, o Options) (res *TraceResult, err error) {
 		return nil, err
 	}
 	start := time.Now()
-	limitCtx, stopAtLimit := context.WithCancel(ctx)
-	defer stopAtLimit()
+	limitCtx, stopEarly := context.WithCancel(ctx)
+	defer stopEarly()
 	ticker(limitCtx, o.Duration, 5*time.Millisecond, o.Progress, func(time.Duration) string {
-		if drain(true); res.Limited {
-			stopAtLimit()
+		if drain(true); res.Limited || sinkErr != nil {
+			stopEarly()
 		}
-		return fmt.Sprintf("%d calls", res.Tracer.Calls())
+		return fmt.Sprintf("%d calls", m.Calls)
 	})
 	offErr := s.region.SetTrace(false)
 	res.Dropped = s.region.Counters().RingDropped - dropped0
 	drain(true) // what the rings hold is kept unless the limit was reached
 	res.Duration = time.Since(start)
+	if sinkErr != nil {
+		return res, sinkErr
+	}
+	if err := m.Close(); err != nil {
+		return res, err
+	}
+	res.Calls, res.Unpaired, res.Unwound, res.Open = m.Calls, m.Unpaired, m.Unwound, m.Open
 	return res, offErr
+}
+
+// converter turns the runtime's ring events into calltrace events, naming
+// each function once. It is the one place that knows the ring encoding;
+// a runtime with another encoding plugs in here.
+type converter struct {
+	sym   *report.Symbolizer
+	funcs map[uint64]*calltrace.Function
+	ev    calltrace.Event
+}
+
+func newConverter(sym *report.Symbolizer) *converter {
+	return &converter{sym: sym, funcs: map[uint64]*calltrace.Function{}}
+}
+
+func (c *converter) event(tid int32, e shm.Event) *calltrace.Event {
+	f := c.funcs[e.Addr]
+	addr, bare := e.Addr&^shm.KeyBare, e.Addr&shm.KeyBare != 0
+	if f == nil {
+		name, obj := c.sym.Name(addr, !bare)
+		f = &calltrace.Function{Addr: e.Addr, Name: name, Object: obj}
+		c.funcs[e.Addr] = f
+	}
+	c.ev = calltrace.Event{Thread: tid, TimeNs: e.TimeNs, Func: f, Kind: calltrace.Exit}
+	switch {
+	case e.Kind == shm.EvEnter && bare:
+		c.ev.Kind = calltrace.Instant // clang's entry-bare hook: no exit will come
+	case e.Kind == shm.EvEnter:
+		c.ev.Kind = calltrace.Entry
+	}
+	return &c.ev
 }

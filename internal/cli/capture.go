@@ -1,18 +1,21 @@
 package cli
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/capture"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/report"
@@ -153,54 +156,116 @@ func newTraceCmd(stdout, stderr io.Writer) *cobra.Command {
 		sel      selection
 		duration time.Duration
 		output   string
+		format   string
 		maxCalls int
 	)
 	cmd := &cobra.Command{
-		Use:   "trace --pid N --enable SEL --duration D -o trace.json",
-		Short: "Record every call of the selected functions for a while, as a Chrome trace",
+		Use:   "trace --pid N --enable SEL --duration D -o FILE [--format perfetto|chrome-json|text]",
+		Short: "Record every call of the selected functions for a while, as a trace",
 		Long: `trace turns on the selected probes, switches the runtime's per-thread event rings on,
 collects them for the duration, then switches them off and puts every probe back as it
-was. The output is Chrome trace-event JSON (open it in Perfetto, ui.perfetto.dev, or
-chrome://tracing): one track per thread, one slice per call, nested as the calls were.
-Events the rings could not hold are counted and reported, never silently lost.`,
-		Example: `  hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.json`,
-		Args:    cobra.NoArgs,
+was. Events the rings could not hold are counted and reported, never silently lost.
+
+Formats (--format; by default chosen from the output's extension: .json is chrome-json,
+.txt is text, anything else perfetto):
+  perfetto     Perfetto's native protobuf trace, written as a stream while capturing: open
+               it in ui.perfetto.dev or trace_processor. One track per thread, one slice
+               per call, nested as the calls were; interned names.
+  chrome-json  Chrome trace-event JSON (legacy; held in memory until the end).
+  text         the per-thread call graph with durations, like uftrace replay; to stdout
+               without -o. 'hotpatch replay FILE' prints a saved Perfetto trace this way.`,
+		Example: `  hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.pftrace
+  hotpatch trace --pid 4242 --enable parse --duration 200ms --format text | less
+  hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.json   # chrome-json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := tf.check(); err != nil {
 				return err
 			}
-			if output == "" || duration <= 0 {
-				return usagef("trace needs -o FILE and a positive --duration")
+			if format == "" {
+				format = formatFor(output)
+			}
+			switch format {
+			case formatPerfetto, formatChrome:
+				if output == "" || output == "-" {
+					return usagef("--format %s needs -o FILE", format)
+				}
+			case formatText:
+			default:
+				return usagef("--format must be perfetto, chrome-json or text, not %q", format)
+			}
+			if duration <= 0 {
+				return usagef("trace needs a positive --duration")
+			}
+			if !cmd.Flags().Changed("max-calls") && format != formatChrome {
+				maxCalls = 0 // the streaming formats hold nothing in memory
 			}
 			sels, err := sel.parse()
 			if err != nil {
 				return err
 			}
+			var out io.Writer = stdout
+			var file *atomicOutput
+			if output != "" && output != "-" {
+				if file, err = createAtomic(output); err != nil {
+					return err
+				}
+				defer file.abort() // no-op after commit
+				out = file
+			}
+			var sink calltrace.Sink
+			var tracer *report.Tracer
+			switch format {
+			case formatPerfetto:
+				ps, err := report.NewPerfettoSink(out, tf.pid, processName(tf.pid), clockReading())
+				if err != nil {
+					return err
+				}
+				ps.ThreadName = func(tid int32) string { return threadComm(tf.pid, tid) }
+				sink = ps
+			case formatChrome:
+				tracer = report.NewTracer(tf.pid)
+				sink = tracer
+			case formatText:
+				sink = report.NewTextSink(out)
+			}
 			ctx, stop := signalContext()
 			defer stop()
 			progress := progressTo(stderr, "tracing")
-			res, err := capture.Trace(ctx, capture.Options{PID: tf.pid, ProbeFiles: tf.probes, Selectors: sels, Duration: duration, MaxCalls: maxCalls, Progress: progress})
+			if format == formatText && file == nil {
+				progress = nil // the call graph itself goes to the terminal
+			}
+			res, err := capture.Trace(ctx, capture.Options{PID: tf.pid, ProbeFiles: tf.probes, Selectors: sels, Duration: duration, MaxCalls: maxCalls, Progress: progress}, sink)
 			endProgress(stderr, progress)
 			if err != nil {
 				return classify(err)
 			}
-			var buf bytes.Buffer
-			if err := res.Tracer.Write(&buf); err != nil {
-				return err
+			if tracer != nil {
+				if err := tracer.Write(out); err != nil {
+					return err
+				}
 			}
-			if err := probelist.WriteFileAtomic(output, buf.Bytes(), 0o644); err != nil {
-				return err
+			name := "stdout"
+			if file != nil {
+				if err := file.commit(); err != nil {
+					return err
+				}
+				name = output
 			}
-			summary := map[string]any{"output": output, "calls": res.Tracer.Calls(), "events": res.Events,
-				"dropped_events": res.Dropped, "unpaired_exits": res.Tracer.Unpaired, "duration_ns": res.Duration.Nanoseconds(),
-				"stopped_at_max_calls": res.Limited}
+			summary := map[string]any{"output": name, "format": format, "calls": res.Calls, "events": res.Events,
+				"dropped_events": res.Dropped, "unpaired_exits": res.Unpaired, "unwound_calls": res.Unwound, "open_calls": res.Open,
+				"duration_ns": res.Duration.Nanoseconds(), "stopped_at_max_calls": res.Limited}
+			summaryOut := stdout
+			if file == nil {
+				summaryOut = stderr // stdout holds the call graph
+			}
 			if tf.json {
-				return writeJSON(stdout, summary)
+				return writeJSON(summaryOut, summary)
 			}
-			fmt.Fprintf(stdout, "%s: %d calls (%d events, %d dropped by full rings, %d exits of calls begun before the capture) in %s\n",
-				output, res.Tracer.Calls(), res.Events, res.Dropped, res.Tracer.Unpaired, res.Duration.Round(time.Millisecond))
+			fmt.Fprintf(summaryOut, "%s: %d calls (%d events, %d dropped by full rings, %d exits of calls begun before the capture) in %s\n",
+				name, res.Calls, res.Events, res.Dropped, res.Unpaired, res.Duration.Round(time.Millisecond))
 			if res.Limited {
-				fmt.Fprintf(stdout, "stopped early at --max-calls %d\n", maxCalls)
+				fmt.Fprintf(summaryOut, "stopped early at --max-calls %d\n", maxCalls)
 			}
 			return nil
 		},
@@ -208,11 +273,60 @@ Events the rings could not hold are counted and reported, never silently lost.`,
 	tf.register(cmd)
 	sel.register(cmd, "turn on the probes `SEL` selects for the capture (repeatable; default: what is on)")
 	cmd.Flags().DurationVar(&duration, "duration", 0, "how long to record")
-	cmd.Flags().StringVarP(&output, "output", "o", "", "write the trace to `FILE`")
-	cmd.Flags().IntVar(&maxCalls, "max-calls", 1000000, "stop early once this many calls are captured (0: no limit; the capture is held in memory)")
+	cmd.Flags().StringVarP(&output, "output", "o", "", "write the trace to `FILE` (text: stdout without it)")
+	cmd.Flags().StringVar(&format, "format", "", "perfetto, chrome-json or text (default: from the output's extension)")
+	cmd.Flags().IntVar(&maxCalls, "max-calls", 1000000, "stop early once this many calls are captured (0: no limit; default no limit but for chrome-json, which is held in memory)")
+	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{formatPerfetto, formatChrome, formatText}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
 
+// Trace formats.
+const (
+	formatPerfetto = "perfetto"
+	formatChrome   = "chrome-json"
+	formatText     = "text"
+)
+
+// formatFor picks a trace format from an output file's name.
+func formatFor(output string) string {
+	switch {
+	case output == "" || output == "-" || strings.HasSuffix(output, ".txt"):
+		return formatText
+	case strings.HasSuffix(output, ".json"):
+		return formatChrome
+	}
+	return formatPerfetto
+}
+
+func newReplayCmd(stdout io.Writer) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "replay FILE",
+		Short: "Print a saved Perfetto trace as a per-thread call graph",
+		Long: `replay reads a trace written by 'hotpatch trace --format perfetto' (or any Perfetto trace
+of thread-track slices) and prints each thread's calls as a call graph with durations,
+arguments and return values, like uftrace replay: a call that made no traced call on one
+line, the others opened with '{' and closed with '}'.`,
+		Example: `  hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.pftrace
+  hotpatch replay trace.pftrace | less`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			f, err := os.Open(args[0])
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			in := bufio.NewReader(f)
+			if b, _ := in.Peek(1); len(b) == 1 && b[0] == '{' {
+				return fmt.Errorf("%s: a JSON trace; replay reads Perfetto traces (hotpatch trace --format perfetto)", args[0])
+			}
+			if err := report.ReplayPerfetto(in, report.NewTextSink(stdout)); err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			return nil
+		},
+	}
+	return cmd
+}
 func newProfileCmd(stdout, stderr io.Writer) *cobra.Command {
 	var (
 		tf       targetFlags

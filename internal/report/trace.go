@@ -5,32 +5,30 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/edgeprobe/edgeprobe/internal/shm"
+	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 )
 
-// Tracer accumulates a capture's events per thread and writes them as
-// Chrome trace-event JSON: one track per thread, one complete ("X") event per
-// call, nested as the calls nested.
+// Tracer accumulates a well-formed call stream (calltrace.Matcher's output)
+// and writes it as Chrome trace-event JSON, the legacy format: one track
+// per thread, one complete ("X") event per call, nested as the calls
+// nested. The whole capture is held in memory until Write; Perfetto's own
+// format (PerfettoSink) streams instead.
 type Tracer struct {
-	pid      int
-	sym      *Symbolizer
-	names    map[uint64][2]string // address -> name, object: one lookup per function
-	threads  map[int32]*threadTrace
-	order    []int32
-	t0       uint64
-	calls    int
-	Unpaired uint64 // exits with no entry in the capture (the call began before it)
+	pid     int
+	threads map[int32]*threadTrace
+	order   []int32
+	t0      uint64
+	calls   int
 }
 
 type threadTrace struct {
 	stack  []open
 	events []traceEvent
-	lastNs uint64
 }
 
 type open struct {
-	addr, startNs uint64
-	bare          bool
+	startNs uint64
+	args    map[string]string
 }
 
 type traceEvent struct {
@@ -41,65 +39,70 @@ type traceEvent struct {
 	Dur  *float64          `json:"dur,omitempty"` // µs
 	Pid  int               `json:"pid"`
 	Tid  int32             `json:"tid"`
+	S    string            `json:"s,omitempty"` // instant scope
 	Args map[string]string `json:"args,omitempty"`
 }
 
 // NewTracer starts an empty capture of process pid.
-func NewTracer(pid int, sym *Symbolizer) *Tracer {
-	return &Tracer{pid: pid, sym: sym, threads: map[int32]*threadTrace{}, names: map[uint64][2]string{}}
+func NewTracer(pid int) *Tracer {
+	return &Tracer{pid: pid, threads: map[int32]*threadTrace{}}
 }
 
-// Add records one event of thread tid, in the order the thread produced it.
-func (t *Tracer) Add(tid int32, e shm.Event) {
-	if e.Kind == shm.EvThread {
-		return
-	}
-	th := t.threads[tid]
+// Event implements calltrace.Sink.
+func (t *Tracer) Event(e *calltrace.Event) error {
+	th := t.threads[e.Thread]
 	if th == nil {
 		th = &threadTrace{}
-		t.threads[tid] = th
-		t.order = append(t.order, tid)
+		t.threads[e.Thread] = th
+		t.order = append(t.order, e.Thread)
 	}
 	if t.t0 == 0 || e.TimeNs < t.t0 {
 		t.t0 = e.TimeNs
 	}
-	th.lastNs = e.TimeNs
-	addr, bare := e.Addr&^shm.KeyBare, e.Addr&shm.KeyBare != 0
-	if e.Kind == shm.EvEnter {
-		th.stack = append(th.stack, open{addr, e.TimeNs, bare})
-		return
-	}
-	// An exit closes its call and any calls above it left open by a longjmp
-	// or an exception; an exit whose entry preceded the capture is counted.
-	for i := len(th.stack) - 1; i >= 0; i-- {
-		if th.stack[i].addr == addr {
-			for j := len(th.stack) - 1; j >= i; j-- {
-				t.complete(tid, th, th.stack[j], e.TimeNs)
+	switch e.Kind {
+	case calltrace.Entry:
+		th.stack = append(th.stack, open{e.TimeNs, argMap(e.Args, nil)})
+	case calltrace.Exit:
+		o := th.stack[len(th.stack)-1]
+		th.stack = th.stack[:len(th.stack)-1]
+		args := o.args
+		if e.Ret != nil {
+			if args == nil {
+				args = map[string]string{}
 			}
-			th.stack = th.stack[:i]
-			return
+			args["return"] = e.Ret.String()
 		}
+		d := float64(e.TimeNs-o.startNs) / 1e3
+		th.events = append(th.events, traceEvent{Name: e.Func.Name, Cat: base(e.Func.Object), Ph: "X", Ts: float64(o.startNs),
+			Dur: &d, Pid: t.pid, Tid: e.Thread, Args: args})
+		t.calls++
+	case calltrace.Instant:
+		th.events = append(th.events, traceEvent{Name: e.Func.Name, Cat: base(e.Func.Object), Ph: "i", S: "t", Ts: float64(e.TimeNs),
+			Pid: t.pid, Tid: e.Thread, Args: argMap(e.Args, nil)})
+	case calltrace.Lost:
+		th.events = append(th.events, traceEvent{Name: lostName, Ph: "i", S: "t", Ts: float64(e.TimeNs), Pid: t.pid, Tid: e.Thread,
+			Args: map[string]string{"events": fmt.Sprint(e.Count)}})
 	}
-	t.Unpaired++
+	return nil
 }
 
-func (t *Tracer) complete(tid int32, th *threadTrace, o open, endNs uint64) {
-	n, ok := t.names[o.addr]
-	if !ok {
-		name, obj := t.sym.Name(o.addr, !o.bare)
-		n = [2]string{name, base(obj)}
-		t.names[o.addr] = n
+func argMap(args []calltrace.Value, m map[string]string) map[string]string {
+	for _, a := range args {
+		if m == nil {
+			m = map[string]string{}
+		}
+		m[a.Name] = a.String()
 	}
-	d := float64(endNs-o.startNs) / 1e3
-	th.events = append(th.events, traceEvent{Name: n[0], Cat: n[1], Ph: "X", Ts: float64(o.startNs), Dur: &d, Pid: t.pid, Tid: tid})
-	t.calls++
+	return m
 }
+
+// Close implements calltrace.Sink; the document is written by Write.
+func (t *Tracer) Close() error { return nil }
 
 // Calls is the number of complete calls captured so far.
 func (t *Tracer) Calls() int { return t.calls }
 
-// Write closes calls still open at the end of the capture and writes the
-// JSON document.
+// Write writes the JSON document.
 func (t *Tracer) Write(w io.Writer) error {
 	doc := struct {
 		TraceEvents     []traceEvent `json:"traceEvents"`
@@ -107,10 +110,6 @@ func (t *Tracer) Write(w io.Writer) error {
 	}{TraceEvents: []traceEvent{}, DisplayTimeUnit: "ns"}
 	for _, tid := range t.order {
 		th := t.threads[tid]
-		for j := len(th.stack) - 1; j >= 0; j-- {
-			t.complete(tid, th, th.stack[j], th.lastNs)
-		}
-		th.stack = nil
 		doc.TraceEvents = append(doc.TraceEvents, traceEvent{Name: "thread_name", Ph: "M", Pid: t.pid, Tid: tid,
 			Args: map[string]string{"name": threadName(tid)}})
 		for _, e := range th.events {

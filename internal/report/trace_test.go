@@ -3,26 +3,57 @@ package report
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 
-	"github.com/edgeprobe/edgeprobe/internal/shm"
+	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 )
 
-// TestTracerStack feeds one thread's events with the irregularities real
-// captures have: an exit whose entry preceded the capture, an exit that skips
-// frames (longjmp), and a call still open at the end.
+type rawEv struct {
+	kind calltrace.Kind
+	ns   uint64
+	fn   string
+	args []calltrace.Value
+	ret  *calltrace.Value
+}
+
+// feed passes one thread's raw events through a Matcher into sink.
+func feed(t *testing.T, sink calltrace.Sink, tid int32, evs []rawEv) *calltrace.Matcher {
+	t.Helper()
+	m := calltrace.NewMatcher(sink)
+	funcs := map[string]*calltrace.Function{}
+	for _, e := range evs {
+		f := funcs[e.fn]
+		if f == nil {
+			f = &calltrace.Function{Addr: uint64(len(funcs) + 1), Name: e.fn, Object: "/bin/app"}
+			funcs[e.fn] = f
+		}
+		if err := m.Add(&calltrace.Event{Kind: e.kind, Thread: tid, TimeNs: e.ns, Func: f, Args: e.args, Ret: e.ret}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestTracerStack: the Chrome JSON writer on the irregularities real
+// captures have (an exit whose entry preceded the capture, an exit that
+// skips frames, a call still open at the end), repaired by the Matcher.
 func TestTracerStack(t *testing.T) {
-	tr := NewTracer(1, &Symbolizer{})
-	ev := func(kind int, ns, addr uint64) { tr.Add(7, shm.Event{Kind: kind, TimeNs: ns, Addr: addr}) }
-	ev(shm.EvExit, 100, 0xa)   // began before the capture: unpaired
-	ev(shm.EvEnter, 200, 0xb)  // b
-	ev(shm.EvEnter, 300, 0xc)  //   c
-	ev(shm.EvEnter, 400, 0xd)  //     d (never exits: longjmp)
-	ev(shm.EvExit, 900, 0xc)   //   c exits, closing d
-	ev(shm.EvEnter, 1000, 0xe) //   e (open at the end)
-	ev(shm.EvExit, 1100, 0xf)  // never entered: unpaired
-	if tr.Unpaired != 2 || tr.Calls() != 2 {
-		t.Fatalf("unpaired %d, calls %d; want 2 and 2", tr.Unpaired, tr.Calls())
+	tr := NewTracer(1)
+	m := feed(t, tr, 7, []rawEv{
+		{calltrace.Exit, 100, "a", nil, nil},   // began before the capture: unpaired
+		{calltrace.Entry, 200, "b", nil, nil},  // b
+		{calltrace.Entry, 300, "c", nil, nil},  //   c
+		{calltrace.Entry, 400, "d", nil, nil},  //     d (never exits: longjmp)
+		{calltrace.Exit, 900, "c", nil, nil},   //   c exits, closing d
+		{calltrace.Entry, 1000, "e", nil, nil}, //   e (open at the end)
+		{calltrace.Exit, 1100, "f", nil, nil},  // never entered: unpaired
+	})
+	if m.Unpaired != 2 || tr.Calls() != 4 {
+		t.Fatalf("unpaired %d, calls %d; want 2 and 4", m.Unpaired, tr.Calls())
 	}
 	var buf bytes.Buffer
 	if err := tr.Write(&buf); err != nil {
@@ -38,10 +69,10 @@ func TestTracerStack(t *testing.T) {
 			got[e.Name] = [2]float64{e.Ts, *e.Dur}
 		}
 	}
-	// Timestamps are µs from the first event (100 ns).
+	// Timestamps are µs from the first call (200 ns).
 	want := map[string][2]float64{
-		"sub_c": {0.2, 0.6}, "sub_d": {0.3, 0.5}, // d closed by c's exit
-		"sub_e": {0.9, 0.1}, "sub_b": {0.1, 0.9}, // open at the end: closed at the last event
+		"c": {0.1, 0.6}, "d": {0.2, 0.5}, // d closed by c's exit
+		"e": {0.8, 0.1}, "b": {0, 0.9}, // open at the end: closed at the thread's last event
 	}
 	for name, w := range want {
 		g, ok := got[name]
@@ -56,4 +87,91 @@ func abs(x float64) float64 {
 		return -x
 	}
 	return x
+}
+
+func iv(name string, n int64) calltrace.Value {
+	return calltrace.Value{Name: name, Kind: calltrace.Int, Int: n}
+}
+
+func ret(n int64) *calltrace.Value { v := iv("", n); return &v }
+
+// fibEvents is the call tree of fib(3) with its arguments and results.
+func fibEvents() []rawEv {
+	var evs []rawEv
+	ns := uint64(1000)
+	var fib func(n int64) int64
+	fib = func(n int64) int64 {
+		evs = append(evs, rawEv{calltrace.Entry, ns, "fib", []calltrace.Value{iv("n", n)}, nil})
+		ns += 100
+		r := n
+		if n >= 2 {
+			r = fib(n-1) + fib(n-2)
+		}
+		ns += 50
+		evs = append(evs, rawEv{calltrace.Exit, ns, "fib", nil, ret(r)})
+		return r
+	}
+	fib(3)
+	return evs
+}
+
+const fibText = `# DURATION     TID     FUNCTION
+            [    42] | fib(n=3) {
+            [    42] |   fib(n=2) {
+   0.150 us [    42] |     fib(n=1) = 1;
+   0.150 us [    42] |     fib(n=0) = 0;
+   0.450 us [    42] |   } = 1; /* fib */
+   0.150 us [    42] |   fib(n=1) = 1;
+   0.750 us [    42] | } = 2; /* fib */
+`
+
+// TestTextCallGraph: the text view of a recursive program's known call
+// tree, leaf calls on one line, the others opened and closed.
+func TestTextCallGraph(t *testing.T) {
+	var buf bytes.Buffer
+	feed(t, NewTextSink(&buf), 42, fibEvents())
+	if buf.String() != fibText {
+		t.Fatalf("got\n%s\nwant\n%s", buf.String(), fibText)
+	}
+}
+
+// TestTextIrregular: unwound and still-running calls say so.
+func TestTextIrregular(t *testing.T) {
+	var buf bytes.Buffer
+	feed(t, NewTextSink(&buf), 1, []rawEv{
+		{calltrace.Entry, 0, "catcher", nil, nil},
+		{calltrace.Entry, 10, "deep", nil, nil},
+		{calltrace.Exit, 30, "catcher", nil, nil},
+		{calltrace.Entry, 40, "loop", nil, nil},
+	})
+	want := `# DURATION     TID     FUNCTION
+            [     1] | catcher() {
+   0.020 us [     1] |   deep(); /* unwound: never returned (longjmp, exception) */
+   0.030 us [     1] | } /* catcher */
+  +0.000 us [     1] | loop(); /* still running when the capture ended */
+`
+	if buf.String() != want {
+		t.Fatalf("got\n%s\nwant\n%s", buf.String(), want)
+	}
+}
+
+// TestPerfettoReplay: a call stream written as a Perfetto trace and
+// replayed from it prints the same text view.
+func TestPerfettoReplay(t *testing.T) {
+	var pf bytes.Buffer
+	ps, err := NewPerfettoSink(&pf, 5, "fib", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	feed(t, ps, 42, fibEvents())
+	if !strings.Contains(pf.String(), "fib") {
+		t.Fatal("trace does not name fib")
+	}
+	var txt bytes.Buffer
+	if err := ReplayPerfetto(&pf, NewTextSink(&txt)); err != nil {
+		t.Fatal(err)
+	}
+	if txt.String() != fibText {
+		t.Fatalf("replayed\n%s\nwant\n%s", txt.String(), fibText)
+	}
 }

@@ -1,0 +1,82 @@
+package capture
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/report"
+	"github.com/edgeprobe/edgeprobe/internal/shm"
+)
+
+// Top samples the process's function table every interval and passes each
+// interval's snapshot to show, count times (0: until ctx ends or the
+// process exits). With selectors it turns those probes on for the duration
+// and puts them back at the end (holding the process's hotpatch lock
+// meanwhile); without, it only reads, and changes nothing in the process.
+func Top(ctx context.Context, o Options, interval time.Duration, count int, show func(*report.TopSnapshot) error) (err error) {
+	var (
+		region *shm.Region
+		sym    *report.Symbolizer
+	)
+	if len(o.Selectors) > 0 {
+		s, err := open(ctx, o)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if cerr := s.close(ctx); err == nil {
+				err = cerr
+			}
+		}()
+		region, sym = s.region, s.sym
+	} else {
+		region, err = shm.OpenPID(o.PID)
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("pid %d: %w (start it with LD_PRELOAD=libedgeprobe.so)", o.PID, ErrNoRuntime)
+		}
+		if err != nil {
+			return err
+		}
+		defer region.Close()
+		var lists []*probelist.List
+		for _, f := range o.ProbeFiles {
+			l, err := probelist.ReadFile(f)
+			if err != nil {
+				return err
+			}
+			lists = append(lists, l)
+		}
+		if sym, err = report.ForPID(o.PID, lists); err != nil {
+			return err
+		}
+	}
+	sampler := report.NewTopSampler(o.PID, sym)
+	sampler.Sample(region.Functions(), time.Now())
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for n := 0; count == 0 || n < count; n++ {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		snap := sampler.Sample(region.Functions(), time.Now())
+		snap.Exited = region.Exited() || !alive(o.PID)
+		if err := show(snap); err != nil {
+			return err
+		}
+		if snap.Exited {
+			return nil
+		}
+	}
+	return nil
+}
+
+func alive(pid int) bool {
+	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+	return err == nil
+}

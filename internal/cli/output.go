@@ -1,0 +1,78 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/edgeprobe/edgeprobe/internal/perfetto"
+)
+
+// atomicOutput is a file written under a temporary name in its directory
+// and renamed into place by commit, so a failed or interrupted command
+// never leaves a half-written file.
+type atomicOutput struct {
+	f    *os.File
+	path string
+	done bool
+}
+
+func createAtomic(path string) (*atomicOutput, error) {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return nil, err
+	}
+	return &atomicOutput{f: f, path: path}, nil
+}
+
+func (a *atomicOutput) Write(p []byte) (int, error) { return a.f.Write(p) }
+
+func (a *atomicOutput) commit() error {
+	for _, step := range []func() error{func() error { return a.f.Chmod(0o644) }, a.f.Sync, a.f.Close} {
+		if err := step(); err != nil {
+			return fmt.Errorf("%s: %w", a.path, err)
+		}
+	}
+	if err := os.Rename(a.f.Name(), a.path); err != nil {
+		return err
+	}
+	a.done = true
+	return nil
+}
+
+// abort removes the temporary file unless commit succeeded.
+func (a *atomicOutput) abort() {
+	if !a.done {
+		a.f.Close()
+		os.Remove(a.f.Name())
+	}
+}
+
+// clockReading reads CLOCK_MONOTONIC (the runtime's timestamps) and
+// CLOCK_BOOTTIME (Perfetto's default trace clock) together.
+func clockReading() *perfetto.Clocks {
+	var mono, boot unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_MONOTONIC, &mono) != nil || unix.ClockGettime(unix.CLOCK_BOOTTIME, &boot) != nil {
+		return nil
+	}
+	return &perfetto.Clocks{MonotonicNs: uint64(mono.Nano()), BoottimeNs: uint64(boot.Nano())}
+}
+
+// processName is the process's command name, or "" if it is gone.
+func processName(pid int) string {
+	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+	return strings.TrimSpace(string(b))
+}
+
+// threadComm names a thread for its track: its command name and id.
+func threadComm(pid int, tid int32) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/comm", pid, tid))
+	if err != nil {
+		return fmt.Sprintf("thread %d", tid)
+	}
+	return fmt.Sprintf("%s %d", strings.TrimSpace(string(b)), tid)
+}
