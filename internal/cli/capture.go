@@ -72,8 +72,13 @@ func endProgress(w io.Writer, p func(time.Duration, string)) {
 	}
 }
 
+// signalContext is cancelled by any signal that would otherwise end the
+// process with probes or traps half-set: SIGINT, SIGTERM, and SIGHUP (the
+// terminal went away), SIGQUIT (which would dump core) and SIGPIPE (stdout
+// closed by a pager). Each ends the batch the way ctx cancellation does:
+// rolled back or completed, never left with an int3 in the text.
 func signalContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGPIPE)
 }
 
 func newStatsCmd(stdout io.Writer) *cobra.Command {

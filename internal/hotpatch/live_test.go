@@ -326,12 +326,15 @@ func scanRunning(s *subject) (*probelist.List, *Target, error) {
 	return nil, nil, errors.New("executable not found among targets")
 }
 
-// TestInterrupted: SIGINT to hotpatch, and the target dying, in the middle of
-// an int3 batch. The int3 wait is long so the test can see the batch in
-// flight (a site holding its int3) before it acts.
+// TestInterrupted: SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGPIPE to
+// hotpatch, and the target dying, in the middle of an int3 batch. The int3
+// wait is long so the test can see the batch in flight (a site holding its
+// int3) before it acts.
 func TestInterrupted(t *testing.T) {
 	testutil.RequirePtrace(t)
-	for _, how := range []string{"sigint", "target-exits"} {
+	sigs := map[string]syscall.Signal{"sigint": syscall.SIGINT, "sigterm": syscall.SIGTERM, "sighup": syscall.SIGHUP,
+		"sigquit": syscall.SIGQUIT, "sigpipe": syscall.SIGPIPE}
+	for _, how := range []string{"sigint", "sigterm", "sighup", "sigquit", "sigpipe", "target-exits"} {
 		t.Run(how, func(t *testing.T) {
 			s := startMT(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "nop", true)
 			args := append([]string{"--pid", fmt.Sprint(s.Pid), "--protocol", "int3", "--int3-wait", "2s", "--enable", "*"}, s.probeArgs...)
@@ -342,8 +345,8 @@ func TestInterrupted(t *testing.T) {
 				t.Fatal(err)
 			}
 			awaitMidPatch(t, s)
-			if how == "sigint" {
-				hp.Process.Signal(syscall.SIGINT)
+			if sig, ok := sigs[how]; ok {
+				hp.Process.Signal(sig)
 			} else {
 				s.Cmd.Process.Kill()
 			}
@@ -362,6 +365,9 @@ func TestInterrupted(t *testing.T) {
 				t.Errorf("stderr is not one line: %q", stderr.String())
 			}
 			if how == "target-exits" {
+				if code := hp.ProcessState.ExitCode(); code != 4 || !strings.Contains(stderr.String(), fmt.Sprintf("pid %d exited", s.Pid)) {
+					t.Errorf("target exited mid-batch: exit %d, %q; want 4 and \"pid %d exited\"", code, stderr.String(), s.Pid)
+				}
 				return
 			}
 			for _, st := range s.states(t) {
@@ -375,6 +381,64 @@ func TestInterrupted(t *testing.T) {
 				t.Fatal("target died")
 			}
 			s.finish(t)
+		})
+	}
+}
+
+// TestKilledMidPatch: hotpatch SIGKILLed (which no one can catch) while
+// its int3s are in place leaves them there. The sites chosen, main's entry
+// and exit, are not executed while main waits, so the target survives to
+// show what a kill leaves; the next hotpatch run recognises the int3s as
+// its own, repairs them with a message and does what it is asked, as does
+// `hotpatch repair`. Neither reports a stale probe list.
+func TestKilledMidPatch(t *testing.T) {
+	testutil.RequirePtrace(t)
+	for _, then := range []string{"next-run", "repair"} {
+		t.Run(then, func(t *testing.T) {
+			s := startMT(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "nop", true)
+			pid := fmt.Sprint(s.Pid)
+			args := append([]string{"--pid", pid, "--protocol", "int3", "--int3-wait", "10s", "--enable", "main"}, s.probeArgs...)
+			hp := exec.Command(testutil.Command(t, "hotpatch"), args...)
+			if err := hp.Start(); err != nil {
+				t.Fatal(err)
+			}
+			awaitMidPatch(t, s)
+			hp.Process.Kill()
+			hp.Wait()
+			torn := 0
+			for _, st := range s.states(t) {
+				if st.State == "mid-patch" {
+					torn++
+				}
+			}
+			if torn == 0 {
+				t.Fatal("no site left mid-patch by the kill")
+			}
+			var r cmdResult
+			if then == "repair" {
+				r = command(t, "hotpatch", append([]string{"repair", "--pid", pid}, s.probeArgs...)...)
+				if r.Code != 0 || strings.Count(r.Stdout, "repaired ") != torn || !strings.Contains(r.Stdout, "interrupted hotpatch") {
+					t.Fatalf("repair: exit %d, stdout %q, stderr %q; want %d repaired lines", r.Code, r.Stdout, r.Stderr, torn)
+				}
+				again := command(t, "hotpatch", append([]string{"repair", "--pid", pid}, s.probeArgs...)...)
+				if again.Code != 0 || strings.TrimSpace(again.Stdout) != "nothing to repair" {
+					t.Errorf("second repair: exit %d, %q", again.Code, again.Stdout)
+				}
+			} else {
+				r = command(t, "hotpatch", append([]string{"--pid", pid, "--protocol", "int3", "--enable", "main"}, s.probeArgs...)...)
+				if r.Code != 0 || strings.Count(r.Stderr, "repaired ") != torn || strings.Contains(r.Stderr, "stale") {
+					t.Fatalf("next run: exit %d, stderr %q; want %d repaired lines and success", r.Code, r.Stderr, torn)
+				}
+			}
+			for _, st := range s.states(t) {
+				if st.State != "on" && st.State != "off" {
+					t.Errorf("probe %d (%s %s) left %s: %s", st.ID, st.Kind, st.Function, st.State, st.Bytes)
+				}
+				if then == "next-run" && st.Function == "main" && st.State != "on" {
+					t.Errorf("main's %s probe is %s after --enable main", st.Kind, st.State)
+				}
+			}
+			s.finish(t) // main's exit site runs now: whole, or the target dies here
 		})
 	}
 }
