@@ -119,6 +119,8 @@ type Session struct {
 	tracer  *ptrace.Tracer
 	full    bool        // the tracer holds every thread, not only the leader
 	region  *shm.Region // the runtime's region, when the process runs it
+	// verified: probes from list files already checked against a scan.
+	verified map[verifiedKey]bool
 }
 
 // Open locks pid and loads its targets; nothing is attached yet.
@@ -196,6 +198,9 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	start := time.Now()
 	sel, err := resolve(s.targets, actions)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.verify(sel); err != nil {
 		return nil, err
 	}
 	if protocol == "" {
