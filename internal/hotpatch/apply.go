@@ -98,7 +98,7 @@ type selected struct {
 
 // Apply carries out a request: Open, Session.Apply, Close.
 func Apply(ctx context.Context, req Request) (*Result, error) {
-	s, err := Open(req.PID, req.ProbeFiles, req.WaitLock)
+	s, err := OpenContext(ctx, req.PID, req.ProbeFiles, req.WaitLock)
 	if err != nil {
 		return nil, err
 	}
@@ -123,9 +123,16 @@ type Session struct {
 	verified map[verifiedKey]bool
 }
 
-// Open locks pid and loads its targets; nothing is attached yet.
+// Open locks pid and loads its targets. The lock is a leader-only attach
+// (see Lock), which stops nothing; the protocols that need every thread
+// upgrade it in place.
 func Open(pid int, probeFiles []string, waitLock bool) (*Session, error) {
-	lock, err := AcquireLock(pid, waitLock)
+	return OpenContext(context.Background(), pid, probeFiles, waitLock)
+}
+
+// OpenContext is Open whose wait for the lock ends when ctx does.
+func OpenContext(ctx context.Context, pid int, probeFiles []string, waitLock bool) (*Session, error) {
+	lock, err := AcquireLockContext(ctx, pid, waitLock)
 	if err != nil {
 		return nil, err
 	}
@@ -138,7 +145,7 @@ func Open(pid int, probeFiles []string, waitLock bool) (*Session, error) {
 		}
 		return nil, err
 	}
-	s := &Session{pid: pid, lock: lock, targets: targets}
+	s := &Session{pid: pid, lock: lock, targets: targets, tracer: lock.Tracer()}
 	// Best effort: a process without the runtime (or with a runtime of
 	// another layout) records nothing whose frames could go stale.
 	if r, err := shm.OpenPID(pid); err == nil {
@@ -154,8 +161,8 @@ func Open(pid int, probeFiles []string, waitLock bool) (*Session, error) {
 // Targets are the session's instrumented objects.
 func (s *Session) Targets() []*Target { return s.targets }
 
-// Close detaches (the kernel then lets every thread run as if never traced)
-// and releases the lock.
+// Close detaches (the kernel then lets every thread run as if never traced),
+// which releases the lock.
 func (s *Session) Close() error {
 	var err error
 	if s.tracer != nil {
@@ -165,7 +172,7 @@ func (s *Session) Close() error {
 	if s.region != nil {
 		s.region.Close()
 	}
-	s.lock.Release()
+	s.lock.t = nil // the session's tracer was the lock's
 	return err
 }
 
@@ -173,21 +180,21 @@ func (s *Session) Close() error {
 // before touching memory: kernels booted with proc_mem.force_override=ptrace
 // allow /proc/PID/mem writes to text only from the tracer. Flip needs only
 // the leader and stops nothing; the other protocols need every thread.
+//
+// The session's tracer is its lock (Open attached the leader), so it is
+// never dropped and re-attached: another hotpatch could take the process
+// in between. Upgrading keeps the leader throughout.
 func (s *Session) attach(full bool) error {
-	if s.tracer != nil && (s.full || !full) {
+	if s.tracer == nil {
+		return fmt.Errorf("pid %d: %w", s.pid, ptrace.ErrDetached)
+	}
+	if !full || s.full {
 		return nil
 	}
-	if s.tracer != nil {
-		if err := s.tracer.Detach(); err != nil {
-			return err
-		}
-		s.tracer = nil
-	}
-	t, err := ptrace.Attach(s.pid, ptrace.Options{LeaderOnly: !full})
-	if err != nil {
+	if err := s.tracer.Upgrade(); err != nil {
 		return err
 	}
-	s.tracer, s.full = t, full
+	s.full = true
 	return nil
 }
 

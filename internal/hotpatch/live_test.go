@@ -293,19 +293,30 @@ func TestRefusals(t *testing.T) {
 	}
 	check("foreign bytes", command(t, "hotpatch", "--pid", pid, "--probes", foreign, "--enable", "*"), "nothing was written")
 
-	// Another hotpatch at work.
-	lock, err := AcquireLock(s.Pid, false)
-	if err != nil {
+	// Another hotpatch at work (an int3 batch in its long first wait): the
+	// attach is the lock, so a second one is refused naming the holder, and
+	// with --wait it runs once the holder is done.
+	holder := exec.Command(testutil.Command(t, "hotpatch"), "--pid", pid, "--protocol", "int3", "--int3-wait", "1s", "--enable", "leaf")
+	if err := holder.Start(); err != nil {
 		t.Fatal(err)
 	}
-	check("busy", command(t, "hotpatch", "--pid", pid, "--enable", "*"), "another hotpatch")
+	awaitMidPatch(t, s)
+	r = command(t, "hotpatch", "--pid", pid, "--enable", "*")
+	if r.Code != 1 || strings.Count(r.Stderr, "\n") != 1 || !strings.Contains(r.Stderr, "another hotpatch") ||
+		!strings.Contains(r.Stderr, fmt.Sprintf("pid %d (hotpatch)", holder.Process.Pid)) {
+		t.Errorf("busy: exit %d, stderr %q; want 1 and one line naming pid %d (hotpatch)", r.Code, r.Stderr, holder.Process.Pid)
+	}
 	waiter := exec.Command(testutil.Command(t, "hotpatch"), "--pid", pid, "--wait", "--enable", "work")
+	var waiterErr bytes.Buffer
+	waiter.Stderr = &waiterErr
 	if err := waiter.Start(); err != nil {
 		t.Fatal(err)
 	}
-	lock.Release()
+	if err := holder.Wait(); err != nil {
+		t.Fatalf("holder: %v", err)
+	}
 	if err := waiter.Wait(); err != nil {
-		t.Fatalf("--wait: %v", err)
+		t.Fatalf("--wait: %v: %s", err, waiterErr.String())
 	}
 	s.expectMoving(t, "after --wait", true, true)
 	s.finish(t)
@@ -448,8 +459,12 @@ func TestKilledMidPatch(t *testing.T) {
 func awaitMidPatch(t *testing.T, s *subject) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
+	var lists []string
+	if len(s.probeArgs) > 1 {
+		lists = s.probeArgs[1:]
+	}
 	for time.Now().Before(deadline) {
-		st, err := Status(s.Pid, s.probeArgs[1:])
+		st, err := Status(s.Pid, lists)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -182,13 +182,61 @@ func (t *Tracer) serve(ready chan<- error) {
 	signal.Stop(t.sigchld)
 }
 
+// fullOptions are the ptrace options of a tracer of every thread. Forks and
+// vforks are followed so that no child runs with an int3 of a batch in
+// flight (it would die of SIGTRAP, having no tracer): a forked child is
+// repaired before it runs, a vfork child (which shares the text) is traced
+// like a thread until it execs or exits.
+const fullOptions = unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_TRACEEXEC |
+	unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACEVFORK | unix.PTRACE_O_TRACEVFORKDONE
+
+// Upgrade makes a LeaderOnly tracer trace every thread, as Attach without
+// LeaderOnly would have, without ever letting go of the leader: a caller
+// that uses the attach as its lock on the process (hotpatch does) keeps it
+// throughout. The leader is interrupted once (PTRACE_SETOPTIONS needs a
+// ptrace-stop) and resumed; no other thread is stopped.
+func (t *Tracer) Upgrade() error {
+	return t.Do(func() error {
+		if !t.opts.LeaderOnly {
+			return nil
+		}
+		if err := t.usable(); err != nil {
+			return err
+		}
+		t.hold = true
+		defer func() {
+			t.hold = false
+			for _, th := range t.threads {
+				if th.kind != stopTrap {
+					t.resume(th)
+				}
+			}
+		}()
+		t.pump()
+		leader := t.threads[t.pid]
+		if leader == nil {
+			return fmt.Errorf("pid %d: %w", t.pid, ErrExited)
+		}
+		if leader.kind == running {
+			if err := unix.PtraceInterrupt(t.pid); err != nil {
+				return fmt.Errorf("upgrade: interrupt pid %d: %w", t.pid, mapErrno(err))
+			}
+		}
+		if err := t.waitFor(context.Background(), t.opts.StopTimeout, "the leader to stop", func() bool {
+			return leader.kind != running
+		}); err != nil {
+			return err
+		}
+		if err := unix.PtraceSetOptions(t.pid, fullOptions); err != nil {
+			return fmt.Errorf("upgrade: set options on pid %d: %w", t.pid, mapErrno(err))
+		}
+		t.opts.LeaderOnly = false
+		return t.seizeAll(fullOptions, time.Now().Add(t.opts.StopTimeout))
+	})
+}
+
 func (t *Tracer) attach() error {
-	// Forks and vforks are followed so that no child runs with an int3 of a
-	// batch in flight (it would die of SIGTRAP, having no tracer): a forked
-	// child is repaired before it runs, a vfork child (which shares the
-	// text) is traced like a thread until it execs or exits.
-	options := uintptr(unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_TRACEEXEC |
-		unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACEVFORK | unix.PTRACE_O_TRACEVFORKDONE)
+	options := uintptr(fullOptions)
 	if t.opts.LeaderOnly {
 		options = unix.PTRACE_O_TRACEEXEC
 	}
@@ -213,9 +261,12 @@ func (t *Tracer) attach() error {
 // finds nothing new: a thread cloned by a thread we had not seized yet is
 // untraced and shows up in the next scan; one cloned by a seized thread is
 // auto-attached (seizing it again fails with EPERM; its TracerPid is us).
-func (t *Tracer) seizeAll(options uintptr) error {
+//
+// Until patient, a thread still traced by another tracer is waited for
+// (Upgrade: we hold the leader, so that tracer is one letting go).
+func (t *Tracer) seizeAll(options uintptr, patient ...time.Time) error {
 	for round := 0; ; round++ {
-		if round == 1000 {
+		if round >= 1000 && (len(patient) == 0 || time.Now().After(patient[0])) {
 			return fmt.Errorf("attach to pid %d: thread list did not settle after %d scans", t.pid, round)
 		}
 		tids, err := listThreads(t.pid)
@@ -237,6 +288,9 @@ func (t *Tracer) seizeAll(options uintptr) error {
 				// auto-attached as a clone of a thread we seized
 			case threadGone(t.pid, tid):
 				continue // exiting: seizing a dying thread fails with EPERM
+			case err == unix.EPERM && len(patient) > 0 && time.Now().Before(patient[0]) && tracerOf(tid) > 0:
+				time.Sleep(100 * time.Microsecond) // its tracer is detaching: poll
+				continue
 			default:
 				return attachErr(tid, err)
 			}
@@ -300,7 +354,7 @@ func attachErr(tid int, err error) error {
 		return fmt.Errorf("attach to thread %d: %w", tid, ErrNoProcess)
 	case unix.EPERM:
 		if who := tracerOf(tid); who > 0 {
-			return fmt.Errorf("attach to thread %d: already traced by pid %d: %w", tid, who, ErrPermission)
+			return fmt.Errorf("attach to thread %d: %w by pid %d: %w", tid, ErrTraced, who, ErrPermission)
 		}
 		if _, serr := os.Stat(fmt.Sprintf("/proc/%d", tid)); serr != nil {
 			return fmt.Errorf("attach to thread %d: %w", tid, ErrNoProcess)
@@ -1002,15 +1056,27 @@ func (t *Tracer) Detach() error {
 			if err == nil && len(t.traps) > 0 {
 				err = t.flushTraps()
 			}
-			for _, th := range t.threads {
-				if th.kind == running {
-					continue // never stopped (timeout): the thread exit below detaches it
+			// The leader last: a caller that uses the attach of the leader
+			// as its lock (hotpatch) must not let a waiter in while other
+			// threads are still ours; if any is (never stopped), the leader
+			// stays ours too until the tracer thread's exit releases all.
+			leaderLast := func(th *thread) bool { return th.tid == t.pid }
+			stillOurs := false
+			for _, pass := range []bool{false, true} {
+				for _, th := range t.threads {
+					if leaderLast(th) != pass {
+						continue
+					}
+					if th.kind == running || (pass && stillOurs) {
+						stillOurs = true
+						continue // never stopped (timeout): the thread exit below detaches it
+					}
+					sig := 0
+					if th.kind == stopSignal {
+						sig = th.sig
+					}
+					_ = detach(th.tid, sig)
 				}
-				sig := 0
-				if th.kind == stopSignal {
-					sig = th.sig
-				}
-				_ = detach(th.tid, sig)
 			}
 		}
 		t.threads = map[int]*thread{}
