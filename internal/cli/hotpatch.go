@@ -72,6 +72,7 @@ func newHotpatchCmd(stdout, stderr io.Writer) *cobra.Command {
 		waitLock       bool
 		verbose        bool
 		wait           time.Duration
+		inj            injectFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "hotpatch --pid N (--enable SEL | --disable SEL)... [flags]",
@@ -141,6 +142,15 @@ permission, stale probe list, interrupted); 2 usage; 3 a selector matched no pro
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			for _, a := range req.Actions {
+				if a.Enable {
+					inj.verbose = verbose
+					if _, err := ensureRuntime(ctx, tf.pid, &inj, waitLock, stderr); err != nil {
+						return classify(err)
+					}
+					break
+				}
+			}
 			res, err := hotpatch.Apply(ctx, req)
 			if res != nil {
 				if tf.json {
@@ -187,7 +197,8 @@ permission, stale probe list, interrupted); 2 usage; 3 a selector matched no pro
 	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"entry", "exit", "both"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("provider", cobra.FixedCompletions([]string{"cyg", "fentry", "all"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions([]string{"auto", "flip", "int3", "int3-async", "stop"}, cobra.ShellCompDirectiveNoFileComp))
-	cmd.AddCommand(newListCmd(stdout), newStatsCmd(stdout), newTraceCmd(stdout, stderr), newReplayCmd(stdout), newTopCmd(stdout, stderr), newProfileCmd(stdout, stderr), newCalibrateCmd(stdout, stderr))
+	inj.register(cmd)
+	cmd.AddCommand(newListCmd(stdout), newStatsCmd(stdout, stderr, &inj), newTraceCmd(stdout, stderr, &inj), newReplayCmd(stdout), newTopCmd(stdout, stderr, &inj), newProfileCmd(stdout, stderr, &inj), newCalibrateCmd(stdout, stderr))
 	return cmd
 }
 

@@ -1,0 +1,138 @@
+package hotpatch
+
+// Injection tests: programs started normally (no preload), into which the
+// hotpatch command loads the runtime (docs/injection.md).
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/edgeprobe/edgeprobe/internal/report"
+	"github.com/edgeprobe/edgeprobe/internal/testutil"
+)
+
+// attachFixture builds libfix.so and attach.c linked to it, both with spec's
+// compiler, PIE setting and provider.
+func attachFixture(t *testing.T, spec testutil.Spec) string {
+	t.Helper()
+	lib := testutil.Build(t, testutil.Spec{Compiler: spec.Compiler, Sources: []string{"lib.c"}, Shared: true, Profile: spec.Profile, NoInstr: spec.NoInstr,
+		Name: "libfix.so", Flags: []string{"-Wl,-soname,libfix.so"}})
+	spec.Sources = []string{"attach.c"}
+	spec.LDFlags = []string{lib.Path, "-Wl,-rpath," + filepath.Dir(lib.Path), "-ldl"}
+	return testutil.Build(t, spec).Path
+}
+
+// useRuntime points hotpatch at a runtime built for the test.
+func useRuntime(t *testing.T) string {
+	t.Helper()
+	rt := testutil.Runtime(t, "gcc")
+	t.Setenv(EnvRuntime, rt)
+	return rt
+}
+
+func statsOf(t *testing.T, pid int) report.Stats {
+	t.Helper()
+	r := hotpatchOK(t, "stats", "--pid", fmt.Sprint(pid), "--json")
+	var st report.Stats
+	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
+		t.Fatalf("stats --json: %v\n%s", err, r.Stdout)
+	}
+	return st
+}
+
+func funcStats(st report.Stats, name string) report.FuncStats {
+	for _, f := range st.Functions {
+		if f.Name == name {
+			return f
+		}
+	}
+	return report.FuncStats{}
+}
+
+var loadedNote = regexp.MustCompile(`(?m)^loaded the edgeprobe runtime into pid (\d+)$`)
+
+// TestInjectLive: a two-threaded program with a shared library, started
+// without the runtime, gcc and clang, PIE and not, cyg and fentry. Enabling
+// one function loads the runtime (one stderr line), stats show its calls
+// with latency and no other function's, trace and profile record, disabling
+// everything stops the counts, and the program's output equals an untouched
+// run's.
+func TestInjectLive(t *testing.T) {
+	testutil.RequirePtrace(t)
+	useRuntime(t)
+	for _, cc := range []string{"gcc", "clang"} {
+		for _, pie := range []bool{true, false} {
+			for _, prov := range []string{"cyg", "fentry"} {
+				spec := testutil.Spec{Compiler: cc, Opt: "-O2", PIE: testutil.Bool(pie)}
+				if prov == "fentry" {
+					spec.Profile, spec.NoInstr = testutil.ProfileFentry, true
+				}
+				t.Run(spec.String(), func(t *testing.T) {
+					testutil.RequireTool(t, cc)
+					bin := attachFixture(t, spec)
+					want, _ := testutil.Start(t, nil, bin).Finish()
+
+					p := testutil.Start(t, nil, bin)
+					progress := p.Symbol(bin, "progress")
+					pid := fmt.Sprint(p.Pid)
+					// Not coldpatched: every probe starts on. Turning them off
+					// needs no runtime, so nothing is loaded yet.
+					r := hotpatchOK(t, "--pid", pid, "--disable", "*")
+					if loadedNote.MatchString(r.Stderr) {
+						t.Fatalf("disable loaded the runtime: %q", r.Stderr)
+					}
+					r = hotpatchOK(t, "--pid", pid, "--enable", "work")
+					if m := loadedNote.FindStringSubmatch(r.Stderr); m == nil || m[1] != pid || strings.Count(r.Stderr, "\n") != 1 {
+						t.Fatalf("enable: want exactly the line %q on stderr, got %q", "loaded the edgeprobe runtime into pid "+pid, r.Stderr)
+					}
+					p.AwaitProgress(progress, 20000)
+					st := statsOf(t, p.Pid)
+					w := funcStats(st, "work")
+					if w.Entries == 0 || w.Exits == 0 || w.MeanNs == 0 || w.P99Ns == 0 {
+						t.Fatalf("work after enable: %+v", w)
+					}
+					if l := funcStats(st, "lib_entry"); l.Entries != 0 {
+						t.Fatalf("lib_entry recorded while off: %+v", l)
+					}
+					// A second command finds the runtime present: no note.
+					r = hotpatchOK(t, "--pid", pid, "--enable", "work")
+					if r.Stderr != "" {
+						t.Fatalf("second enable: stderr %q", r.Stderr)
+					}
+
+					tr := hotpatchOK(t, "trace", "--pid", pid, "--enable", "lib_entry", "--duration", "200ms", "--format", "text", "--max-calls", "200")
+					if !strings.Contains(tr.Stdout, "lib_entry") {
+						t.Fatalf("trace shows no lib_entry call:\n%.2000s", tr.Stdout)
+					}
+					prof := filepath.Join(t.TempDir(), "p.pprof")
+					pr := hotpatchOK(t, "profile", "--pid", pid, "--enable", "lib_entry", "--duration", "300ms", "--epoch", "50ms", "--samples", "100", "-o", prof)
+					m := regexp.MustCompile(`(\d+) probed calls`).FindStringSubmatch(pr.Stdout + pr.Stderr)
+					if m == nil || m[1] == "0" {
+						t.Fatalf("profile recorded nothing: %s%s", pr.Stdout, pr.Stderr)
+					}
+					if fi, err := os.Stat(prof); err != nil || fi.Size() == 0 {
+						t.Fatalf("profile file: %v", err)
+					}
+
+					hotpatchOK(t, "--pid", pid, "--disable", "*")
+					p.AwaitProgress(progress, 2000)
+					before := funcStats(statsOf(t, p.Pid), "work")
+					p.AwaitProgress(progress, 20000)
+					after := funcStats(statsOf(t, p.Pid), "work")
+					if after.Entries != before.Entries {
+						t.Fatalf("work still counted after --disable '*': %d -> %d", before.Entries, after.Entries)
+					}
+					got, _ := p.Finish()
+					if got != want || !strings.Contains(got, "wrong=0") {
+						t.Fatalf("output %q, untouched run %q", got, want)
+					}
+				})
+			}
+		}
+	}
+}
