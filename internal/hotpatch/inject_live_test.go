@@ -136,3 +136,61 @@ func TestInjectLive(t *testing.T) {
 		}
 	}
 }
+
+var borrowedLine = regexp.MustCompile(`load: borrowed thread (\d+) \(system call (-?\d+)\)`)
+
+// TestInjectHazards loads the runtime, again and again into fresh
+// processes, while threads hammer malloc/free and dlopen/dlclose, one is
+// blocked in read on a pipe fed in bursts and one sleeps in nanosleep:
+// nothing deadlocks or crashes, every byte arrives in order, every sleep
+// lasts its full time and returns 0 (the program checks and prints it), and
+// the runtime records; a third of the loads borrow the reader itself, a
+// third the sleeper. 20 repetitions; 100 with EDGEPROBE_LONG=1.
+func TestInjectHazards(t *testing.T) {
+	testutil.RequirePtrace(t)
+	useRuntime(t)
+	bin := attachFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
+	reps := 20
+	if testutil.Long() {
+		reps = 100
+	}
+	const want = "done wrong=0 pipe=ok short=0 eintr=0\n"
+	borrowed := map[string]int{}
+	for i := 0; i < reps; i++ {
+		p := testutil.Start(t, nil, bin, "hazard")
+		pid := fmt.Sprint(p.Pid)
+		// A third of the loads borrow the reader (blocked in read), a third
+		// the sleeper (in nanosleep), a third whichever thread is safe.
+		t.Setenv(EnvInjectThread, []string{"reader", "sleeper", ""}[i%3])
+		r := hotpatchOK(t, "--pid", pid, "--enable", "work", "-v")
+		if !loadedNote.MatchString(r.Stderr) {
+			t.Fatalf("rep %d: no load note: %q", i, r.Stderr)
+		}
+		if m := borrowedLine.FindStringSubmatch(r.Stderr); m != nil {
+			borrowed[syscallName(m[2])]++
+		}
+		p.AwaitProgress(p.Symbol(bin, "progress"), 20000)
+		if w := funcStats(statsOf(t, p.Pid), "work"); w.Entries == 0 {
+			t.Fatalf("rep %d: the runtime recorded no call of work", i)
+		}
+		got, stderr := p.Finish()
+		if got != want {
+			t.Fatalf("rep %d: output %q (stderr %q), want %q", i, got, stderr, want)
+		}
+	}
+	t.Logf("%d loads; the borrowed thread was in: %v", reps, borrowed)
+}
+
+func syscallName(nr string) string {
+	switch nr {
+	case "-1":
+		return "no system call (program code)"
+	case "0":
+		return "read"
+	case "35":
+		return "nanosleep"
+	case "230":
+		return "clock_nanosleep"
+	}
+	return "system call " + nr
+}

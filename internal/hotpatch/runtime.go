@@ -20,6 +20,10 @@ var ErrNoRuntime = errors.New("no edgeprobe runtime in the process")
 // EnvRuntime names the runtime file when --runtime does not.
 const EnvRuntime = "EDGEPROBE_RUNTIME"
 
+// EnvInjectThread names the thread (its comm) to borrow for the load, for
+// tests that must interrupt a given thread's system call.
+const EnvInjectThread = "EDGEPROBE_INJECT_THREAD"
+
 // RuntimeFile is the runtime's file name next to the hotpatch executable.
 const RuntimeFile = "libedgeprobe.so"
 
@@ -90,7 +94,7 @@ func EnsureRuntime(ctx context.Context, pid int, opts RuntimeOptions) (*RuntimeS
 	// Round 1 loads (or routes); a slot that the lazy binder was filling in
 	// at the same moment can end up pointing to glibc again: route again.
 	for round := 0; round < 3 && len(need) > 0; round++ {
-		res, err := inject.Load(ctx, p, inject.Options{Runtime: runtime})
+		res, err := inject.Load(ctx, p, inject.Options{Runtime: runtime, Prefer: os.Getenv(EnvInjectThread)})
 		if st.Load == nil {
 			st.Load = res
 		}

@@ -28,6 +28,10 @@ type Options struct {
 	Tries int
 	// Wait bounds the loading thread's dlopen and stores (0: 10s).
 	Wait time.Duration
+	// Prefer names a thread (its comm) to borrow whenever it is at a safe
+	// point, so tests can make a given thread's system call the one
+	// interrupted and restarted ($EDGEPROBE_INJECT_THREAD in hotpatch).
+	Prefer string
 }
 
 // Result says what Load did.
@@ -107,7 +111,7 @@ func Load(ctx context.Context, p *Process, opts Options) (*Result, error) {
 			return nil, err
 		}
 		res.Threads = len(states)
-		if st := p.pickThread(states, rng); st != nil {
+		if st := p.pickThread(states, rng, opts.Prefer); st != nil {
 			res.Tid = st.Tid
 			if nr, _, in := ptrace.InSyscall(&st.Regs); in {
 				res.Syscall = nr
@@ -314,7 +318,7 @@ func (p *Process) await(ctx context.Context, data uint64, limit time.Duration) e
 // one running the program's own code (outside libc, libpthread, libdl and
 // ld.so, so not inside the allocator or the loader). Ties are broken at
 // random. Nil: none is safe at this stop.
-func (p *Process) pickThread(states []ptrace.ThreadState, rng *rand.Rand) *ptrace.ThreadState {
+func (p *Process) pickThread(states []ptrace.ThreadState, rng *rand.Rand, prefer string) *ptrace.ThreadState {
 	var system []*procmaps.Object
 	for i := range p.Objects {
 		o := &p.Objects[i]
@@ -343,6 +347,15 @@ func (p *Process) pickThread(states []ptrace.ThreadState, rng *rand.Rand) *ptrac
 		case !in && !inSystem:
 			busy = append(busy, st)
 		}
+	}
+	if prefer != "" {
+		for _, st := range append(idle, busy...) {
+			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/comm", p.Pid, st.Tid))
+			if strings.TrimSpace(string(comm)) == prefer {
+				return st
+			}
+		}
+		return nil // not at a safe point now: look again
 	}
 	if len(idle) > 0 {
 		return idle[rng.IntN(len(idle))]
