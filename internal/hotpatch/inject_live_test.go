@@ -194,3 +194,135 @@ func syscallName(nr string) string {
 	}
 	return "system call " + nr
 }
+
+// untouched asserts a refused load changed nothing: no runtime region, every
+// probe in the state it had.
+func untouched(t *testing.T, pid int, before []ProbeState, what string) {
+	t.Helper()
+	if _, err := os.Stat(fmt.Sprintf("/dev/shm/edgeprobe.%d", pid)); err == nil {
+		t.Errorf("%s: the process has a runtime region", what)
+	}
+	after := probeStates(t, pid)
+	if len(after) != len(before) {
+		t.Fatalf("%s: %d probes, before %d", what, len(after), len(before))
+	}
+	for i := range after {
+		if after[i].State != before[i].State {
+			t.Errorf("%s: probe %d (%s) went %s -> %s", what, after[i].ID, after[i].Function, before[i].State, after[i].State)
+		}
+	}
+}
+
+func probeStates(t *testing.T, pid int) []ProbeState {
+	t.Helper()
+	r := hotpatchOK(t, "list", "--pid", fmt.Sprint(pid), "--json")
+	var st []ProbeState
+	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
+		t.Fatalf("list --json: %v\n%s", err, r.Stdout)
+	}
+	return st
+}
+
+// refused runs hotpatch, which must fail with exit 1 and a one-line error
+// containing each of wants.
+func refused(t *testing.T, env []string, args []string, wants ...string) {
+	t.Helper()
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	r := command(t, "hotpatch", args...)
+	if r.Code != 1 || strings.Count(r.Stderr, "\n") != 1 || r.Stdout != "" {
+		t.Fatalf("hotpatch %s: exit %d, stdout %q, stderr %q; want exit 1 and one line", strings.Join(args, " "), r.Code, r.Stdout, r.Stderr)
+	}
+	for _, w := range wants {
+		if !strings.Contains(r.Stderr, w) {
+			t.Fatalf("hotpatch %s: stderr %q does not say %q", strings.Join(args, " "), r.Stderr, w)
+		}
+	}
+}
+
+// TestInjectRefusals: each preflight refusal is one line, exit 1, and the
+// process is left exactly as it was; --no-inject refuses instead of loading.
+func TestInjectRefusals(t *testing.T) {
+	testutil.RequirePtrace(t)
+	rt := useRuntime(t)
+	bin := attachFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
+
+	t.Run("no-inject", func(t *testing.T) {
+		p := testutil.Start(t, nil, bin)
+		pid := fmt.Sprint(p.Pid)
+		hotpatchOK(t, "--pid", pid, "--disable", "*")
+		before := probeStates(t, p.Pid)
+		refused(t, nil, []string{"--pid", pid, "--enable", "work", "--no-inject"}, "was not started with the edgeprobe runtime", "--no-inject")
+		refused(t, nil, []string{"stats", "--pid", pid, "--no-inject"}, "--no-inject")
+		untouched(t, p.Pid, before, "--no-inject")
+		p.Finish()
+	})
+	t.Run("seccomp", func(t *testing.T) {
+		p := testutil.Start(t, nil, bin, "seccomp")
+		pid := fmt.Sprint(p.Pid)
+		hotpatchOK(t, "--pid", pid, "--disable", "*")
+		before := probeStates(t, p.Pid)
+		refused(t, nil, []string{"--pid", pid, "--enable", "work"}, "seccomp")
+		untouched(t, p.Pid, before, "seccomp")
+		if out, _ := p.Finish(); !strings.Contains(out, "wrong=0") {
+			t.Fatalf("output %q", out)
+		}
+	})
+	t.Run("static", func(t *testing.T) {
+		fx := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c"}, Static: true, PIE: testutil.Bool(false)})
+		p := testutil.Start(t, nil, fx.Path)
+		refused(t, nil, []string{"--pid", fmt.Sprint(p.Pid), "--enable", "work"}, "statically linked", "libedgeprobe.a", "--whole-archive")
+		if _, err := os.Stat(fmt.Sprintf("/dev/shm/edgeprobe.%d", p.Pid)); err == nil {
+			t.Error("a runtime region appeared")
+		}
+		p.Finish()
+	})
+	t.Run("untrusted", func(t *testing.T) {
+		testutil.RequireRoot(t, "chown the runtime file to another user")
+		p := testutil.Start(t, nil, bin)
+		pid := fmt.Sprint(p.Pid)
+		hotpatchOK(t, "--pid", pid, "--disable", "*")
+		before := probeStates(t, p.Pid)
+		data, err := os.ReadFile(rt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		writable := filepath.Join(dir, "writable.so")
+		os.WriteFile(writable, data, 0o644)
+		os.Chmod(writable, 0o666)
+		refused(t, nil, []string{"--pid", pid, "--enable", "work", "--runtime", writable}, "writable by group or others")
+		other := testutil.OtherUser(t)
+		foreign := filepath.Join(dir, "foreign.so")
+		os.WriteFile(foreign, data, 0o644)
+		if err := os.Chown(foreign, int(other.UID), int(other.GID)); err != nil {
+			t.Fatal(err)
+		}
+		refused(t, []string{EnvRuntime + "=" + foreign}, []string{"--pid", pid, "--enable", "work"}, "neither root nor the target's owner")
+		notRuntime := filepath.Join(dir, "libm.so")
+		os.WriteFile(notRuntime, []byte("not an ELF file"), 0o644)
+		refused(t, nil, []string{"--pid", pid, "--enable", "work", "--runtime", notRuntime}, "not an edgeprobe runtime")
+		untouched(t, p.Pid, before, "untrusted runtime")
+		p.Finish()
+	})
+	t.Run("own-hooks", func(t *testing.T) {
+		hooks := hooksLib(t)
+		p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks}, bin)
+		r := hotpatchOK(t, "--pid", fmt.Sprint(p.Pid), "--enable", "work", "-v")
+		if loadedNote.MatchString(r.Stderr) || !strings.Contains(r.Stderr, "left alone: ") || !strings.Contains(r.Stderr, filepath.Base(hooks)) {
+			t.Fatalf("a program with its own hooks: stderr %q", r.Stderr)
+		}
+		enters := p.Symbol(hooks, "enters")
+		e0 := p.Read64(enters)
+		p.AwaitProgress(p.Symbol(bin, "progress"), 20000)
+		if p.Read64(enters) == e0 {
+			t.Fatal("the program's own hooks stopped receiving calls")
+		}
+		if _, err := os.Stat(fmt.Sprintf("/dev/shm/edgeprobe.%d", p.Pid)); err == nil {
+			t.Error("a runtime region appeared")
+		}
+		p.Finish()
+	})
+}

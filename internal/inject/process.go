@@ -28,10 +28,10 @@ func hookIndex(name string) int {
 
 // Slot states.
 const (
-	SlotRouted  = "routed"  // points to the runtime
+	SlotRouted  = "routed"  // points to the runtime (or is unbound and will bind to a preloaded one)
 	SlotGlibc   = "glibc"   // points to libc's hook (the empty one, or __fentry__'s mcount)
-	SlotLazy    = "lazy"    // not yet bound (points back into the object's PLT)
-	SlotForeign = "foreign" // bound to hooks the program defines itself: left alone
+	SlotLazy    = "lazy"    // not yet bound, and its first call would bind it to libc's hook
+	SlotForeign = "foreign" // bound (or will bind) to hooks the program defines itself: left alone
 	SlotUnset   = "unset"   // zero: an undefined weak reference
 )
 
@@ -171,6 +171,7 @@ func Inspect(pid int) (*Process, error) {
 			}
 		}
 	}
+	ownerOf := map[string]*procmaps.Object{} // the program's own definition of each hook
 	for i := range p.Objects {
 		o := &p.Objects[i]
 		if o == p.Libc || o == p.Loader {
@@ -189,13 +190,22 @@ func Inspect(pid int) (*Process, error) {
 			}
 			continue
 		}
+		own := false
 		for _, h := range Hooks {
 			if _, ok := infos[i].defs[h]; ok {
-				p.OwnHooks = append(p.OwnHooks, o.Path)
-				break
+				own = true
+				if ownerOf[h] == nil {
+					ownerOf[h] = o
+				}
 			}
 		}
+		if own {
+			p.OwnHooks = append(p.OwnHooks, o.Path)
+		}
 	}
+	// A runtime in the global scope (preloaded or linked, not loaded by us
+	// from a memfd) is what a lazy slot binds to on its first call.
+	inScope := p.Runtime != nil && !strings.HasPrefix(path.Base(p.Runtime.Path), "memfd:")
 	for i := range p.Objects {
 		o := &p.Objects[i]
 		if o == p.Runtime || o == p.Libc || o == p.Loader {
@@ -221,7 +231,17 @@ func Inspect(pid int) (*Process, error) {
 			case owner != nil && owner == p.Libc:
 				s.State = SlotGlibc
 			case owner == o && !selfDefines:
-				s.State = SlotLazy
+				// Not bound yet: the first call binds it to the first
+				// definition in the global scope. The program's own hooks or
+				// a preloaded runtime come before libc; else it is glibc's.
+				switch {
+				case ownerOf[s.Hook] != nil:
+					s.State, s.Target = SlotForeign, ownerOf[s.Hook].Path
+				case inScope:
+					s.State, s.Target = SlotRouted, p.Runtime.Path
+				default:
+					s.State = SlotLazy
+				}
 			default:
 				s.State = SlotForeign
 			}
