@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/inject"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
@@ -28,7 +29,8 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// helper: "PID RUNTIME" (RUNTIME "-" routes only); prints the Result as JSON.
+// helper: "PID RUNTIME [direct]" (RUNTIME "-" routes only); prints the
+// Result as JSON.
 func helper(spec string) int {
 	f := strings.Fields(spec)
 	pid, _ := strconv.Atoi(f[0])
@@ -38,6 +40,7 @@ func helper(spec string) int {
 		return 1
 	}
 	var opts inject.Options
+	opts.Direct = len(f) > 2 && f[2] == "direct"
 	if f[1] != "-" {
 		if opts.Runtime, err = inject.ReadRuntime(f[1], os.Getuid()); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -54,10 +57,10 @@ func helper(spec string) int {
 }
 
 // load runs Load on pid in a helper process.
-func load(t *testing.T, pid int, runtime string) inject.Result {
+func load(t testing.TB, pid int, runtime string, extra ...string) inject.Result {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d %s", helperEnv, pid, runtime))
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d %s %s", helperEnv, pid, runtime, strings.Join(extra, " ")))
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -135,5 +138,33 @@ func TestLoadMT(t *testing.T) {
 	out, _ := p.Finish()
 	if !strings.Contains(out, "wrong=0") {
 		t.Fatalf("program output %q", out)
+	}
+}
+
+// BenchmarkLoad measures the chosen design (a new thread in the target does
+// the dlopen) against the alternative (the borrowed thread does it): how
+// long the borrowed thread is away from its own work, and attach to done.
+// One fresh mt.c per load: go test -run '^$' -bench Load -benchtime 10x ./internal/inject
+func BenchmarkLoad(b *testing.B) {
+	testutil.RequirePtrace(b)
+	rt := testutil.Runtime(b, "gcc")
+	fx := testutil.Build(b, testutil.Spec{Sources: []string{"mt.c"}})
+	for _, mode := range []string{"thread", "direct"} {
+		b.Run(mode, func(b *testing.B) {
+			var borrowed, elapsed time.Duration
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				p := testutil.Start(b, nil, fx.Path)
+				b.StartTimer()
+				res := load(b, p.Pid, rt, mode)
+				b.StopTimer()
+				borrowed += res.Borrowed
+				elapsed += res.Elapsed
+				p.Finish()
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(borrowed.Microseconds())/float64(b.N), "borrowed-µs/op")
+			b.ReportMetric(float64(elapsed.Microseconds())/float64(b.N), "load-µs/op")
+		})
 	}
 }

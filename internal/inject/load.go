@@ -32,6 +32,11 @@ type Options struct {
 	// point, so tests can make a given thread's system call the one
 	// interrupted and restarted ($EDGEPROBE_INJECT_THREAD in hotpatch).
 	Prefer string
+	// Direct runs the loader on the borrowed thread itself (dlopen, the
+	// constructor and the stores all before it resumes) instead of on a new
+	// thread: the alternative docs/decisions.md (D22) measured and did not
+	// choose. For measurements only.
+	Direct bool
 }
 
 // Result says what Load did.
@@ -129,7 +134,7 @@ func Load(ctx context.Context, p *Process, opts Options) (*Result, error) {
 	err = tr.Borrow(res.Tid, func(b *ptrace.Borrowed) error {
 		t0 := time.Now()
 		defer func() { res.Borrowed = time.Since(t0) }()
-		return p.prepare(ctx, b, opts.Runtime, entries, values, res, &data)
+		return p.prepare(ctx, b, opts, entries, values, res, &data)
 	})
 	derr := tr.Detach()
 	detached = true
@@ -149,8 +154,9 @@ func Load(ctx context.Context, p *Process, opts Options) (*Result, error) {
 // prepare runs on the borrowed thread: map the loader's area, write it,
 // create the memfd and fill it, start the loader thread with every
 // signal blocked, restore the thread's signal mask.
-func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, runtime []byte, entries []Slot, values [4]uint64, res *Result, dataOut *uint64) error {
+func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, opts Options, entries []Slot, values [4]uint64, res *Result, dataOut *uint64) error {
 	f := p.funcs
+	runtime := opts.Runtime
 	call := func(what string, fn uint64, args ...uint64) (uint64, error) {
 		r, err := b.Call(ctx, fn, args...)
 		if err != nil {
@@ -175,6 +181,9 @@ func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, runtime []byt
 	le.PutUint64(block[offDlerror:], f["dlerror"])
 	le.PutUint64(block[offDlsym:], f["dlsym"])
 	le.PutUint64(block[offDetach:], f["pthread_detach"])
+	if opts.Direct {
+		le.PutUint64(block[offDetach:], f["pthread_self"]) // the borrowed thread must stay joinable
+	}
 	le.PutUint64(block[offSelf:], f["pthread_self"])
 	le.PutUint64(block[offMemfd:], ^uint64(0))
 	le.PutUint64(block[offFlags:], rtldNow|rtldNodelete)
@@ -235,6 +244,11 @@ func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, runtime []byt
 	if r, err := call("mprotect", f["mprotect"], area, codeSize, unix.PROT_READ|unix.PROT_EXEC); err != nil || r != 0 {
 		unmap()
 		return fmt.Errorf("mprotect in pid %d: %v (%#x): %w", p.Pid, err, r, ErrLoad)
+	}
+	if opts.Direct {
+		b.Limit = opts.Wait
+		_, err := call("the loader", area, data)
+		return err
 	}
 	if _, err := call("rt_sigprocmask", f["syscall"], unix.SYS_RT_SIGPROCMASK, unix.SIG_SETMASK, data+offMask, data+offOldMask, 8); err != nil {
 		return err
