@@ -4,27 +4,40 @@ package hotpatch
 // hotpatch command loads the runtime (docs/injection.md).
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/edgeprobe/edgeprobe/internal/inject"
 	"github.com/edgeprobe/edgeprobe/internal/report"
+	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
 
 // attachFixture builds libfix.so and attach.c linked to it, both with spec's
 // compiler, PIE setting and provider.
 func attachFixture(t *testing.T, spec testutil.Spec) string {
+	bin, _ := attachFixtureLib(t, spec)
+	return bin
+}
+
+// attachFixtureLib is attachFixture, also returning libfix.so's path.
+func attachFixtureLib(t *testing.T, spec testutil.Spec) (string, string) {
 	t.Helper()
 	lib := testutil.Build(t, testutil.Spec{Compiler: spec.Compiler, Sources: []string{"lib.c"}, Shared: true, Profile: spec.Profile, NoInstr: spec.NoInstr,
 		Name: "libfix.so", Flags: []string{"-Wl,-soname,libfix.so"}})
 	spec.Sources = []string{"attach.c"}
 	spec.LDFlags = []string{lib.Path, "-Wl,-rpath," + filepath.Dir(lib.Path), "-ldl"}
-	return testutil.Build(t, spec).Path
+	return testutil.Build(t, spec).Path, lib.Path
 }
 
 // useRuntime points hotpatch at a runtime built for the test.
@@ -325,4 +338,139 @@ func TestInjectRefusals(t *testing.T) {
 		}
 		p.Finish()
 	})
+}
+
+func copyTo(t *testing.T, from, dir string) string {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := filepath.Join(dir, filepath.Base(from))
+	if err := os.WriteFile(to, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return to
+}
+
+// regionOf opens the runtime's region through the process's own mapping
+// (map_files), which works whatever the region's name in its namespace.
+func regionOf(pid int) (*shm.Region, error) {
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return nil, err
+	}
+	for _, line := range strings.Split(string(maps), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 || !strings.HasPrefix(f[1], "rw") {
+			continue
+		}
+		if base := filepath.Base(f[5]); !strings.HasPrefix(base, "edgeprobe.") && !strings.HasPrefix(base, "memfd:edgeprobe.") {
+			continue
+		}
+		return shm.Open(fmt.Sprintf("/proc/%d/map_files/%s", pid, f[0]))
+	}
+	return nil, fmt.Errorf("pid %d maps no region", pid)
+}
+
+// TestInjectNamespace: a target in its own mount and pid namespace, with a
+// private /tmp where the runtime file hotpatch reads does not exist (the
+// program checks), and its own /proc: the runtime still loads (through the
+// memfd), every slot is routed, and it records.
+func TestInjectNamespace(t *testing.T) {
+	testutil.RequireRoot(t, "unshare a mount and a pid namespace")
+	testutil.RequireTool(t, "unshare")
+	testutil.RequirePtrace(t)
+	bin, lib := attachFixtureLib(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
+	private, err := os.MkdirTemp("/tmp", "edgeprobe-rt-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(private) })
+	rt := copyTo(t, testutil.Runtime(t, "gcc"), private)
+	os.Chmod(rt, 0o644)
+	t.Setenv(EnvRuntime, rt)
+	// The program and its library go where both namespaces see them.
+	stage, err := os.MkdirTemp("/dev/shm", "edgeprobe-ns-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(stage) })
+	staged := copyTo(t, bin, stage)
+	copyTo(t, lib, stage)
+	stop := filepath.Join(stage, "stop")
+	script := `mount -t tmpfs tmpfs /tmp && test ! -e "$1" && LD_LIBRARY_PATH="$2" exec "$4" "$3"`
+	cmd := exec.Command("unshare", "-m", "-p", "--fork", "--mount-proc", "sh", "-c", script, "sh", rt, stage, stop, staged)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	rd := bufio.NewReader(out)
+	if line, err := rd.ReadString('\n'); err != nil || line != "ready 1\n" {
+		t.Fatalf("in the namespace: %q, %v (stderr %q)", line, err, stderr.String())
+	}
+	kids, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", cmd.Process.Pid, cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(kids)))
+	if err != nil {
+		t.Fatalf("unshare's child: %q", kids)
+	}
+	r := hotpatchOK(t, "--pid", fmt.Sprint(pid), "--enable", "work")
+	if m := loadedNote.FindStringSubmatch(r.Stderr); m == nil || m[1] != fmt.Sprint(pid) {
+		t.Fatalf("enable: stderr %q", r.Stderr)
+	}
+	p, err := inject.Inspect(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Runtime == nil || len(p.Slots) == 0 {
+		t.Fatalf("after the load: runtime %v, %d slots", p.Runtime, len(p.Slots))
+	}
+	for _, s := range p.Slots {
+		if s.State != inject.SlotRouted {
+			t.Errorf("slot %s %s at %#x is %s", filepath.Base(s.Object), s.Hook, s.Addr, s.State)
+		}
+	}
+	region, err := regionOf(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer region.Close()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var entries uint64
+		for _, f := range region.Functions() {
+			entries += f.Entries
+		}
+		if entries > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the runtime recorded nothing in a minute")
+		}
+		time.Sleep(time.Millisecond) // polling a counter the target advances, not a synchronisation
+	}
+	if err := os.WriteFile(stop, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rest, _ := io.ReadAll(rd)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("namespace: %v (stderr %q)", err, stderr.String())
+	}
+	if string(rest) != "done wrong=0 pipe=ok short=0 eintr=0\n" {
+		t.Fatalf("output %q", rest)
+	}
 }
