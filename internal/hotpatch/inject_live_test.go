@@ -118,7 +118,7 @@ func TestInjectLive(t *testing.T) {
 						t.Fatalf("second enable: stderr %q", r.Stderr)
 					}
 
-					tr := hotpatchOK(t, "trace", "--pid", pid, "--enable", "lib_entry", "--duration", "200ms", "--format", "text", "--max-calls", "200")
+					tr := hotpatchOK(t, "trace", "--pid", pid, "--enable", "lib_entry", "--duration", "5s", "--format", "text", "--max-calls", "200")
 					if !strings.Contains(tr.Stdout, "lib_entry") {
 						t.Fatalf("trace shows no lib_entry call:\n%.2000s", tr.Stdout)
 					}
