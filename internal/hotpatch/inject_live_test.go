@@ -474,3 +474,42 @@ func TestInjectNamespace(t *testing.T) {
 		t.Fatalf("output %q", rest)
 	}
 }
+
+// TestInjectRunningFrames: a call entered before the runtime was loaded and
+// left after it (cyg: its exit hook reaches the runtime with no entry)
+// is counted as an orphan exit, and nothing else goes wrong; the runtime
+// counts the threads that existed before it (the workers) from their first
+// hook.
+func TestInjectRunningFrames(t *testing.T) {
+	testutil.RequirePtrace(t)
+	useRuntime(t)
+	bin := attachFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
+	p := testutil.Start(t, nil, bin, "parked")
+	pid := fmt.Sprint(p.Pid)
+	// Every probe is on (not coldpatched): parked() entered through glibc's
+	// hook. Enabling work loads the runtime while parked() is on the stack.
+	r := hotpatchOK(t, "--pid", pid, "--enable", "work")
+	if !loadedNote.MatchString(r.Stderr) {
+		t.Fatalf("no load note: %q", r.Stderr)
+	}
+	if err := os.WriteFile(p.StopFile+".release", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	var f report.FuncStats
+	for f.Exits == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("parked()'s exit was not recorded within a minute")
+		}
+		f = funcStats(statsOf(t, p.Pid), "parked")
+	}
+	if f.Entries != 0 || f.Exits != 1 || f.Orphans != 1 {
+		t.Fatalf("parked(), entered before the load and left after it: %+v; want 0 entries, 1 exit, 1 orphan", f)
+	}
+	if w := funcStats(statsOf(t, p.Pid), "work"); w.Entries == 0 || w.Exits == 0 {
+		t.Fatalf("work in the threads that existed before the load: %+v", w)
+	}
+	if out, _ := p.Finish(); !strings.Contains(out, "wrong=0") {
+		t.Fatalf("output %q", out)
+	}
+}
