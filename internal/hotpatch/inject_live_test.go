@@ -513,3 +513,44 @@ func TestInjectRunningFrames(t *testing.T) {
 		t.Fatalf("output %q", out)
 	}
 }
+
+// TestInjectFork: a child forked by a process after the runtime was loaded
+// into it records on its own (the runtime's fork handlers, registered when
+// it was loaded): its EDGEPROBE_OUTPUT file counts its 1000 calls of work.
+func TestInjectFork(t *testing.T) {
+	testutil.RequirePtrace(t)
+	useRuntime(t)
+	bin := attachFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
+	dir := t.TempDir()
+	p := testutil.Start(t, []string{"EDGEPROBE_OUTPUT=" + filepath.Join(dir, "ep.%p")}, bin, "fork")
+	pid := fmt.Sprint(p.Pid)
+	hotpatchOK(t, "--pid", pid, "--disable", "*")
+	if r := hotpatchOK(t, "--pid", pid, "--enable", "work"); !loadedNote.MatchString(r.Stderr) {
+		t.Fatalf("no load note: %q", r.Stderr)
+	}
+	if err := os.WriteFile(p.StopFile+".release", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := p.Finish()
+	if !strings.Contains(out, "wrong=0") || !strings.Contains(out, "child exit=0") {
+		t.Fatalf("output %q", out)
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "ep.*"))
+	var child string
+	for _, f := range files {
+		if filepath.Base(f) != "ep."+pid {
+			child = f
+		}
+	}
+	if len(files) != 2 || child == "" {
+		t.Fatalf("output files %v: want the parent's (ep.%s) and the child's", files, pid)
+	}
+	r := hotpatchOK(t, "stats", "--input", child, "--json")
+	var st report.Stats
+	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
+		t.Fatal(err)
+	}
+	if w := funcStats(st, "work"); w.Entries != 1000 || w.Exits != 1000 {
+		t.Fatalf("the child's work: %+v; want 1000 entries and exits", w)
+	}
+}
