@@ -54,11 +54,8 @@ type RuntimeStatus struct {
 // is reported as it is: nothing to do. With NoInject, slots to route are an
 // ErrNoRuntime error instead.
 func EnsureRuntime(ctx context.Context, pid int, opts RuntimeOptions) (*RuntimeStatus, error) {
-	lock, err := AcquireLock(pid, opts.WaitLock)
-	if err != nil {
-		return nil, err
-	}
-	defer lock.Release()
+	// Looking takes no lock (stats may run beside a trace that holds it);
+	// changing anything does, and looks again under it.
 	p, err := inject.Inspect(pid)
 	if err != nil {
 		return nil, err
@@ -66,6 +63,20 @@ func EnsureRuntime(ctx context.Context, pid int, opts RuntimeOptions) (*RuntimeS
 	st := &RuntimeStatus{Foreign: p.Foreign(), Static: p.Static}
 	if p.Static {
 		return st, staticRuntime(pid, st, opts)
+	}
+	if len(p.NeedRouting()) == 0 {
+		st.Present = p.Runtime != nil
+		return st, nil
+	}
+	if !opts.NoInject {
+		lock, err := AcquireLock(pid, opts.WaitLock)
+		if err != nil {
+			return st, err
+		}
+		defer lock.Release()
+		if p, err = inject.Inspect(pid); err != nil {
+			return st, err
+		}
 	}
 	need := p.NeedRouting()
 	if len(need) == 0 {
