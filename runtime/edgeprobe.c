@@ -713,11 +713,15 @@ EP_COLD int ep_busy_live(struct ep_thread *th, uint64_t here) {
 		got = ep_peek(b + 8);
 	if (got == ep_tls.busy_ret)
 		return 1;
-	ep_tls.busy = 0;
-	SIGFENCE();
-	if (th)
-		OWN_ADD(&th->abandoned_hooks, 1);
-	return 0;
+	/* A handler interrupting us here (the read above may be a system call)
+	 * can judge the same word: whoever clears it counts it, once. */
+	uint64_t expect = b;
+	if (__atomic_compare_exchange_n(&ep_tls.busy, &expect, 0, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+		if (th)
+			OWN_ADD(&th->abandoned_hooks, 1);
+		return 0;
+	}
+	return expect != 0; /* cleared by a handler: go on; set by one: not ours to judge */
 }
 
 /* Count the stored frames [to, from) unmatched, popping from the top. */

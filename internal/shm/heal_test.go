@@ -1,0 +1,142 @@
+package shm
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/edgeprobe/edgeprobe/internal/testutil"
+)
+
+// Self-healing call tracking: frames abandoned by longjmp, siglongjmp out of
+// a signal handler, exceptions or probes toggled mid-call are found dead at a
+// later hook, counted, and never keep the thread from recording
+// (testdata/fixtures/heal.c).
+
+// balanced fails the test for every function whose tracked entries are not
+// accounted for exactly (Func.Balanced) or that still has open frames.
+func balanced(t testing.TB, funcs map[string]Func, open bool) {
+	t.Helper()
+	for name, f := range funcs {
+		if !f.Balanced() || (!open && f.Open != 0) {
+			t.Errorf("%s: entries %d (deep %d) != exits %d - orphans %d - deep exits %d + unmatched %d + open %d",
+				name, f.Entries, f.DeepEntries, f.Exits, f.Orphans, f.DeepExits, f.Unmatched, f.Open)
+		}
+	}
+}
+
+func buildHeal(t testing.TB, cc, opt string, fentry bool) string {
+	t.Helper()
+	spec := testutil.Spec{Compiler: cc, Opt: opt, Sources: []string{"heal.c"}, LDFlags: []string{"-ldl"},
+		Name: fmt.Sprintf("heal-%s%s-fentry%v", cc, opt, fentry)}
+	if fentry {
+		spec.NoInstr = true
+		spec.Profile = testutil.ProfileFentry
+	}
+	return testutil.Build(t, spec).Path
+}
+
+// TestLongjmpFromDeepRecursion: longjmp out of 301 frames (more than the
+// 256-frame shadow stack) and then 100,000 calls of a leaf. Before the
+// stack healed by position, the depth never came back down and every later
+// call was counted but not timed.
+func TestLongjmpFromDeepRecursion(t *testing.T) {
+	const n, k = 300, 100000
+	for _, b := range []struct {
+		cc, opt string
+		fentry  bool
+	}{{"gcc", "-O0", false}, {"gcc", "-O2", false}, {"clang", "-O2", false}, {"gcc", "-O2", true}, {"clang", "-O2", true}} {
+		t.Run(fmt.Sprintf("%s%s-fentry%v", b.cc, b.opt, b.fentry), func(t *testing.T) {
+			lib := buildRuntime(t, b.cc)
+			bin := buildHeal(t, b.cc, b.opt, b.fentry)
+			out := filepath.Join(t.TempDir(), "out")
+			mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + out}, "deep", strconv.Itoa(n), strconv.Itoa(k))
+			r := openOutput(t, out)
+			funcs := byName(t, r, r.Maps())
+			leaf, dive := funcs["leaf"], funcs["dive"]
+			if leaf.Entries != k || leaf.Exits != k || leaf.Samples != k || leaf.SumNs == 0 {
+				t.Errorf("leaf: %d/%d calls, %d timed, total %d ns; want %d/%d, all timed", leaf.Entries, leaf.Exits, leaf.Samples, leaf.SumNs, k, k)
+			}
+			if dive.Entries != n+1 || dive.Exits != 0 {
+				t.Errorf("dive: %d/%d calls, want %d/0", dive.Entries, dive.Exits, n+1)
+			}
+			c := r.Counters()
+			// Frames beyond the shadow stack: counted per function as untimed
+			// entries, and as lost frames of the thread once found dead.
+			// (fentry: frames beyond the return-address stack get no exit
+			// probe, so there is no frame to lose.)
+			wantLost := dive.DeepEntries
+			if b.fentry {
+				wantLost = 0
+			}
+			if dive.Unmatched+dive.DeepEntries != n+1 || dive.DeepEntries == 0 || c.DeepLost != wantLost {
+				t.Errorf("dive: unmatched %d + deep %d != %d, thread deep_lost %d", dive.Unmatched, dive.DeepEntries, n+1, c.DeepLost)
+			}
+			if c.Orphans != 0 || c.AbandonedHooks != 0 {
+				t.Errorf("counters %+v: want no orphans", c)
+			}
+			balanced(t, funcs, false)
+		})
+	}
+}
+
+// TestSigLongjmpOutOfHooks: a SIGUSR1 handler that lands in the runtime's
+// code siglongjmps out of it, 200 times; the handler runs probed code itself.
+// Afterwards 1,000,000 calls are every one counted and timed, and the
+// abandoned hooks are counted.
+func TestSigLongjmpOutOfHooks(t *testing.T) {
+	const jumps, k = 200, 1000000
+	for _, b := range []struct {
+		cc     string
+		fentry bool
+	}{{"gcc", false}, {"clang", false}} {
+		t.Run(fmt.Sprintf("%s-fentry%v", b.cc, b.fentry), func(t *testing.T) {
+			lib := buildRuntime(t, b.cc)
+			bin := buildHeal(t, b.cc, "-O2", b.fentry)
+			out := filepath.Join(t.TempDir(), "out")
+			got := mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + out}, "sigjmp", strconv.Itoa(jumps), strconv.Itoa(k))
+			var j, h int
+			if _, err := fmt.Sscanf(got, "jumped %d handled %d", &j, &h); err != nil || j != jumps {
+				t.Fatalf("fixture output %q", got)
+			}
+			r := openOutput(t, out)
+			funcs := byName(t, r, r.Maps())
+			a := funcs["after"]
+			if a.Entries != k || a.Exits != k || a.Samples != k || a.SumNs == 0 {
+				t.Errorf("after: %d/%d calls, %d timed; want %d/%d, all timed", a.Entries, a.Exits, a.Samples, k, k)
+			}
+			c := r.Counters()
+			if c.AbandonedHooks == 0 || c.AbandonedHooks > jumps {
+				t.Errorf("abandoned hooks %d, want 1..%d (one per jump out of a running hook)", c.AbandonedHooks, jumps)
+			}
+			// The handler's probes run inside the hook it interrupted (dropped
+			// as reentrant) or are recorded; either way each is counted once.
+			hl := funcs["hleaf"]
+			per := uint64(2) // enter and exit hook, or fentry entry and trampoline
+			if hl.Entries+c.ReentrantDrops/per < uint64(h)-c.AbandonedHooks || hl.Entries > uint64(h) {
+				t.Errorf("hleaf %d entries + %d reentrant drops for %d handler runs", hl.Entries, c.ReentrantDrops, h)
+			}
+			// One call per abandoned hook may lack its frame or its count;
+			// every other function balances exactly.
+			var off uint64
+			for name, f := range funcs {
+				if f.Balanced() {
+					continue
+				}
+				d := int64(f.Entries-f.DeepEntries) - int64(f.Exits-f.Orphans-f.DeepExits+f.Unmatched+f.Open)
+				if d < 0 {
+					d = -d
+				}
+				off += uint64(d)
+				if name == "after" {
+					t.Errorf("after unbalanced: %+v", f)
+				}
+			}
+			if off > c.AbandonedHooks {
+				t.Errorf("%d calls unaccounted for, more than the %d abandoned hooks", off, c.AbandonedHooks)
+			}
+			t.Logf("%d jumps, %d handler runs, %d abandoned hooks, %d reentrant drops, %d unmatched", j, h, c.AbandonedHooks, c.ReentrantDrops, c.Unmatched)
+		})
+	}
+}
