@@ -140,3 +140,66 @@ func TestSigLongjmpOutOfHooks(t *testing.T) {
 		})
 	}
 }
+
+// TestToggleStorm: an interpreter-like evaluator (recursive eval, errors
+// raised by longjmp from deep in the recursion, sometimes past the shadow
+// stack) runs while hotpatch turns its probes on and off hundreds of times,
+// whole or one kind only (`--kind entry` then everything, the case that used
+// to stop latency recording for good). Afterwards every function's tracked
+// entries are accounted for exactly, no frame is left open, and the calls
+// made after the storm are all timed.
+func TestToggleStorm(t *testing.T) {
+	testutil.RequirePtrace(t)
+	toggles := 200
+	for _, cc := range []string{"gcc", "clang"} {
+		t.Run(cc, func(t *testing.T) {
+			lib := buildRuntime(t, cc)
+			bin := buildHeal(t, cc, "-O2", false)
+			if r := testutil.Run(t, "coldpatch", bin); r.Code != 0 {
+				t.Fatal(r.Stderr)
+			}
+			out := filepath.Join(t.TempDir(), "out")
+			p := testutil.Start(t, []string{"LD_PRELOAD=" + lib, "EDGEPROBE_OUTPUT=" + out}, bin, "storm")
+			progress := p.Symbol(bin, "progress")
+			pid := strconv.Itoa(p.Pid)
+			steps := [][]string{
+				{"--enable", "*"},
+				{"--disable", "*"},
+				{"--enable", "eval", "--enable", "op_*", "--kind", "entry"},
+				{"--enable", "*"},
+				{"--disable", "eval", "--kind", "exit"},
+				{"--disable", "raise_err", "--disable", "chain"},
+				{"--enable", "*", "--kind", "exit"},
+				{"--disable", "*", "--kind", "entry"},
+				{"--enable", "chain", "--enable", "run_one", "--kind", "entry"},
+				{"--disable", "*"},
+			}
+			for i := 0; i < toggles; i++ {
+				args := append([]string{"--pid", pid}, steps[i%len(steps)]...)
+				if r := testutil.Run(t, "hotpatch", args...); r.Code != 0 {
+					t.Fatalf("hotpatch %v: exit %d: %s", args, r.Code, r.Stderr)
+				}
+				p.AwaitProgress(progress, 20)
+			}
+			if r := testutil.Run(t, "hotpatch", "--pid", pid, "--enable", "*"); r.Code != 0 {
+				t.Fatal(r.Stderr)
+			}
+			p.AwaitProgress(progress, 500)
+			if got, _ := p.Finish(); got != "done 0\n" {
+				t.Fatalf("fixture output %q", got)
+			}
+			r := openOutput(t, out)
+			funcs := byName(t, r, r.Maps())
+			balanced(t, funcs, false)
+			a := funcs["after"]
+			if a.Entries != 100000 || a.Exits != 100000 || a.Samples != 100000 {
+				t.Errorf("after the storm: %d/%d calls, %d timed; want 100000, all timed", a.Entries, a.Exits, a.Samples)
+			}
+			if e := funcs["eval"]; e.Samples == 0 {
+				t.Errorf("eval: no timed call (%d entries)", e.Entries)
+			}
+			c := r.Counters()
+			t.Logf("%d toggles; eval %d calls, %d timed; counters %+v", toggles, funcs["eval"].Entries, funcs["eval"].Samples, c)
+		})
+	}
+}
