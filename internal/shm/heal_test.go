@@ -203,3 +203,90 @@ func TestToggleStorm(t *testing.T) {
 		})
 	}
 }
+
+// TestExceptionsHeal: C++ exceptions thrown through four probed frames
+// (cyg with g++ and clang++, fentry with g++): the frames the exception
+// unwinds never exit and are counted unmatched (g++'s cyg frames do exit:
+// it calls the exit hook from a cleanup); the catcher's calls and the
+// later leaf calls are all timed; every function balances.
+func TestExceptionsHeal(t *testing.T) {
+	const rounds, k = 1000, 100000
+	for _, b := range []struct {
+		cxx    string
+		fentry bool
+	}{{"g++", false}, {"clang++", false}, {"g++", true}} {
+		t.Run(fmt.Sprintf("%s-fentry%v", b.cxx, b.fentry), func(t *testing.T) {
+			cc := map[string]string{"g++": "gcc", "clang++": "clang"}[b.cxx]
+			lib := buildRuntime(t, cc)
+			spec := testutil.Spec{Compiler: b.cxx, Opt: "-O2", Sources: []string{"heal_exc.cc"}, Name: fmt.Sprintf("heal_exc-%s-%v", b.cxx, b.fentry)}
+			if b.fentry {
+				spec.NoInstr, spec.Profile = true, testutil.ProfileFentry
+			}
+			bin := testutil.Build(t, spec).Path
+			out := filepath.Join(t.TempDir(), "out")
+			if got := mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + out}, strconv.Itoa(rounds), strconv.Itoa(k)); got != fmt.Sprintf("caught %d\n", rounds) {
+				t.Fatalf("fixture output %q", got)
+			}
+			r := openOutput(t, out)
+			funcs := byName(t, r, r.Maps())
+			th, c, l := funcs["thrower"], funcs["catcher"], funcs["leaf"]
+			// g++ -finstrument-functions calls the exit hook from a cleanup
+			// during unwinding; clang++ and fentry frames just vanish.
+			wantExits := uint64(0)
+			if b.cxx == "g++" && !b.fentry {
+				wantExits = 4 * rounds
+			}
+			if th.Entries != 4*rounds || th.Exits != wantExits || th.Exits+th.Unmatched != 4*rounds {
+				t.Errorf("thrower %d/%d calls, %d unmatched; want %d entries, %d exits, the rest unmatched", th.Entries, th.Exits, th.Unmatched, 4*rounds, wantExits)
+			}
+			if c.Entries != rounds || c.Exits != rounds || c.Samples != rounds {
+				t.Errorf("catcher %d/%d calls, %d timed; want %d, all timed", c.Entries, c.Exits, c.Samples, rounds)
+			}
+			if l.Entries != k || l.Exits != k || l.Samples != k {
+				t.Errorf("leaf %d/%d calls, %d timed; want %d, all timed", l.Entries, l.Exits, l.Samples, k)
+			}
+			balanced(t, funcs, false)
+		})
+	}
+}
+
+// TestKindEntryThenAll: the example of our own help, `--enable SEL --kind
+// entry`, then `--disable '*'` and everything on: entry-only probes push
+// frames no exit pops, which used to fill the shadow stack for good (every
+// later call counted, none timed). Each enter now finds its previous sibling
+// dead.
+func TestKindEntryThenAll(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := buildRuntime(t, "gcc")
+	bin := buildHeal(t, "gcc", "-O2", false)
+	if r := testutil.Run(t, "coldpatch", bin); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib, "EDGEPROBE_OUTPUT=" + out}, bin, "storm")
+	progress := p.Symbol(bin, "progress")
+	pid := strconv.Itoa(p.Pid)
+	for _, args := range [][]string{{"--enable", "*", "--kind", "entry"}, {"--disable", "*"}, {"--enable", "*"}} {
+		if r := testutil.Run(t, "hotpatch", append([]string{"--pid", pid}, args...)...); r.Code != 0 {
+			t.Fatalf("hotpatch %v: %s", args, r.Stderr)
+		}
+		p.AwaitProgress(progress, 2000)
+	}
+	if got, _ := p.Finish(); got != "done 0\n" {
+		t.Fatalf("fixture output %q", got)
+	}
+	r := openOutput(t, out)
+	funcs := byName(t, r, r.Maps())
+	balanced(t, funcs, false)
+	for _, name := range []string{"eval", "lit", "after"} {
+		if f := funcs[name]; f.Samples == 0 || f.Samples+f.DeepExits < f.Exits-f.Orphans {
+			t.Errorf("%s: %d matched exits, %d timed", name, f.Exits-f.Orphans-f.DeepExits, f.Samples)
+		}
+	}
+	if a := funcs["after"]; a.Entries != 100000 || a.Samples != 100000 {
+		t.Errorf("after: %d calls, %d timed; want 100000, all timed", a.Entries, a.Samples)
+	}
+	if c := r.Counters(); c.StackOverflows > c.DeepLost+uint64(funcs["chain"].DeepExits) {
+		t.Errorf("untimed deep entries %d beyond what chain() explains: %+v", c.StackOverflows, c)
+	}
+}
