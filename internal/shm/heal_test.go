@@ -90,7 +90,7 @@ func TestSigLongjmpOutOfHooks(t *testing.T) {
 	for _, b := range []struct {
 		cc     string
 		fentry bool
-	}{{"gcc", false}, {"clang", false}} {
+	}{{"gcc", false}, {"clang", false}, {"gcc", true}, {"clang", true}} {
 		t.Run(fmt.Sprintf("%s-fentry%v", b.cc, b.fentry), func(t *testing.T) {
 			lib := buildRuntime(t, b.cc)
 			bin := buildHeal(t, b.cc, "-O2", b.fentry)
