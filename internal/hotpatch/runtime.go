@@ -68,9 +68,9 @@ func EnsureRuntime(ctx context.Context, pid int, opts RuntimeOptions) (*RuntimeS
 		st.Present = p.Runtime != nil
 		return st, nil
 	}
+	var lock *Lock
 	if !opts.NoInject {
-		lock, err := AcquireLock(pid, opts.WaitLock)
-		if err != nil {
+		if lock, err = AcquireLockContext(ctx, pid, opts.WaitLock); err != nil {
 			return st, err
 		}
 		defer lock.Release()
@@ -105,7 +105,7 @@ func EnsureRuntime(ctx context.Context, pid int, opts RuntimeOptions) (*RuntimeS
 	// Round 1 loads (or routes); a slot that the lazy binder was filling in
 	// at the same moment can end up pointing to glibc again: route again.
 	for round := 0; round < 3 && len(need) > 0; round++ {
-		res, err := inject.Load(ctx, p, inject.Options{Runtime: runtime, Prefer: os.Getenv(EnvInjectThread)})
+		res, err := inject.Load(ctx, p, inject.Options{Runtime: runtime, Prefer: os.Getenv(EnvInjectThread), Tracer: lock.Tracer()})
 		if st.Load == nil {
 			st.Load = res
 		}

@@ -32,6 +32,10 @@ type Options struct {
 	// point, so tests can make a given thread's system call the one
 	// interrupted and restarted ($EDGEPROBE_INJECT_THREAD in hotpatch).
 	Prefer string
+	// Tracer, when set, is an attached tracer to use (hotpatch's lock is a
+	// leader-only attach): Load upgrades it to every thread and leaves it
+	// attached. Without it Load attaches and detaches itself.
+	Tracer *ptrace.Tracer
 	// Direct runs the loader on the borrowed thread itself (dlopen, the
 	// constructor and the stores all before it resumes) instead of on a new
 	// thread: the alternative docs/decisions.md (D22) measured and did not
@@ -97,11 +101,18 @@ func Load(ctx context.Context, p *Process, opts Options) (*Result, error) {
 		values = p.runtimeHooks
 	}
 	start := time.Now()
-	tr, err := ptrace.Attach(p.Pid, ptrace.Options{})
-	if err != nil {
-		return nil, err
+	tr := opts.Tracer
+	detached := tr != nil // a caller's tracer is the caller's to detach
+	if tr != nil {
+		if err := tr.Upgrade(); err != nil {
+			return nil, err
+		}
+	} else {
+		var err error
+		if tr, err = ptrace.Attach(p.Pid, ptrace.Options{}); err != nil {
+			return nil, err
+		}
 	}
-	detached := false
 	defer func() {
 		if !detached {
 			_ = tr.Detach()
@@ -131,13 +142,16 @@ func Load(ctx context.Context, p *Process, opts Options) (*Result, error) {
 		tr.Pause(time.Millisecond)
 	}
 	var data uint64
-	err = tr.Borrow(res.Tid, func(b *ptrace.Borrowed) error {
+	err := tr.Borrow(res.Tid, func(b *ptrace.Borrowed) error {
 		t0 := time.Now()
 		defer func() { res.Borrowed = time.Since(t0) }()
 		return p.prepare(ctx, b, opts, entries, values, res, &data)
 	})
-	derr := tr.Detach()
-	detached = true
+	var derr error
+	if !detached {
+		derr = tr.Detach()
+		detached = true
+	}
 	if err != nil {
 		return res, err
 	}
