@@ -1,10 +1,12 @@
 package shm
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
@@ -25,8 +27,43 @@ type Region struct {
 	writable bool
 }
 
-// OpenPID opens the live region of process pid.
-func OpenPID(pid int) (*Region, error) { return Open(Path(pid)) }
+// OpenPID opens the live region of process pid. A process in another pid
+// namespace names its region after its pid there (edgeprobe.1, say), so
+// when Path(pid) does not exist the region the process maps is opened
+// through /proc/PID/map_files instead (docs/injection.md).
+func OpenPID(pid int) (*Region, error) {
+	r, err := Open(Path(pid))
+	if err != nil && errors.Is(err, os.ErrNotExist) {
+		if m := mappedRegion(pid); m != "" {
+			if r2, err2 := Open(m); err2 == nil {
+				return r2, nil
+			}
+		}
+	}
+	return r, err
+}
+
+// mappedRegion returns the map_files path of the shared, writable mapping
+// of a file named edgeprobe.N in pid's maps, or "".
+func mappedRegion(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 || len(f[1]) < 4 || f[1][0] != 'r' || f[1][1] != 'w' || f[1][3] != 's' {
+			continue
+		}
+		name := f[5][strings.LastIndexByte(f[5], '/')+1:]
+		if n, ok := strings.CutPrefix(name, "edgeprobe."); ok {
+			if _, err := strconv.Atoi(n); err == nil {
+				return fmt.Sprintf("/proc/%d/map_files/%s", pid, f[0])
+			}
+		}
+	}
+	return ""
+}
 
 // Open maps the region file at path, read-write when permitted (needed for
 // SetControl and Consume), else read-only, and validates its header.
