@@ -191,7 +191,7 @@ func TestInjectHazards(t *testing.T) {
 	if testutil.Long() {
 		reps = 100
 	}
-	const want = "done wrong=0 pipe=ok short=0 eintr=0\n"
+	const want = "done wrong=0 pipe=ok short=0 eintr=0 signals=ok\n"
 	borrowed := map[string]int{}
 	for i := 0; i < reps; i++ {
 		p := testutil.Start(t, nil, bin, "hazard")
@@ -463,7 +463,7 @@ func TestInjectNamespace(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("namespace: %v (stderr %q)", err, stderr.String())
 	}
-	if string(rest) != "done wrong=0 pipe=ok short=0 eintr=0\n" {
+	if string(rest) != "done wrong=0 pipe=ok short=0 eintr=0 signals=ok\n" {
 		t.Fatalf("output %q", rest)
 	}
 }

@@ -209,11 +209,6 @@ func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, opts Options,
 		le.PutUint64(block[offHandle:], 1) // route only: skip dlopen and dlsym
 	}
 	copy(block[offMemfdName:], memfdName)
-	// The loader thread starts with every signal blocked, so no handler of
-	// the program runs on it and no process-directed signal is taken by it,
-	// except glibc's SIGCANCEL (32) and SIGSETXID (33): setuid() in another
-	// thread waits for every thread to take SIGSETXID.
-	le.PutUint64(block[offMask:], ^uint64(0)&^(1<<31|1<<32))
 	le.PutUint64(block[offCount:], uint64(len(entries)))
 	for i, e := range entries {
 		o := offEntries + entrySize*i
@@ -264,13 +259,9 @@ func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, opts Options,
 		_, err := call("the loader", area, data)
 		return err
 	}
-	if _, err := call("rt_sigprocmask", f["syscall"], unix.SYS_RT_SIGPROCMASK, unix.SIG_SETMASK, data+offMask, data+offOldMask, 8); err != nil {
-		return err
-	}
+	// The borrowed thread runs with ptrace.BorrowMask, which the loader
+	// thread inherits from it.
 	rc, err := call("pthread_create", f["pthread_create"], data+offThread, 0, area, data)
-	if _, merr := call("rt_sigprocmask", f["syscall"], unix.SYS_RT_SIGPROCMASK, unix.SIG_SETMASK, data+offOldMask, 0, 8); merr != nil && err == nil {
-		err = merr
-	}
 	if err == nil && rc != 0 {
 		err = fmt.Errorf("pthread_create in pid %d: %v: %w", p.Pid, unix.Errno(rc), ErrLoad)
 		if fd >= 0 {
