@@ -37,6 +37,12 @@ type Options struct {
 	// thread: the alternative docs/decisions.md (D22) measured and did not
 	// choose. For measurements only.
 	Direct bool
+	// Tracer is the caller's own attach to the process, when it holds one
+	// as its lock (hotpatch does: a second PTRACE_SEIZE would fail). Load
+	// upgrades it to every thread, uses it, and leaves it attached and
+	// serving (a loader thread born traced is resumed by it); nil: Load
+	// attaches and detaches by itself.
+	Tracer *ptrace.Tracer
 }
 
 // Result says what Load did.
@@ -97,11 +103,16 @@ func Load(ctx context.Context, p *Process, opts Options) (*Result, error) {
 		values = p.runtimeHooks
 	}
 	start := time.Now()
-	tr, err := ptrace.Attach(p.Pid, ptrace.Options{})
-	if err != nil {
+	tr, own := opts.Tracer, opts.Tracer == nil
+	if own {
+		var err error
+		if tr, err = ptrace.Attach(p.Pid, ptrace.Options{}); err != nil {
+			return nil, err
+		}
+	} else if err := tr.Upgrade(); err != nil {
 		return nil, err
 	}
-	detached := false
+	detached := !own // a borrowed tracer is the caller's to release
 	defer func() {
 		if !detached {
 			_ = tr.Detach()
@@ -131,13 +142,18 @@ func Load(ctx context.Context, p *Process, opts Options) (*Result, error) {
 		tr.Pause(time.Millisecond)
 	}
 	var data uint64
-	err = tr.Borrow(res.Tid, func(b *ptrace.Borrowed) error {
+	err := tr.Borrow(res.Tid, func(b *ptrace.Borrowed) error {
 		t0 := time.Now()
 		defer func() { res.Borrowed = time.Since(t0) }()
 		return p.prepare(ctx, b, opts, entries, values, res, &data)
 	})
-	derr := tr.Detach()
-	detached = true
+	var derr error
+	if own {
+		derr = tr.Detach()
+		detached = true
+	} else {
+		derr = tr.ResumeAll()
+	}
 	if err != nil {
 		return res, err
 	}
