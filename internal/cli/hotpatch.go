@@ -143,6 +143,9 @@ permission, stale probe list, interrupted); 2 usage; 3 a selector matched no pro
 			defer stop()
 			res, err := hotpatch.Apply(ctx, req)
 			if res != nil {
+				for _, w := range res.Warnings {
+					fmt.Fprintf(stderr, "hotpatch: warning: %s\n", w)
+				}
 				if tf.json {
 					if werr := writeJSON(stdout, res); werr != nil && err == nil {
 						err = werr

@@ -59,13 +59,19 @@ type SiteResult struct {
 
 // Result is the outcome of Apply.
 type Result struct {
-	PID       int          `json:"pid"`
-	OK        bool         `json:"ok"` // every selected site ended in the asked state
-	Changed   int          `json:"changed"`
-	Unchanged int          `json:"unchanged"`
-	Held      int          `json:"threads_held"` // threads caught at an int3 and resumed
-	ElapsedNS int64        `json:"elapsed_ns"`   // attach to detach
-	Sites     []SiteResult `json:"sites"`
+	PID       int   `json:"pid"`
+	OK        bool  `json:"ok"` // every selected site ended in the asked state
+	Changed   int   `json:"changed"`
+	Unchanged int   `json:"unchanged"`
+	Held      int   `json:"threads_held"` // threads caught at an int3 and resumed
+	ElapsedNS int64 `json:"elapsed_ns"`   // attach to detach
+	// Spans: how a large flip batch was written (coalesced spans or one
+	// byte per site, and why); nil for small batches.
+	Spans *xmod.SpanStats `json:"spans,omitempty"`
+	// Warnings are what the batch saw that the user should know, such as a
+	// writer in the target sharing a page we wrote.
+	Warnings []string     `json:"warnings,omitempty"`
+	Sites    []SiteResult `json:"sites"`
 }
 
 type selected struct {
@@ -97,6 +103,7 @@ type Session struct {
 	tracer  *ptrace.Tracer
 	full    bool        // the tracer holds every thread, not only the leader
 	region  *shm.Region // the runtime's region, when the process runs it
+	mem     *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
 }
 
 // Open locks pid and loads its targets; nothing is attached yet.
@@ -136,6 +143,9 @@ func (s *Session) Close() error {
 	}
 	if s.region != nil {
 		s.region.Close()
+	}
+	if s.mem != nil {
+		s.mem.Close()
 	}
 	s.lock.Release()
 	return err
@@ -190,7 +200,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	if err := s.attach(!onlyFlip); err != nil {
 		return nil, err
 	}
-	before, err := states(s.tracer, sel)
+	before, err := states(s.reader(), sel)
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +220,13 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 		if len(changes) == 0 {
 			continue
 		}
-		r, err := run(ctx, s.tracer, p, changes, int3Wait)
+		var r xmod.Result
+		var err error
+		if p == ProtoFlip {
+			r, err = s.flip(ctx, changes, res)
+		} else {
+			r, err = run(ctx, s.tracer, p, changes, int3Wait)
+		}
 		res.Changed += r.Changed
 		res.Unchanged += r.Unchanged
 		res.Held += r.Held
@@ -219,7 +235,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 			break
 		}
 	}
-	after, afterErr := states(s.tracer, sel)
+	after, afterErr := states(s.reader(), sel)
 	res.ElapsedNS = time.Since(start).Nanoseconds()
 	res.OK = runErr == nil && afterErr == nil
 	for i, c := range sel {
