@@ -104,6 +104,7 @@ type Session struct {
 	full    bool        // the tracer holds every thread, not only the leader
 	region  *shm.Region // the runtime's region, when the process runs it
 	mem     *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
+	noSpans bool        // every flip site written alone (SetSpanWrites)
 }
 
 // Open locks pid and loads its targets; nothing is attached yet.

@@ -68,8 +68,9 @@ func (p *pristine) Extent(addr uint64) (uint64, bool) {
 }
 
 // Check implements xmod.Pristine: cur must be the file's bytes but inside
-// known probe sites, each whole in cur and in one of its forms.
-func (p *pristine) Check(addr uint64, cur []byte) error {
+// probe sites, each whole in cur and in one of its forms: the batch's own
+// (ours, checked by the caller) or, found in the target's list, any other.
+func (p *pristine) Check(addr uint64, cur []byte, ours []xmod.Extent) error {
 	s, ok := p.find(addr)
 	if !ok || addr+uint64(len(cur)) > s.m.End {
 		return fmt.Errorf("%#x-%#x: not in one r-x file mapping", addr, addr+uint64(len(cur)))
@@ -82,11 +83,19 @@ func (p *pristine) Check(addr uint64, cur []byte) error {
 	if _, err := f.ReadAt(file, int64(s.m.Offset+(addr-s.m.Start))); err != nil {
 		return fmt.Errorf("%s: reading its text: %v", s.t.Object.Path, err)
 	}
+	o := 0 // the first of ours that may hold position k
 	for k := 0; k < len(cur); k++ {
 		if cur[k] == file[k] {
 			continue
 		}
 		at := addr + uint64(k)
+		for o < len(ours) && ours[o].Addr+uint64(ours[o].Len) <= at {
+			o++
+		}
+		if o < len(ours) && ours[o].Addr <= at {
+			k = int(ours[o].Addr+uint64(ours[o].Len)-addr) - 1
+			continue
+		}
 		pr, ok, err := s.t.List.Covering(at - s.t.Object.Bias)
 		if err != nil || !ok {
 			return fmt.Errorf("%#x in %s differs from the file (%#02x, file %#02x) outside any probe site", at, s.t.Object.Path, cur[k], file[k])
@@ -167,7 +176,7 @@ func (s *Session) reader() xmod.Mem {
 // sites or more gets a pristine, so runs of sites in untouched text are
 // written as checked spans (xmod.FlipOptions.Pristine).
 func (s *Session) flip(ctx context.Context, changes []xmod.Change, res *Result) (xmod.Result, error) {
-	if len(changes) < spanMin {
+	if len(changes) < spanMin || s.noSpans {
 		return xmod.Flip(ctx, s.tracer, changes, xmod.FlipOptions{})
 	}
 	pr, err := newPristine(s.pid, s.targets)
@@ -183,4 +192,19 @@ func (s *Session) flip(ctx context.Context, changes []xmod.Change, res *Result) 
 	}
 	res.Warnings = append(res.Warnings, pr.changed()...)
 	return r, err
+}
+
+// SetSpanWrites turns checked span writes for large flip batches off (every
+// site written alone: the reference the benchmarks compare with) or on
+// (the default).
+func (s *Session) SetSpanWrites(on bool) { s.noSpans = !on }
+
+// NewPristine is the xmod.Pristine a session's flip batches use, for
+// callers of xmod.Flip (benchmarks); done closes the files it opened.
+func NewPristine(pid int, targets []*Target) (pr xmod.Pristine, done func(), err error) {
+	p, err := newPristine(pid, targets)
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, p.close, nil
 }

@@ -141,7 +141,9 @@ type Mem interface {
 // rule), returning the changes sorted by address.
 func validate(changes []Change) ([]Change, error) {
 	cs := append([]Change(nil), changes...)
-	sort.SliceStable(cs, func(i, j int) bool { return cs[i].Site.Addr < cs[j].Site.Addr })
+	if byAddr := func(i, j int) bool { return cs[i].Site.Addr < cs[j].Site.Addr }; !sort.SliceIsSorted(cs, byAddr) {
+		sort.SliceStable(cs, byAddr)
+	}
 	for i, c := range cs {
 		if err := c.Site.check(); err != nil {
 			return nil, err

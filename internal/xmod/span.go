@@ -29,8 +29,16 @@ type Pristine interface {
 	// Check returns nil when cur, the memory at [addr, addr+len(cur)),
 	// equals the mapped file's bytes except inside known probe sites that
 	// each hold one of their two forms; otherwise an error saying where it
-	// differs.
-	Check(addr uint64, cur []byte) error
+	// differs. ours are the batch's sites in the span (sorted): the caller
+	// has checked that each holds one of its forms.
+	Check(addr uint64, cur []byte, ours []Extent) error
+}
+
+// Extent is a site's place: what Pristine.Check needs of the batch's own
+// sites (no pointers, so a 40,000-site batch copies no heap references).
+type Extent struct {
+	Addr uint64
+	Len  int
 }
 
 // SpanStats says how a flip batch with a Pristine was written.
@@ -53,9 +61,13 @@ var ErrRaced = errors.New("a span changed while it was written")
 // (sites of different mappings are never in one read; a run that fails is
 // read again site by site, so a gap between mappings costs only time).
 func readRuns(m Mem, sites []Site, maxSpan uint64, extent func(uint64) (uint64, bool)) ([][]byte, error) {
-	out := make([][]byte, len(sites))
-	for i := 0; i < len(sites); {
-		start := sites[i].Addr
+	return readRunsOf(m, len(sites), func(i int) *Site { return &sites[i] }, maxSpan, extent)
+}
+
+func readRunsOf(m Mem, n int, site func(int) *Site, maxSpan uint64, extent func(uint64) (uint64, bool)) ([][]byte, error) {
+	out := make([][]byte, n)
+	for i := 0; i < n; {
+		start := site(i).Addr
 		limit := start + maxSpan
 		if extent != nil {
 			if e, ok := extent(start); ok && e < limit {
@@ -64,9 +76,9 @@ func readRuns(m Mem, sites []Site, maxSpan uint64, extent func(uint64) (uint64, 
 				limit = (start/pageSize + 1) * pageSize
 			}
 		}
-		j, end := i+1, start+uint64(sites[i].Len())
-		for j < len(sites) {
-			e := sites[j].Addr + uint64(sites[j].Len())
+		j, end := i+1, start+uint64(site(i).Len())
+		for j < n {
+			e := site(j).Addr + uint64(site(j).Len())
 			if e > limit {
 				break
 			}
@@ -80,8 +92,8 @@ func readRuns(m Mem, sites []Site, maxSpan uint64, extent func(uint64) (uint64, 
 			}
 			// A run across a gap: read each site alone.
 			for k := i; k < j; k++ {
-				b := make([]byte, sites[k].Len())
-				if err := m.ReadMem(sites[k].Addr, b); err != nil {
+				b := make([]byte, site(k).Len())
+				if err := m.ReadMem(site(k).Addr, b); err != nil {
 					return nil, err
 				}
 				out[k] = b
@@ -90,8 +102,9 @@ func readRuns(m Mem, sites []Site, maxSpan uint64, extent func(uint64) (uint64, 
 			continue
 		}
 		for k := i; k < j; k++ {
-			off := sites[k].Addr - start
-			out[k] = buf[off : off+uint64(sites[k].Len()) : off+uint64(sites[k].Len())]
+			s := site(k)
+			off := s.Addr - start
+			out[k] = buf[off : off+uint64(s.Len()) : off+uint64(s.Len())]
 		}
 		i = j
 	}
@@ -134,25 +147,19 @@ func ClassifyRuns(m Mem, sites []Site, maxSpan uint64) ([]State, error) {
 // of the batch.
 func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptions) (Result, error) {
 	var res Result
-	st := opts.Stats
-	if st == nil {
-		st = &SpanStats{}
+	w := &spanWriter{m: m, pr: opts.Pristine, st: opts.Stats, cs: cs, at: at}
+	if w.st == nil {
+		w.st = &SpanStats{}
 	}
 	maxSpan := opts.MaxSpan
 	if maxSpan == 0 {
 		maxSpan = DefaultMaxSpan
 	}
-	pr := opts.Pristine
-	sites := make([]Site, len(cs))
-	for i, c := range cs {
-		sites[i] = c.Site
-	}
-	cur, err := readRuns(m, sites, maxSpan, pr.Extent)
+	cur, err := readRunsOf(m, len(cs), func(i int) *Site { return &cs[i].Site }, maxSpan, w.pr.Extent)
 	if err != nil {
 		return res, err
 	}
-	var todo []Change
-	var todoAt []int
+	todo := make([]int, 0, len(cs)) // indices into cs
 	var bad []error
 	for i, c := range cs {
 		switch classify(c.Site, cur[i]) {
@@ -163,37 +170,32 @@ func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptio
 				res.Unchanged++
 				continue
 			}
-			todo, todoAt = append(todo, c), append(todoAt, at[i])
+			todo = append(todo, i)
 		case StateInert:
 			if !c.On {
 				res.Unchanged++
 				continue
 			}
-			todo, todoAt = append(todo, c), append(todoAt, at[i])
+			todo = append(todo, i)
 		}
 	}
 	if len(bad) > 0 {
 		return res, errors.Join(bad...)
 	}
-	oneByte := func(c Change, d int) error {
-		if err := m.WriteMem(c.Site.Addr+uint64(d), c.Site.form(c.On)[d:d+1]); err != nil {
-			return fmt.Errorf("%v: %w", c.Site, err)
-		}
-		res.Changed++
-		st.OneByte++
-		return nil
-	}
+	w.buf = make([]byte, 3*(maxSpan+16))
 	raced := false
 	for i := 0; i < len(todo); {
 		if err := ctx.Err(); err != nil {
+			res.Changed = w.changed
 			return res, err
 		}
-		start := todo[i].Site.Addr
-		end, ok := pr.Extent(start)
+		start := cs[todo[i]].Site.Addr
+		end, ok := w.pr.Extent(start)
 		j := i + 1
 		if ok && !raced {
 			for j < len(todo) {
-				e := todo[j].Site.Addr + uint64(todo[j].Site.Len())
+				s := cs[todo[j]].Site
+				e := s.Addr + uint64(s.Len())
 				if e > end || e-start > maxSpan {
 					break
 				}
@@ -201,103 +203,124 @@ func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptio
 			}
 		}
 		if j == i+1 {
-			if err := oneByte(todo[i], todoAt[i]); err != nil {
+			if err := w.oneByte(todo[i]); err != nil {
+				res.Changed = w.changed
 				return res, err
 			}
 			i = j
 			continue
 		}
-		run, runAt := todo[i:j], todoAt[i:j]
-		n, err := writeSpan(m, pr, run, runAt, st, oneByte)
-		res.Changed += n
+		err := w.span(todo[i:j])
 		if errors.Is(err, ErrRaced) {
 			raced = true
-			st.Raced = append(st.Raced, err.Error())
+			w.st.Raced = append(w.st.Raced, err.Error())
 		} else if err != nil {
+			res.Changed = w.changed
 			return res, err
 		}
 		i = j
 	}
+	res.Changed = w.changed
 	return res, nil
 }
 
-// writeSpan writes one run of sites (sorted, in one span-writable mapping)
-// with one pwrite, after re-reading and checking the span; it returns the
-// sites it wrote that way. Sites it leaves to oneByte are counted there.
-func writeSpan(m Mem, pr Pristine, run []Change, at []int, st *SpanStats, oneByte func(Change, int) error) (int, error) {
-	start := run[0].Site.Addr
-	last := run[len(run)-1].Site
-	buf := make([]byte, last.Addr+uint64(last.Len())-start)
-	if err := m.ReadMem(start, buf); err != nil {
-		return 0, err
+// spanWriter writes the runs of one flipSpans batch.
+type spanWriter struct {
+	m       Mem
+	pr      Pristine
+	st      *SpanStats
+	cs      []Change
+	at      []int  // each change's differing byte
+	buf     []byte // scratch: the span read, written and read back
+	changed int
+}
+
+func (w *spanWriter) oneByte(i int) error {
+	c, d := w.cs[i], w.at[i]
+	if err := w.m.WriteMem(c.Site.Addr+uint64(d), c.Site.form(c.On)[d:d+1]); err != nil {
+		return fmt.Errorf("%v: %w", c.Site, err)
 	}
-	fallback := func(why string) (int, error) {
-		st.Fallbacks = append(st.Fallbacks, why)
-		for k, c := range run {
-			if err := oneByte(c, at[k]); err != nil {
-				return 0, err
-			}
-		}
-		return 0, nil
+	w.changed++
+	w.st.OneByte++
+	return nil
+}
+
+// span writes one run of sites (indices into cs, sorted, in one
+// span-writable mapping) with one pwrite, after re-reading and checking
+// the span, and reads it back.
+func (w *spanWriter) span(run []int) error {
+	first, last := w.cs[run[0]].Site, w.cs[run[len(run)-1]].Site
+	start := first.Addr
+	n := int(last.Addr + uint64(last.Len()) - start)
+	cur, want, got := w.buf[:n], w.buf[n:2*n], w.buf[2*n:3*n]
+	if err := w.m.ReadMem(start, cur); err != nil {
+		return err
 	}
 	// The sites must still hold the forms the plan saw (nothing else of
 	// ours writes them: the per-process lock), and the span must be the
 	// file's bytes but at probe sites.
-	for _, c := range run {
-		off := c.Site.Addr - start
-		if !bytes.Equal(buf[off:off+uint64(c.Site.Len())], c.Site.form(!c.On)) {
-			return 0, fmt.Errorf("%v changed under us (holds % x): %w", c.Site, buf[off:off+uint64(c.Site.Len())], ErrUnexpectedBytes)
+	ours := make([]Extent, len(run))
+	for k, i := range run {
+		s, on := &w.cs[i].Site, w.cs[i].On
+		ours[k] = Extent{s.Addr, s.Len()}
+		off := s.Addr - start
+		if seen := cur[off : off+uint64(s.Len())]; !bytes.Equal(seen, s.form(!on)) {
+			return fmt.Errorf("%v changed under us (holds % x): %w", s, seen, ErrUnexpectedBytes)
 		}
 	}
-	if err := pr.Check(start, buf); err != nil {
-		return fallback(err.Error())
+	if err := w.pr.Check(start, cur, ours); err != nil {
+		w.st.Fallbacks = append(w.st.Fallbacks, err.Error())
+		for _, i := range run {
+			if err := w.oneByte(i); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
-	want := append([]byte(nil), buf...)
-	for k, c := range run {
-		want[c.Site.Addr+uint64(at[k])-start] = c.Site.form(c.On)[at[k]]
+	copy(want, cur)
+	for _, i := range run {
+		s, d := &w.cs[i].Site, w.at[i]
+		want[s.Addr+uint64(d)-start] = s.form(w.cs[i].On)[d]
 	}
-	if err := m.WriteMem(start, want); err != nil {
-		return 0, err
+	if err := w.m.WriteMem(start, want); err != nil {
+		return err
 	}
-	got := make([]byte, len(want))
-	if err := m.ReadMem(start, got); err != nil {
-		return 0, err
+	if err := w.m.ReadMem(start, got); err != nil {
+		return err
 	}
-	st.Spans++
+	w.st.Spans++
 	if bytes.Equal(got, want) {
-		st.SpanSites += len(run)
-		return len(run), nil
+		w.st.SpanSites += len(run)
+		w.changed += len(run)
+		return nil
 	}
 	// Something wrote the span between our read and the read-back. Each of
 	// our sites now holds its new form (done), its old one (something undid
 	// our byte: write it alone) or neither (not ours to fix: report).
-	first := -1
-	for k := range got {
-		if got[k] != want[k] {
-			first = k
-			break
-		}
+	diff := 0
+	for got[diff] == want[diff] {
+		diff++
 	}
-	n := 0
 	var bad []error
-	for k, c := range run {
-		off := c.Site.Addr - start
-		seen := got[off : off+uint64(c.Site.Len())]
+	for _, i := range run {
+		s, on := w.cs[i].Site, w.cs[i].On
+		off := s.Addr - start
+		seen := got[off : off+uint64(s.Len())]
 		switch {
-		case bytes.Equal(seen, c.Site.form(c.On)):
-			n++
-			st.SpanSites++
-		case bytes.Equal(seen, c.Site.form(!c.On)):
-			if err := oneByte(c, at[k]); err != nil {
-				return n, err
+		case bytes.Equal(seen, s.form(on)):
+			w.changed++
+			w.st.SpanSites++
+		case bytes.Equal(seen, s.form(!on)):
+			if err := w.oneByte(i); err != nil {
+				return err
 			}
 		default:
-			bad = append(bad, &SiteError{Site: c.Site, Seen: append([]byte(nil), seen...)})
+			bad = append(bad, &SiteError{Site: s, Seen: append([]byte(nil), seen...)})
 		}
 	}
 	if len(bad) > 0 {
-		return n, errors.Join(bad...)
+		return errors.Join(bad...)
 	}
-	return n, fmt.Errorf("span %#x-%#x: byte at %#x read back %#02x, written %#02x: %w",
-		start, start+uint64(len(want)), start+uint64(first), got[first], want[first], ErrRaced)
+	return fmt.Errorf("span %#x-%#x: byte at %#x read back %#02x, written %#02x: %w",
+		start, start+uint64(n), start+uint64(diff), got[diff], want[diff], ErrRaced)
 }

@@ -41,7 +41,7 @@ type filePristine struct {
 
 func (p filePristine) Extent(addr uint64) (uint64, bool) { return p.base + uint64(len(p.file)), true }
 
-func (p filePristine) Check(addr uint64, cur []byte) error {
+func (p filePristine) Check(addr uint64, cur []byte, _ []Extent) error {
 	for k := range cur {
 		a := addr + uint64(k)
 		if cur[k] == p.file[a-p.base] {
