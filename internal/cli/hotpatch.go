@@ -72,6 +72,7 @@ func newHotpatchCmd(stdout, stderr io.Writer) *cobra.Command {
 		waitLock       bool
 		verbose        bool
 		wait           time.Duration
+		commands       string
 	)
 	cmd := &cobra.Command{
 		Use:   "hotpatch --pid N (--enable SEL | --disable SEL)... [flags]",
@@ -110,6 +111,21 @@ permission, stale probe list, interrupted); 2 usage; 3 a selector matched no pro
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := tf.check(); err != nil {
 				return err
+			}
+			if commands != "" {
+				if len(actions) > 0 {
+					return usagef("--commands takes its enables and disables from its input, not from --enable/--disable")
+				}
+				in := cmd.InOrStdin()
+				if commands != "-" {
+					f, err := os.Open(commands)
+					if err != nil {
+						return err
+					}
+					defer f.Close()
+					in = f
+				}
+				return runSession(tf, protocol, waitLock, in, stdout, stderr)
 			}
 			if len(actions) == 0 {
 				return usagef("nothing to do: give --enable SEL or --disable SEL (or a subcommand; see --help)")
@@ -174,7 +190,7 @@ permission, stale probe list, interrupted); 2 usage; 3 a selector matched no pro
 	// cannot be used because its directory is not private.
 	cmd.PersistentPreRun = func(c *cobra.Command, _ []string) {
 		switch c.Name() {
-		case "hotpatch", "list", "trace", "profile":
+		case "hotpatch", "list", "trace", "profile", "session":
 			warnCache(stderr, verbose)
 		}
 	}
@@ -187,10 +203,11 @@ permission, stale probe list, interrupted); 2 usage; 3 a selector matched no pro
 	f.DurationVar(&wait, "int3-wait", 0, "wait between int3 phases (default: from hotpatch calibrate, else 50µs)")
 	f.BoolVar(&waitLock, "wait", false, "if another hotpatch works on the process, wait for it instead of failing")
 	f.BoolVarP(&verbose, "verbose", "v", false, "print every site's result to stderr")
+	f.StringVar(&commands, "commands", "", "run the commands of `FILE` ('-': stdin) over one attach, as hotpatch session does")
 	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"entry", "exit", "both"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("provider", cobra.FixedCompletions([]string{"cyg", "fentry", "all"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions([]string{"auto", "flip", "int3", "int3-async", "stop"}, cobra.ShellCompDirectiveNoFileComp))
-	cmd.AddCommand(newListCmd(stdout), newStatsCmd(stdout), newTraceCmd(stdout, stderr), newReplayCmd(stdout), newTopCmd(stdout, stderr), newProfileCmd(stdout, stderr), newCalibrateCmd(stdout, stderr))
+	cmd.AddCommand(newListCmd(stdout), newStatsCmd(stdout), newTraceCmd(stdout, stderr), newReplayCmd(stdout), newTopCmd(stdout, stderr), newProfileCmd(stdout, stderr), newCalibrateCmd(stdout, stderr), newSessionCmd(stdout, stderr))
 	return cmd
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -105,6 +106,9 @@ type Session struct {
 	region  *shm.Region // the runtime's region, when the process runs it
 	mem     *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
 	noSpans bool        // every flip site written alone (SetSpanWrites)
+	inBatch bool        // inside Batch: the tracer may not change
+	// resolved remembers what lists of actions selected (resolveCached).
+	resolved map[string][]selected
 }
 
 // Open locks pid and loads its targets; nothing is attached yet.
@@ -160,6 +164,9 @@ func (s *Session) attach(full bool) error {
 	if s.tracer != nil && (s.full || !full) {
 		return nil
 	}
+	if s.inBatch {
+		return ErrNeedsFullAttach
+	}
 	if s.tracer != nil {
 		if err := s.tracer.Detach(); err != nil {
 			return err
@@ -179,7 +186,7 @@ func (s *Session) attach(full bool) error {
 // ends the batch with every site in one of its two forms.
 func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, int3Wait time.Duration) (*Result, error) {
 	start := time.Now()
-	sel, err := resolve(s.targets, actions)
+	sel, err := s.resolveCached(actions)
 	if err != nil {
 		return nil, err
 	}
@@ -241,7 +248,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	res.OK = runErr == nil && afterErr == nil
 	for i, c := range sel {
 		r := SiteResult{Object: c.target.Object.Path, ID: c.probe.ID, Function: c.probe.Function, Kind: c.probe.Kind, Provider: c.probe.Provider,
-			Address: fmt.Sprintf("%#x", c.target.Object.Runtime(uint64(c.probe.Address))),
+			Address: "0x" + strconv.FormatUint(c.target.Object.Runtime(uint64(c.probe.Address)), 16),
 			Want:    onOff(c.on), Before: before[i], Protocol: protoOf[i], After: "unknown"}
 		if afterErr == nil {
 			r.After = after[i]
@@ -357,7 +364,7 @@ func siteOf(s selected) xmod.Site {
 		Addr:   s.target.Object.Runtime(uint64(s.probe.Address)),
 		Active: s.probe.Active,
 		Inert:  s.probe.Inert,
-		Name:   fmt.Sprintf("%d (%s %s)", s.probe.ID, s.probe.Kind, s.probe.Function),
+		Name:   strconv.Itoa(s.probe.ID) + " (" + s.probe.Kind + " " + s.probe.Function + ")", // not Sprintf: a session formats it per toggle
 	}
 }
 
