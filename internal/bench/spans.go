@@ -56,7 +56,12 @@ func (h *Harness) measureSpans(ctx context.Context, bin string, l *probelist.Lis
 	if err != nil {
 		return nil, nil, err
 	}
-	defer s.Close()
+	closed := false
+	defer func() {
+		if !closed {
+			s.Close()
+		}
+	}()
 	all, err := probelist.ParseSelector("*", "")
 	if err != nil {
 		return nil, nil, err
@@ -96,6 +101,12 @@ func (h *Harness) measureSpans(ctx context.Context, bin string, l *probelist.Lis
 				out[v] = append(out[v], d)
 			}
 		}
+	}
+	// Detach before the target exits: a tracer in this process would
+	// otherwise reap it before Quit's wait does.
+	closed = true
+	if err := s.Close(); err != nil {
+		return nil, nil, err
 	}
 	c, err := t.Quit(ctx)
 	if err != nil {
