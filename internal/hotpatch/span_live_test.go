@@ -1,12 +1,16 @@
 package hotpatch
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
+	"github.com/edgeprobe/edgeprobe/internal/xmod"
 )
 
 // TestSpanWrites: a flip batch over a real program's 800 probes is written
@@ -70,5 +74,59 @@ func TestSpanWrites(t *testing.T) {
 			}
 			t.Logf("%s: %s", mode, strings.TrimSpace(out))
 		})
+	}
+}
+
+// TestSpanHazardUnchecked is the control for TestSpanWrites (an opt-in
+// soak, EDGEPROBE_SOAK): the same program and writer, batches written as
+// spans without the pristine check and read-back (xmod's plain Coalesce
+// option), until the writer finds one of its stores undone. It passes when
+// that happens within the soak: the hazard the checks exist for is real.
+func TestSpanHazardUnchecked(t *testing.T) {
+	d, err := time.ParseDuration(testutil.OptIn(t, "EDGEPROBE_SOAK", "unchecked span-write hazard"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.RequirePtrace(t)
+	fx := testutil.Build(t, testutil.Spec{Sources: []string{"jitpage.c"}, Flags: []string{"-fno-toplevel-reorder"}})
+	p := testutil.Start(t, nil, fx.Path, "jit")
+	reverted := p.Symbol(fx.Path, "reverted")
+	targets, err := LoadTargets(p.Pid, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sites []xmod.Site
+	for _, tg := range targets {
+		if !strings.Contains(tg.Object.Path, "jitpage") {
+			continue
+		}
+		for i := 0; i < tg.List.Len(); i++ {
+			pr, err := tg.Probe(i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sites = append(sites, xmod.Site{Addr: tg.Object.Runtime(uint64(pr.Address)), Active: pr.Active, Inert: pr.Inert})
+		}
+	}
+	mem, err := ptrace.OpenMem(p.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	batches := 0
+	for end := time.Now().Add(d); time.Now().Before(end) && p.Read64(reverted) == 0; batches++ {
+		cs := make([]xmod.Change, len(sites))
+		for i, s := range sites {
+			cs[i] = xmod.Change{Site: s, On: batches%2 == 0}
+		}
+		if _, err := xmod.Flip(context.Background(), mem, cs, xmod.FlipOptions{Coalesce: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := p.Read64(reverted)
+	out, _ := p.Finish()
+	t.Logf("%d unchecked span batches of %d sites: %s", batches, len(sites), strings.TrimSpace(out))
+	if n == 0 {
+		t.Fatalf("no store of the writer was undone in %d unchecked batches (%v): the control did not reproduce the hazard", batches, d)
 	}
 }
