@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -26,7 +27,18 @@ func TestSpanWrites(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			p := testutil.Start(t, nil, fx.Path, mode)
 			progress := p.Symbol(fx.Path, "progress")
-			for round := 0; round < 6; round++ {
+			// 6 rounds; under EDGEPROBE_SOAK, as many as fit in it.
+			end := time.Now()
+			if v := os.Getenv("EDGEPROBE_SOAK"); v != "" {
+				d, err := time.ParseDuration(v)
+				if err != nil {
+					t.Fatalf("EDGEPROBE_SOAK=%q: %v", v, err)
+				}
+				end = end.Add(d)
+			}
+			rounds := 0
+			for round := 0; round < 6 || time.Now().Before(end); round++ {
+				rounds++
 				verb, want := "--disable", "off"
 				if round%2 == 1 {
 					verb, want = "--enable", "on"
@@ -72,7 +84,7 @@ func TestSpanWrites(t *testing.T) {
 			if !strings.Contains(out, "wrong=0 reverted=0") || (mode == "jit" && strings.Contains(out, "writes=0")) {
 				t.Fatalf("the program saw a wrong result or an undone store: %q", out)
 			}
-			t.Logf("%s: %s", mode, strings.TrimSpace(out))
+			t.Logf("%s, %d batches: %s", mode, rounds, strings.TrimSpace(out))
 		})
 	}
 }
