@@ -197,7 +197,8 @@ func TestMicroRow(t *testing.T) {
 // and not, and every phase be timed.
 func TestCLIRow(t *testing.T) {
 	h := harness(t, "cli")
-	keys := []string{"cli.help", "cli.toggle_list", "cli.toggle_scan", "cli.toggle_list_uncached", "cli.toggle_scan_uncached"}
+	keys := []string{"cli.help", "cli.toggle_list", "cli.toggle_scan", "cli.toggle_list_uncached", "cli.toggle_scan_uncached",
+		"cli.peer_perf", "cli.peer_bpftrace", "cli.peer_gdb"}
 	for _, p := range cliPhaseNames {
 		keys = append(keys, "cli_phase."+p)
 	}
