@@ -193,6 +193,10 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	if protocol == "" {
 		protocol = ProtoAuto
 	}
+	sites := make([]xmod.Site, len(sel)) // once: a 40,000-site batch reads them three times
+	for i, c := range sel {
+		sites[i] = siteOf(c)
+	}
 	byProto := map[string][]xmod.Change{}
 	protoOf := make([]string, len(sel))
 	for i, c := range sel {
@@ -202,13 +206,16 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 				c.probe.ID, c.probe.Kind, c.probe.Function, c.probe.Placeholder, ErrNotFlippable)
 		}
 		protoOf[i] = p
-		byProto[p] = append(byProto[p], xmod.Change{Site: siteOf(c), On: c.on})
+		if byProto[p] == nil {
+			byProto[p] = make([]xmod.Change, 0, len(sel))
+		}
+		byProto[p] = append(byProto[p], xmod.Change{Site: sites[i], On: c.on})
 	}
 	onlyFlip := len(byProto) == 1 && byProto[ProtoFlip] != nil
 	if err := s.attach(!onlyFlip); err != nil {
 		return nil, err
 	}
-	before, err := states(s.reader(), sel)
+	before, err := siteStates(s.reader(), sites)
 	if err != nil {
 		return nil, err
 	}
@@ -221,7 +228,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 		}
 	}
 	s.newGeneration(sel, before)
-	res := &Result{PID: s.pid}
+	res := &Result{PID: s.pid, Sites: make([]SiteResult, 0, len(sel))}
 	var runErr error
 	for _, p := range []string{ProtoFlip, ProtoStop, ProtoInt3, ProtoInt3Async} {
 		changes := byProto[p]
@@ -243,7 +250,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 			break
 		}
 	}
-	after, afterErr := states(s.reader(), sel)
+	after, afterErr := siteStates(s.reader(), sites)
 	res.ElapsedNS = time.Since(start).Nanoseconds()
 	res.OK = runErr == nil && afterErr == nil
 	for i, c := range sel {
@@ -392,12 +399,8 @@ func run(ctx context.Context, t *ptrace.Tracer, proto string, changes []xmod.Cha
 	return xmod.Result{}, fmt.Errorf("unknown protocol %q", proto)
 }
 
-// states reads each selected site's live state.
-func states(m xmod.Mem, sel []selected) ([]string, error) {
-	sites := make([]xmod.Site, len(sel))
-	for i, s := range sel {
-		sites[i] = siteOf(s)
-	}
+// siteStates reads each site's live state.
+func siteStates(m xmod.Mem, sites []xmod.Site) ([]string, error) {
 	st, err := xmod.Classify(m, sites)
 	if err != nil {
 		return nil, err
