@@ -72,7 +72,7 @@ func Tiny() Config {
 }
 
 // Rows in run order.
-var Rows = []string{"toggle", "invoke", "provider", "batch", "throughput", "micro", "attach", "cli", "session"}
+var Rows = []string{"toggle", "invoke", "provider", "batch", "throughput", "micro", "attach", "first", "cli", "session"}
 
 // Harness runs the rows and collects the report.
 type Harness struct {
@@ -168,7 +168,7 @@ func (h *Harness) Run(ctx context.Context) {
 	start := time.Now()
 	fns := map[string]func(context.Context) error{
 		"toggle": h.RunToggle, "invoke": h.RunInvoke, "provider": h.RunProvider, "batch": h.RunBatch,
-		"throughput": h.RunThroughput, "micro": h.RunMicro, "attach": h.RunAttach, "cli": h.RunCLI,
+		"throughput": h.RunThroughput, "micro": h.RunMicro, "attach": h.RunAttach, "first": h.RunFirstRecord, "cli": h.RunCLI,
 		"session": h.RunSession,
 	}
 	for _, r := range Rows {

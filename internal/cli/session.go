@@ -7,11 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"runtime/debug"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -25,7 +22,7 @@ import (
 // result gets each at once; one that streams gets them in bursts).
 const sessionBatch = 1024
 
-func newSessionCmd(stdout, stderr io.Writer) *cobra.Command {
+func newSessionCmd(stdout, stderr io.Writer, inj *injectFlags) *cobra.Command {
 	var (
 		tf       targetFlags
 		protocol string
@@ -51,7 +48,9 @@ hotpatch call would (the same checks, all or nothing per command), and their res
 written together: stream commands for throughput, or wait for each result.
 
 The per-process lock is held for the whole session, so no other hotpatch interleaves.
-End of input, quit, SIGINT and SIGTERM end the session cleanly: the command in progress
+Like an enabling hotpatch call, the session first makes sure the process runs the
+runtime, loading it if need be (--no-inject refuses instead; docs/injection.md).
+End of input, quit, SIGINT, SIGTERM, SIGHUP and SIGQUIT end the session cleanly: the command in progress
 finishes (or rolls back, per its protocol), the tracer detaches, probes stay as the
 commands left them. Exit status: 0 if the session ran (whatever its commands' results),
 1 if it could not start or stdout failed, 2 usage.`,
@@ -62,7 +61,7 @@ commands left them. Exit status: 0 if the session ran (whatever its commands' re
 			if err := tf.check(); err != nil {
 				return err
 			}
-			return runSession(tf, protocol, waitLock, cmd.InOrStdin(), stdout, stderr)
+			return runSession(tf, protocol, waitLock, inj, cmd.InOrStdin(), stdout, stderr)
 		},
 	}
 	tf.register(cmd)
@@ -72,7 +71,7 @@ commands left them. Exit status: 0 if the session ran (whatever its commands' re
 }
 
 // runSession is `hotpatch session` and `hotpatch --commands FILE`.
-func runSession(tf targetFlags, protocol string, waitLock bool, in io.Reader, stdout, stderr io.Writer) error {
+func runSession(tf targetFlags, protocol string, waitLock bool, inj *injectFlags, in io.Reader, stdout, stderr io.Writer) error {
 	switch protocol {
 	case hotpatch.ProtoAuto, hotpatch.ProtoFlip, hotpatch.ProtoInt3, hotpatch.ProtoInt3Async, hotpatch.ProtoStop:
 	default:
@@ -82,13 +81,19 @@ func runSession(tf targetFlags, protocol string, waitLock bool, in io.Reader, st
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext()
 	defer stop()
+	// As an enabling hotpatch does, before the session takes the process:
+	// make sure its probes record into the runtime (loading it if need be;
+	// --no-inject refuses instead).
+	if _, err := ensureRuntime(ctx, tf.pid, inj, waitLock, stderr); err != nil {
+		return classify(err)
+	}
 	// A session's live heap is its targets; each toggle leaves a few
 	// hundred bytes of garbage. Collecting at 8x the live heap instead of
 	// 2x costs a few MiB and takes most of the collector out of a toggle.
 	defer debug.SetGCPercent(debug.SetGCPercent(800))
-	s, err := hotpatch.Open(tf.pid, tf.probes, waitLock)
+	s, err := hotpatch.OpenContext(ctx, tf.pid, tf.probes, waitLock)
 	if err != nil {
 		return classify(err)
 	}
@@ -128,6 +133,9 @@ type sessionResult struct {
 	Errors    *int     `json:"errors,omitempty"`
 	SessionNS *int64   `json:"session_ns,omitempty"`
 	Warnings  []string `json:"warnings,omitempty"`
+	// Repaired: sites a killed hotpatch had left mid-patch, made whole
+	// before this command ran.
+	Repaired []hotpatch.RepairNote `json:"repaired,omitempty"`
 }
 
 // serve reads lines until EOF, quit or ctx, runs each batch of waiting lines
@@ -274,7 +282,7 @@ func (ss *scriptSession) one(ctx context.Context, line string, inBatch bool) (r 
 	}
 	res.ElapsedNS = time.Since(t0).Nanoseconds()
 	if ar != nil {
-		res.Changed, res.Unchanged, res.Warnings = ar.Changed, ar.Unchanged, ar.Warnings
+		res.Changed, res.Unchanged, res.Warnings, res.Repaired = ar.Changed, ar.Unchanged, ar.Warnings, ar.Repaired
 		ss.toggles += ar.Changed
 	}
 	if err != nil {

@@ -95,21 +95,6 @@ func (ss *session) wait(t *testing.T) {
 	}
 }
 
-// tracerOf reads TracerPid from /proc/PID/status.
-func tracerOf(t *testing.T, pid int) string {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "TracerPid:"); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "?"
-}
-
 // TestSessionProtocol: each line gets its result in order; a bad line or a
 // failed command gets a JSON error with hotpatch's exit code and the session
 // goes on; end of input ends it with exit 0, detached and unlocked.
@@ -161,8 +146,8 @@ func TestSessionProtocol(t *testing.T) {
 	}
 	ss.in.Close()
 	ss.wait(t)
-	if tp := tracerOf(t, s.Pid); tp != "0" {
-		t.Fatalf("after the session, TracerPid is %s", tp)
+	if tp := tracerOf(s.Pid); tp != 0 {
+		t.Fatalf("after the session, TracerPid is %d", tp)
 	}
 	s.expectFrozen(t, "every probe off after the session")
 	s.hotpatch(t, "--enable", "leaf") // the lock is free again
@@ -181,8 +166,8 @@ func TestSessionInterrupt(t *testing.T) {
 		t.Fatalf("enable leaf: %+v", l)
 	}
 	// TracerPid names the tracing thread: one of the session's.
-	if tp := tracerOf(t, s.Pid); tp == "0" || !exists(fmt.Sprintf("/proc/%d/task/%s", ss.cmd.Process.Pid, tp)) {
-		t.Fatalf("during the session, TracerPid is %s, not a thread of the session (pid %d)", tp, ss.cmd.Process.Pid)
+	if tp := tracerOf(s.Pid); tp == 0 || !exists(fmt.Sprintf("/proc/%d/task/%d", ss.cmd.Process.Pid, tp)) {
+		t.Fatalf("during the session, TracerPid is %d, not a thread of the session (pid %d)", tp, ss.cmd.Process.Pid)
 	}
 	if err := ss.cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
@@ -194,8 +179,8 @@ func TestSessionInterrupt(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the session did not end within 30 s of SIGINT")
 	}
-	if tp := tracerOf(t, s.Pid); tp != "0" {
-		t.Fatalf("after SIGINT, TracerPid is %s", tp)
+	if tp := tracerOf(s.Pid); tp != 0 {
+		t.Fatalf("after SIGINT, TracerPid is %d", tp)
 	}
 	s.expectMoving(t, "leaf stays on after the session", true, true)
 	s.hotpatch(t, "--disable", "leaf")

@@ -20,9 +20,11 @@ import (
 // mprotect for each store) leaves that page to one-byte writes: the writer
 // never finds its byte undone, the workers never compute a wrong result,
 // and every site ends in the asked state.
+//
+// The program links counting hooks (hooks.c), so enabling loads no runtime.
 func TestSpanWrites(t *testing.T) {
 	testutil.RequirePtrace(t)
-	fx := testutil.Build(t, testutil.Spec{Sources: []string{"jitpage.c"}, Flags: []string{"-fno-toplevel-reorder"}})
+	fx := testutil.Build(t, testutil.Spec{Sources: []string{"jitpage.c", "hooks.c"}, Flags: []string{"-fno-toplevel-reorder"}})
 	for _, mode := range []string{"plain", "jit"} {
 		t.Run(mode, func(t *testing.T) {
 			p := testutil.Start(t, nil, fx.Path, mode)
@@ -100,7 +102,7 @@ func TestSpanHazardUnchecked(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.RequirePtrace(t)
-	fx := testutil.Build(t, testutil.Spec{Sources: []string{"jitpage.c"}, Flags: []string{"-fno-toplevel-reorder"}})
+	fx := testutil.Build(t, testutil.Spec{Sources: []string{"jitpage.c", "hooks.c"}, Flags: []string{"-fno-toplevel-reorder"}})
 	p := testutil.Start(t, nil, fx.Path, "jit")
 	reverted := p.Symbol(fx.Path, "reverted")
 	targets, err := LoadTargets(p.Pid, nil)

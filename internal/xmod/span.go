@@ -163,8 +163,6 @@ func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptio
 	var bad []error
 	for i, c := range cs {
 		switch classify(c.Site, cur[i]) {
-		case StateInvalid:
-			bad = append(bad, &SiteError{Site: c.Site, Seen: append([]byte(nil), cur[i]...)})
 		case StateActive:
 			if c.On {
 				res.Unchanged++
@@ -177,6 +175,8 @@ func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptio
 				continue
 			}
 			todo = append(todo, i)
+		default: // neither form, or torn (an int3 left mid-patch): refuse the batch
+			bad = append(bad, &SiteError{Site: c.Site, Seen: append([]byte(nil), cur[i]...)})
 		}
 	}
 	if len(bad) > 0 {
