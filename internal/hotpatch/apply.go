@@ -580,12 +580,15 @@ func kindOrBoth(k string) string {
 	return k
 }
 
-// Restore puts every site a result changed back into the state it held
-// before, so a capture (trace, profile) leaves the probes as it found them.
+// Restore puts every site of a result back into the state it held before
+// it, so a capture (trace, profile) leaves the probes as it found them. It
+// does not skip the sites the result did not change: a profile toggles them
+// per epoch after that result (issue 11: probes that were on came back off).
+// Sites already in their old state cost a read.
 func (s *Session) Restore(ctx context.Context, res *Result) error {
 	var actions []Action
 	for _, r := range res.Sites {
-		if r.Before == r.After || (r.Before != "on" && r.Before != "off") {
+		if r.Before != "on" && r.Before != "off" {
 			continue
 		}
 		sel, err := probelist.ParseSelector(fmt.Sprintf("id:%d", r.ID), "")
