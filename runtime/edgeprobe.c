@@ -12,9 +12,17 @@
  *   - no locks, no malloc, no syscalls on the hook path once the calling
  *     thread has its slot (the first hit of a thread claims one: gettid and
  *     pthread_setspecific, no locks);
- *   - every hook is async-signal-safe: per-thread state carries a busy flag
- *     and a hook that interrupts another hook on the same thread is dropped
- *     and counted (ep_thread.reentrant_drops);
+ *   - every hook is async-signal-safe: per-thread state carries a busy word
+ *     (the stack position and return address of the running hook); a hook
+ *     that interrupts another hook on the same thread is dropped and counted
+ *     (ep_thread.reentrant_drops), and a busy word left by a hook a signal
+ *     handler longjmp'd out of is recognised as stale and cleared
+ *     (ep_thread.abandoned_hooks), so nothing stays blocked;
+ *   - exits match entries by stack position (ep_frame.sp): frames a hook
+ *     finds at or below its own position cannot be live and are counted
+ *     unmatched (longjmp, exceptions, probes toggled mid-call), so the
+ *     shadow stack heals at the next hook;
+ *   - nothing here aborts the host;
  *   - nothing here is instrumented (no_instrument_function everywhere and the
  *     library is built without -finstrument-functions);
  *   - a failure to set up (no /dev/shm space, bad limits) disables recording,
@@ -41,6 +49,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 #include <x86intrin.h>
@@ -76,6 +85,18 @@
 #define SIGFENCE() __atomic_signal_fence(__ATOMIC_SEQ_CST)
 
 #define EP_NONE 0xffffffffu
+
+/* ep_tls.busy outside hooks (constructor, fork handlers): never stale. */
+#define EP_BUSY_HARD (~0ull)
+/* Stack position of a hook: its frame address (using it makes the compiler
+ * keep a frame pointer), i.e. the caller's stack pointer at the call - 16,
+ * the same for the enter and the exit hook of one call; the hook's return
+ * address is at EP_HERE() + 8 while it runs. */
+#define EP_HERE() ((uint64_t)(uintptr_t)__builtin_frame_address(0))
+/* Frames this far below a hook are checked against sigaltstack before they
+ * are declared dead: a handler on an alternate stack above the thread's stack
+ * must not kill the frames it interrupted. */
+#define EP_NEAR_STACK (64u << 10)
 
 /* Defaults and bounds of the configurable limits (docs/runtime.md). */
 #define EP_DEF_FUNCS 16384u
@@ -140,8 +161,12 @@ static uint32_t ep_epoch;    /* fork generation: shadow frames of another epoch 
 struct ep_rframe;
 struct ep_tls {
 	struct ep_thread *slot;
-	uint32_t busy;
-	uint32_t saved_busy; /* across fork */
+	/* Stack position of the hook running on this thread (0: none;
+	 * EP_BUSY_HARD: constructor or fork handlers), and its return address,
+	 * found at busy + 8 as long as that hook runs (ep_busy_live). */
+	uint64_t busy;
+	uint64_t busy_ret;
+	uint64_t saved_busy, saved_ret; /* across fork */
 	/* fentry return-address stack (see the fentry provider section) */
 	struct ep_rframe *rs;
 	uint32_t rs_n;
@@ -495,7 +520,10 @@ EP_COLD void ep_count_early_drop(void) {
 }
 
 /* Slow path of the first hook a thread runs (and of threads without a slot). */
+EP_COLD int ep_busy_live(struct ep_thread *th, uint64_t here);
+
 EP_COLD struct ep_thread *ep_claim(void) {
+	uint64_t here = EP_HERE();
 	struct ep_thread *s = ep_tls.slot;
 	if (s == EP_TS_DEAD) {
 		if (__atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) == 2)
@@ -506,11 +534,13 @@ EP_COLD struct ep_thread *ep_claim(void) {
 		ADD(&ep.hdr->thread_drop_hits, 1);
 		return NULL;
 	}
-	if (ep_tls.busy) {
+	if (ep_tls.busy && ep_busy_live(NULL, here)) {
 		ep_count_early_drop();
 		return NULL;
 	}
-	ep_tls.busy = 1;
+	ep_tls.busy_ret = (uint64_t)(uintptr_t)__builtin_return_address(0);
+	SIGFENCE();
+	ep_tls.busy = here;
 	SIGFENCE();
 	struct ep_thread *got = NULL;
 	if (!ep_ensure_init()) {
@@ -656,7 +686,105 @@ EP_INLINE void ep_record_latency(struct ep_func *f, uint64_t ns) {
 		;
 }
 
-EP_INLINE void ep_enter(struct ep_thread *th, uint64_t key, uint32_t ctl) {
+/* Read a word of our own memory that may no longer be mapped (a stack left
+ * behind); 0 when it cannot be read. A system call: rare paths only. */
+EP_STATIC uint64_t ep_peek(uint64_t a) {
+	uint64_t v = 0;
+	struct iovec l = {&v, sizeof v}, r = {(void *)(uintptr_t)a, sizeof v};
+	if (syscall(SYS_process_vm_readv, (long)getpid(), &l, 1L, &r, 1L, 0L) != (long)sizeof v)
+		return 0;
+	return v;
+}
+
+/* Whether the hook named by the busy word still runs: a signal handler
+ * interrupted it and we are a hook of that handler (drop us), rather than a
+ * handler having longjmp'd out of it (then the word is stale: clear it,
+ * count the abandoned hook, go on). A running hook's return address is at
+ * busy + 8; an abandoned one's frame has been left and, once we run at or
+ * above it or anything has been called over it, no longer holds it. */
+EP_COLD int ep_busy_live(struct ep_thread *th, uint64_t here) {
+	uint64_t b = ep_tls.busy;
+	if (b == EP_BUSY_HARD)
+		return 1;
+	uint64_t got;
+	if (here < b && b - here < (1u << 20))
+		got = *(volatile uint64_t *)(uintptr_t)(b + 8); /* above us on this stack: mapped */
+	else
+		got = ep_peek(b + 8);
+	if (got == ep_tls.busy_ret)
+		return 1;
+	/* A handler interrupting us here (the read above may be a system call)
+	 * can judge the same word: whoever clears it counts it, once. */
+	uint64_t expect = b;
+	if (__atomic_compare_exchange_n(&ep_tls.busy, &expect, 0, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+		if (th)
+			OWN_ADD(&th->abandoned_hooks, 1);
+		return 0;
+	}
+	return expect != 0; /* cleared by a handler: go on; set by one: not ours to judge */
+}
+
+/* Count the stored frames [to, from) unmatched, popping from the top. */
+EP_COLD void ep_pop_unmatched(struct ep_thread *th, uint32_t from, uint32_t to) {
+	struct ep_frame *fr = ep_frames(th);
+	for (uint32_t j = from; j > to; j--) {
+		ADD(&ep.funcs[fr[j - 1].gidx].unmatched, 1);
+		OWN_ADD(&th->unmatched, 1);
+	}
+}
+
+/* Pop (unmatched) every frame that can no longer be live, seen from an
+ * enter hook at stack position sp called from site, on a thread at depth d;
+ * returns the new depth. An enter hook runs below every live frame but those
+ * of functions inlined into its caller (a callee's frame lies below its
+ * caller's stack pointer; inlined callees call their hooks at the caller's
+ * position), so a frame below its position belongs to a call that has left
+ * without its exit: longjmp, an exception, an exit probe that was off. At
+ * the same position, a frame entered from the same site is dead too (that
+ * call site cannot be live twice at one position: the calls in a loop of a
+ * function whose exit probe is off), and so is everything above it. A frame
+ * far below sp is only dead if we are not on a signal stack above it (a
+ * handler's hooks must not kill the frames it interrupted). Exits cannot
+ * use position: gcc -O2 tail-calls the exit hook after the epilogue, above
+ * the function's own enter position; they match by key (ep_exit_slow). */
+EP_INLINE int ep_frame_dead(const struct ep_frame *fr, uint64_t sp) { return fr->sp < sp; }
+
+EP_COLD uint32_t ep_heal(struct ep_thread *th, uint32_t d, uint64_t sp, uint64_t site) {
+	struct ep_frame *fr = ep_frames(th);
+	uint32_t cap = ep.stack_depth;
+	uint32_t k = d < cap ? d : cap, j = k;
+	while (j > 0 && ep_frame_dead(&fr[j - 1], sp))
+		j--;
+	for (uint32_t i = j; i > 0 && fr[i - 1].sp == sp; i--)
+		if (fr[i - 1].site == site)
+			j = i - 1;
+	if (j == k && d <= cap)
+		return d;
+	if (j < k && sp - fr[j].sp > EP_NEAR_STACK) {
+		stack_t ss;
+		if (sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_ONSTACK)) {
+			uint64_t lo = (uint64_t)(uintptr_t)ss.ss_sp, hi = lo + ss.ss_size;
+			j = k;
+			while (j > 0 && ep_frame_dead(&fr[j - 1], sp) && fr[j - 1].sp >= lo && fr[j - 1].sp < hi)
+				j--;
+			if (j == k)
+				return d;
+		}
+	}
+	if (d > cap) {
+		/* the frames beyond the stored ones were deeper still: dead too */
+		OWN_ADD(&th->deep_lost, d - cap);
+		STORE(&th->depth, cap);
+	}
+	for (uint32_t i = k; i > j; i--) {
+		STORE(&th->depth, i - 1);
+		ADD(&ep.funcs[fr[i - 1].gidx].unmatched, 1);
+		OWN_ADD(&th->unmatched, 1);
+	}
+	return j;
+}
+
+EP_INLINE void ep_enter(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp, uint64_t site) {
 	uint32_t g;
 	struct ep_local *l = ep_lookup(th, key, &g);
 	if (unlikely(g == EP_NONE)) {
@@ -668,32 +796,35 @@ EP_INLINE void ep_enter(struct ep_thread *th, uint64_t key, uint32_t ctl) {
 	else
 		ADD(&ep.funcs[g].entries, 1);
 	uint32_t d = th->depth;
+	uint32_t top = d < ep.stack_depth ? d : ep.stack_depth;
+	if (unlikely(top && ep_frames(th)[top - 1].sp <= sp))
+		d = ep_heal(th, d, sp, site);
 	if (likely(d < ep.stack_depth)) {
 		struct ep_frame *fr = ep_frames(th) + d;
 		fr->fn = key;
+		fr->sp = sp;
+		fr->site = site;
 		fr->gidx = g;
 		fr->lidx = l ? (uint32_t)(l - ep_locals(th)) + 1 : 0;
 		fr->gen = (uint32_t)LOAD(&ep.funcs[g].gen);
 		fr->ts = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
 	} else {
+		/* deeper than the shadow stack: counted, untimed; its exit is
+		 * matched by nesting (ep_exit_slow) */
 		OWN_ADD(&th->stack_overflows, 1);
+		ADD(&ep.funcs[g].deep_entries, 1);
 	}
+	SIGFENCE();
 	STORE(&th->depth, d + 1);
 	if (unlikely(ctl & EP_CTL_TRACE))
 		ep_trace(th, EP_EV_ENTER, key);
 }
 
-EP_COLD void ep_pop_unmatched(struct ep_thread *th, uint32_t from, uint32_t to) {
-	struct ep_frame *fr = ep_frames(th);
-	for (uint32_t j = from; j > to; j--) {
-		ADD(&ep.funcs[fr[j - 1].gidx].unmatched, 1);
-		OWN_ADD(&th->unmatched, 1);
-	}
-}
+#define EP_UNFRAMED_ORPHAN 1 /* no frame: probes switched on mid-call, a fork child's inherited frames */
+#define EP_UNFRAMED_DEEP 2   /* the exit of a frame deeper than the shadow stack */
 
-/* An exit with no frame to match: probes switched on mid-call, a fork child
- * returning through its parent's frames, or a frame deeper than the stack. */
-EP_COLD void ep_exit_unframed(struct ep_thread *th, uint64_t key, int orphan) {
+/* An exit with no frame to match it: counted, untimed, with its reason. */
+EP_COLD void ep_exit_unframed(struct ep_thread *th, uint64_t key, int why) {
 	uint32_t g;
 	struct ep_local *l = ep_lookup(th, key, &g);
 	if (g == EP_NONE) {
@@ -704,9 +835,11 @@ EP_COLD void ep_exit_unframed(struct ep_thread *th, uint64_t key, int orphan) {
 		OWN_ADD(&l->exits, 1);
 	else
 		ADD(&ep.funcs[g].exits, 1);
-	if (orphan) {
+	if (why == EP_UNFRAMED_ORPHAN) {
 		ADD(&ep.funcs[g].orphans, 1);
 		OWN_ADD(&th->orphans, 1);
+	} else {
+		ADD(&ep.funcs[g].deep_exits, 1);
 	}
 }
 
@@ -730,52 +863,68 @@ EP_INLINE void ep_exit_frame(struct ep_thread *th, struct ep_frame *fr, uint64_t
 		ep_record_latency(&ep.funcs[fr->gidx], ns);
 }
 
-EP_INLINE void ep_exit(struct ep_thread *th, uint64_t key, uint32_t ctl) {
-	uint64_t now = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
-	uint32_t d = th->depth;
-	struct ep_frame *fr;
-	if (unlikely(d == 0 || d > ep.stack_depth)) {
-		if (d == 0) {
-			ep_exit_unframed(th, key, 1);
-		} else {
-			/* above the stored frames: trust the nesting, count untimed */
+/* Everything but "the top frame is this call's": beyond the shadow stack,
+ * then match by key (the newest frame of the function: frames above it lost
+ * their exits), then by generation. */
+EP_COLD void ep_exit_slow(struct ep_thread *th, uint64_t key, uint64_t sp, uint64_t now) {
+	uint32_t d = th->depth, cap = ep.stack_depth;
+	struct ep_frame *frs = ep_frames(th);
+	if (d > cap) {
+		if (frs[cap - 1].sp >= sp) {
+			/* at or below the last stored frame (whose callee's tail-called
+			 * exit hook runs at its position at most): the exit of a frame
+			 * deeper than the shadow stack; trust the nesting */
 			STORE(&th->depth, d - 1);
-			ep_exit_unframed(th, key, 0);
+			ep_exit_unframed(th, key, EP_UNFRAMED_DEEP);
+			return;
 		}
-		goto trace;
+		/* above it: the deeper frames are gone */
+		OWN_ADD(&th->deep_lost, d - cap);
+		STORE(&th->depth, cap);
+		d = cap;
 	}
-	fr = ep_frames(th) + d - 1;
-	if (unlikely(fr->fn != key)) {
-		uint32_t k = d - 1;
-		while (k > 0 && ep_frames(th)[k - 1].fn != key)
-			k--;
-		if (k == 0) {
-			/* not on the stack at all */
-			ep_exit_unframed(th, key, 1);
-			goto trace;
-		}
-		/* frames above key's lost their exits (longjmp, unwinding, toggles) */
+	uint32_t k = d;
+	while (k > 0 && frs[k - 1].fn != key)
+		k--;
+	if (k == 0) {
+		/* not on the stack: entered unseen */
+		ep_exit_unframed(th, key, EP_UNFRAMED_ORPHAN);
+		return;
+	}
+	if (k != d) {
+		/* frames nested in it lost their exits */
 		ep_pop_unmatched(th, d, k);
-		d = k;
-		fr = ep_frames(th) + d - 1;
+		STORE(&th->depth, k);
 	}
+	struct ep_frame *fr = frs + k - 1;
+	STORE(&th->depth, k - 1);
 	if (unlikely(fr->gen != (uint32_t)LOAD(&ep.funcs[fr->gidx].gen))) {
 		/* pushed before the probes were last turned on: that call's exit was
 		 * missed and this exit belongs to a call entered unseen */
-		ep_pop_unmatched(th, d, d - 1);
-		STORE(&th->depth, d - 1);
-		ep_exit_unframed(th, key, 1);
-		goto trace;
+		ep_pop_unmatched(th, k, k - 1);
+		ep_exit_unframed(th, key, EP_UNFRAMED_ORPHAN);
+		return;
 	}
-	STORE(&th->depth, d - 1);
 	ep_exit_frame(th, fr, now);
-trace:
+}
+
+EP_INLINE void ep_exit(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp) {
+	uint64_t now = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
+	uint32_t d = th->depth;
+	struct ep_frame *fr = ep_frames(th) + d - 1;
+	if (likely(d - 1 < ep.stack_depth && fr->fn == key && fr->gen == (uint32_t)LOAD(&ep.funcs[fr->gidx].gen))) {
+		STORE(&th->depth, d - 1);
+		ep_exit_frame(th, fr, now);
+	} else {
+		ep_exit_slow(th, key, sp, now);
+	}
 	if (unlikely(ctl & EP_CTL_TRACE))
 		ep_trace(th, EP_EV_EXIT, key);
 }
 
-/* Entry without an exit probe: count (and trace) it, push nothing. */
-EP_STATIC void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl) {
+/* Entry without an exit probe: count (and trace) it, push nothing. deep: it
+ * would have had one, but the return-address stack is full. */
+EP_STATIC void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, int deep) {
 	uint32_t g;
 	struct ep_local *l = ep_lookup(th, key, &g);
 	if (g == EP_NONE) {
@@ -786,6 +935,8 @@ EP_STATIC void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl) 
 		OWN_ADD(&l->entries, 1);
 	else
 		ADD(&ep.funcs[g].entries, 1);
+	if (deep)
+		ADD(&ep.funcs[g].deep_entries, 1);
 	if (ctl & EP_CTL_TRACE)
 		ep_trace(th, EP_EV_ENTER, key);
 }
@@ -793,45 +944,49 @@ EP_STATIC void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl) 
 /* What a cyg hook does once it may record. */
 enum { EP_HOOK_ENTER, EP_HOOK_EXIT, EP_HOOK_COUNT };
 
-/* The body of every cyg hook; inlined into each with what a constant. */
-EP_INLINE void ep_cyg_hook(uint64_t key, int what) {
+/* The body of every cyg hook; inlined into each with what a constant, here
+ * its frame address and ret its return address. */
+EP_INLINE void ep_cyg_hook(uint64_t key, int what, uint64_t here, uint64_t ret) {
 	struct ep_thread *th = ep_tls.slot;
 	if (unlikely((uintptr_t)th < EP_SLOT_MIN) && !(th = ep_claim()))
 		return;
-	if (unlikely(ep_tls.busy)) {
+	if (unlikely(ep_tls.busy) && ep_busy_live(th, here)) {
 		OWN_ADD(&th->reentrant_drops, 1);
 		return;
 	}
 	uint32_t ctl = LOAD(&ep.hdr->control);
 	if (unlikely(ctl & EP_CTL_PAUSE))
 		return;
-	ep_tls.busy = 1;
+	ep_tls.busy_ret = ret;
+	SIGFENCE();
+	ep_tls.busy = here;
 	SIGFENCE();
 	if (what == EP_HOOK_EXIT)
-		ep_exit(th, key, ctl);
+		ep_exit(th, key, ctl, here);
 	else if (what == EP_HOOK_ENTER)
-		ep_enter(th, key, ctl);
+		ep_enter(th, key, ctl, here, ret);
 	else
-		ep_count_entry(th, key, ctl);
+		ep_count_entry(th, key, ctl, 0);
 	SIGFENCE();
 	ep_tls.busy = 0;
 }
 
 EP_EXPORT void __cyg_profile_func_enter(void *fn, void *site) {
 	(void)site;
-	ep_cyg_hook((uint64_t)(uintptr_t)fn, EP_HOOK_ENTER);
+	ep_cyg_hook((uint64_t)(uintptr_t)fn, EP_HOOK_ENTER, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0));
 }
 
 EP_EXPORT void __cyg_profile_func_exit(void *fn, void *site) {
 	(void)site;
-	ep_cyg_hook((uint64_t)(uintptr_t)fn, EP_HOOK_EXIT);
+	ep_cyg_hook((uint64_t)(uintptr_t)fn, EP_HOOK_EXIT, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0));
 }
 
 /* clang -finstrument-function-entry-bare: no address and no exit. Counted as
  * an entry keyed by the return address (inside the instrumented function)
  * with EP_KEY_BARE set; the reader resolves it by containment. */
 EP_EXPORT void __cyg_profile_func_enter_bare(void) {
-	ep_cyg_hook((uint64_t)(uintptr_t)__builtin_return_address(0) | EP_KEY_BARE, EP_HOOK_COUNT);
+	uint64_t ret = (uint64_t)(uintptr_t)__builtin_return_address(0);
+	ep_cyg_hook(ret | EP_KEY_BARE, EP_HOOK_COUNT, EP_HERE(), ret);
 }
 
 /* ---- fentry provider (-pg -mfentry) ----
@@ -1077,34 +1232,45 @@ EP_INLINE uint64_t ep_site_key(uint64_t ret) {
 
 /* ---- recording ---- */
 
+/* Pop the shadow frames at depth >= lo: those stored counted unmatched, those
+ * deeper than the shadow stack counted lost (their functions are unknown). */
+EP_STATIC void ep_pop_to(struct ep_thread *th, uint32_t lo) {
+	uint32_t depth = th->depth;
+	if (depth <= lo)
+		return;
+	uint32_t stored = depth < ep.stack_depth ? depth : ep.stack_depth;
+	if (stored > lo)
+		ep_pop_unmatched(th, stored, lo);
+	uint32_t top = stored > lo ? stored : lo;
+	if (depth > top)
+		OWN_ADD(&th->deep_lost, depth - top);
+	STORE(&th->depth, lo);
+}
 
 /* The exit of the function whose frame was pushed at depth d. Frames above
  * it died without an exit (longjmp, exceptions): counted unmatched. */
 EP_STATIC void ep_exit_at(struct ep_thread *th, uint64_t key, uint32_t d, uint32_t ctl) {
 	uint64_t now = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
-	uint32_t depth = th->depth;
-	if (unlikely(depth <= d)) {
+	if (unlikely(th->depth <= d)) {
 		/* its frame was popped already (as unmatched): an orphan exit */
-		ep_exit_unframed(th, key, 1);
+		ep_exit_unframed(th, key, EP_UNFRAMED_ORPHAN);
 		goto trace;
 	}
-	if (unlikely(depth > d + 1)) {
-		uint32_t stored = depth < ep.stack_depth ? depth : ep.stack_depth;
-		uint32_t lo = d + 1;
-		if (stored > lo)
-			ep_pop_unmatched(th, stored, lo);
-		uint32_t top = stored > lo ? stored : lo;
-		if (depth > top)
-			OWN_ADD(&th->unmatched, depth - top); /* frames deeper than the stack */
-	}
+	if (unlikely(th->depth > d + 1))
+		ep_pop_to(th, d + 1);
 	STORE(&th->depth, d);
 	if (unlikely(d >= ep.stack_depth)) {
-		ep_exit_unframed(th, key, 0); /* not stored: untimed */
+		ep_exit_unframed(th, key, EP_UNFRAMED_DEEP); /* not stored: untimed */
 		goto trace;
 	}
 	struct ep_frame *fr = ep_frames(th) + d;
 	if (unlikely(fr->fn != key)) {
-		ep_exit_unframed(th, key, 1);
+		ep_exit_unframed(th, key, EP_UNFRAMED_ORPHAN);
+		goto trace;
+	}
+	if (unlikely(fr->gen != (uint32_t)LOAD(&ep.funcs[fr->gidx].gen))) {
+		ep_pop_unmatched(th, d + 1, d);
+		ep_exit_unframed(th, key, EP_UNFRAMED_ORPHAN);
 		goto trace;
 	}
 	ep_exit_frame(th, fr, now);
@@ -1118,29 +1284,37 @@ EP_INLINE void ep_fentry_record_exit(struct ep_thread *th, const struct ep_rfram
 		ep_exit_at(th, f->key, f->d, ctl);
 	} else {
 		/* pushed before fork, in the parent's region */
-		ep_exit_unframed(th, f->key, 1);
+		ep_exit_unframed(th, f->key, EP_UNFRAMED_ORPHAN);
 		if (ctl & EP_CTL_TRACE)
 			ep_trace(th, EP_EV_EXIT, f->key);
 	}
 }
 
+/* Forget return-stack entry f, whose frame is dead. If its slot lies below
+ * our own stack pointer (free stack, or another stack) and still holds the
+ * trampoline, give the original return address back: should the frame be
+ * alive after all (a coroutine's stack), it returns normally, unmeasured.
+ * Slots between our stack pointer and the current slot hold our own frames
+ * now: that frame is certainly dead. */
+EP_STATIC void ep_rs_forget(struct ep_thread *th, const struct ep_rframe *f, uint64_t mysp) {
+	uint64_t *slot = (uint64_t *)(uintptr_t)f->slot;
+	if (f->slot < mysp && LOAD(slot) == EP_TRAMP) {
+		STORE(slot, f->ret);
+		OWN_ADD(&th->fentry_restored, 1);
+	}
+}
+
 /* Count the shadow frames of dead return-stack entries [n, old_n) unmatched. */
-EP_STATIC void ep_rs_drop(struct ep_thread *th, uint32_t n, uint32_t old_n) {
+EP_STATIC void ep_rs_drop(struct ep_thread *th, uint32_t n, uint32_t old_n, uint64_t mysp) {
 	uint32_t dmin = EP_NONE;
-	for (uint32_t i = n; i < old_n; i++)
+	for (uint32_t i = n; i < old_n; i++) {
 		if (ep_tls.rs[i].epoch == ep_epoch && ep_tls.rs[i].d < dmin)
 			dmin = ep_tls.rs[i].d;
+		ep_rs_forget(th, &ep_tls.rs[i], mysp);
+	}
 	ep_tls.rs_n = n;
-	if (dmin == EP_NONE || th->depth <= dmin)
-		return;
-	uint32_t depth = th->depth;
-	uint32_t stored = depth < ep.stack_depth ? depth : ep.stack_depth;
-	if (stored > dmin)
-		ep_pop_unmatched(th, stored, dmin);
-	uint32_t top = stored > dmin ? stored : dmin;
-	if (depth > top)
-		OWN_ADD(&th->unmatched, depth - top);
-	STORE(&th->depth, dmin);
+	if (dmin != EP_NONE)
+		ep_pop_to(th, dmin);
 }
 
 /* An entry at slot found return-stack entries at or below its own slot: the
@@ -1149,6 +1323,7 @@ EP_STATIC void ep_rs_drop(struct ep_thread *th, uint32_t n, uint32_t old_n) {
  * exit happens now). Sets *orig to the return address to save for the new
  * frame, 0 when it cannot be known. Returns the new depth of the stack. */
 EP_COLD uint32_t ep_fentry_resync(struct ep_thread *th, uint64_t slot, uint64_t *orig, uint32_t ctl) {
+	uint64_t mysp = EP_HERE();
 	struct ep_rframe *rs = ep_tls.rs;
 	uint32_t n = ep_tls.rs_n, old = n;
 	uint64_t lo = 0, hi = ~0ull;
@@ -1164,7 +1339,7 @@ EP_COLD uint32_t ep_fentry_resync(struct ep_thread *th, uint64_t slot, uint64_t 
 	while (n && rs[n - 1].slot < slot && rs[n - 1].slot >= lo && rs[n - 1].slot < hi)
 		n--;
 	if (n != old)
-		ep_rs_drop(th, n, old);
+		ep_rs_drop(th, n, old, mysp);
 	if (n && rs[n - 1].slot == slot) {
 		struct ep_rframe f = rs[n - 1];
 		n--;
@@ -1174,7 +1349,7 @@ EP_COLD uint32_t ep_fentry_resync(struct ep_thread *th, uint64_t slot, uint64_t 
 			ep_fentry_record_exit(th, &f, ctl);
 			*orig = f.ret;
 		} else if (f.epoch == ep_epoch) {
-			ep_rs_drop(th, n, n + 1);
+			ep_rs_drop(th, n, n + 1, mysp);
 		}
 	} else if (*orig == EP_TRAMP) {
 		*orig = 0;
@@ -1182,7 +1357,7 @@ EP_COLD uint32_t ep_fentry_resync(struct ep_thread *th, uint64_t slot, uint64_t 
 	return n;
 }
 
-EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow) {
+EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow, uint64_t here, uint64_t hret) {
 	struct ep_thread *th = ep_tls.slot;
 	if (unlikely((uintptr_t)th < EP_SLOT_MIN)) {
 		if (th == EP_TS_NONE && may_slow && !ep_tls.busy && __atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) != 3)
@@ -1190,7 +1365,7 @@ EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow) 
 		if (!(th = ep_claim())) /* counts the drop; no libc unless claiming */
 			return 0;
 	}
-	if (unlikely(ep_tls.busy)) {
+	if (unlikely(ep_tls.busy) && ep_busy_live(th, here)) {
 		OWN_ADD(&th->reentrant_drops, 1);
 		return 0;
 	}
@@ -1202,7 +1377,9 @@ EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow) 
 			return 1;
 		ep_tls.rs_state = EP_RS_OFF;
 	}
-	ep_tls.busy = 1;
+	ep_tls.busy_ret = hret;
+	SIGFENCE();
+	ep_tls.busy = here;
 	SIGFENCE();
 	uint64_t key = ep_site_key(ret);
 	if (unlikely(key & EP_SITE_R10)) {
@@ -1217,24 +1394,25 @@ EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow) 
 			n = ep_fentry_resync(th, slot, &orig, ctl);
 		if (unlikely(n >= ep_tls.rs_cap || orig == 0)) {
 			OWN_ADD(&th->stack_overflows, 1);
-			ep_count_entry(th, key, ctl);
+			ep_count_entry(th, key, ctl, 1);
 		} else {
 			uint32_t d = th->depth;
-			ep_enter(th, key, ctl);
-			if (likely(th->depth == d + 1)) { /* recorded: probe the exit */
+			ep_enter(th, key, ctl, slot, ret);
+			if (likely(th->depth > 0)) { /* recorded: probe the exit */
 				struct ep_rframe *f = ep_tls.rs + n;
 				f->slot = slot;
 				f->ret = orig;
 				f->key = key;
-				f->d = d;
+				f->d = th->depth - 1;
 				f->epoch = ep_epoch;
 				ep_tls.rs_n = n + 1;
 				SIGFENCE();
 				*slotp = EP_TRAMP;
 			}
+			(void)d;
 		}
 	} else {
-		ep_count_entry(th, key, ctl);
+		ep_count_entry(th, key, ctl, 0);
 	}
 	SIGFENCE();
 	ep_tls.busy = 0;
@@ -1244,35 +1422,44 @@ EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow) 
 /* Called by __fentry__ with xmm0-7 saved: must not call into libc. Returns 1
  * for the slow path (the caller saves the whole vector state first). */
 __attribute__((visibility("hidden"), no_instrument_function)) int ep_fentry_enter(uint64_t ret, uint64_t *slotp) {
-	return ep_fentry_enter_impl(ret, slotp, 1);
+	return ep_fentry_enter_impl(ret, slotp, 1, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0));
 }
 
 __attribute__((visibility("hidden"), no_instrument_function, cold)) void ep_fentry_enter_slow(uint64_t ret, uint64_t *slotp) {
+	uint64_t here = EP_HERE(), hret = (uint64_t)(uintptr_t)__builtin_return_address(0);
 	if (ep_tls.slot == EP_TS_NONE)
 		ep_claim();
-	if ((uintptr_t)ep_tls.slot >= EP_SLOT_MIN && ep_tls.rs_state == EP_RS_UNSET && !ep_tls.busy) {
-		ep_tls.busy = 1;
+	if ((uintptr_t)ep_tls.slot >= EP_SLOT_MIN && ep_tls.rs_state == EP_RS_UNSET &&
+	    !(ep_tls.busy && ep_busy_live(ep_tls.slot, here))) {
+		ep_tls.busy_ret = hret;
+		SIGFENCE();
+		ep_tls.busy = here;
 		SIGFENCE();
 		ep_rs_init();
 		SIGFENCE();
 		ep_tls.busy = 0;
 	}
-	ep_fentry_enter_impl(ret, slotp, 0);
+	ep_fentry_enter_impl(ret, slotp, 0, here, hret);
 }
 
+/* A return through a slot with no entry cannot happen: an entry leaves the
+ * stack only when its frame returns, when its slot is given back
+ * (ep_rs_forget), or when our own frames have overwritten the slot. Should
+ * it happen all the same there is no address to return to; say so and stop
+ * with a trap rather than jump anywhere. */
 EP_COLD void ep_fentry_lost(uint64_t slot) {
 	char buf[160], *p = buf, *end = buf + sizeof buf - 2;
 	p = ep_append(p, end, "edgeprobe: fentry return through an unknown frame (slot 0x");
 	for (int i = 60; i >= 0; i -= 4)
 		*p++ = "0123456789abcdef"[(slot >> i) & 15];
-	p = ep_append(p, end, "): the return address is lost, aborting\n");
+	p = ep_append(p, end, "): the return address is lost\n");
 	ssize_t r = write(2, buf, (size_t)(p - buf));
 	(void)r;
-	abort();
+	__builtin_trap();
 }
 
 /* The return-stack entry of the frame returning through slot: the newest
- * entry with that slot; entries above it are dead. */
+ * entry with that slot. */
 EP_COLD uint32_t ep_fentry_find(uint64_t slot) {
 	uint32_t n = ep_tls.rs_n;
 	for (uint32_t i = n; i > 0; i--)
@@ -1287,7 +1474,33 @@ struct ep_ret2 {
 	uint64_t slow;
 };
 
-EP_INLINE struct ep_ret2 ep_fentry_exit_impl(uint64_t sp, int may_slow) {
+/* Entries above i, the frame returning now: those below its slot on the
+ * stack are dead (counted, slots given back when free); those above it are
+ * on another stack (a coroutine) and stay, moved down over i. Returns the
+ * new stack size with i removed. */
+EP_COLD uint32_t ep_rs_unlink(struct ep_thread *th, uint32_t i, uint32_t n, uint64_t mysp) {
+	struct ep_rframe *rs = ep_tls.rs;
+	uint64_t slot = rs[i].slot;
+	uint32_t w = i;
+	uint32_t dmin = EP_NONE;
+	for (uint32_t j = i + 1; j < n; j++) {
+		if (rs[j].slot > slot) {
+			rs[w++] = rs[j];
+			continue;
+		}
+		if (th && rs[j].epoch == ep_epoch && rs[j].d < dmin)
+			dmin = rs[j].d;
+		if (th)
+			ep_rs_forget(th, &rs[j], mysp);
+		else if (rs[j].slot < mysp && LOAD((uint64_t *)(uintptr_t)rs[j].slot) == EP_TRAMP)
+			STORE((uint64_t *)(uintptr_t)rs[j].slot, rs[j].ret);
+	}
+	if (th && dmin != EP_NONE && dmin > rs[i].d)
+		ep_pop_to(th, dmin);
+	return w;
+}
+
+EP_INLINE struct ep_ret2 ep_fentry_exit_impl(uint64_t sp, int may_slow, uint64_t here, uint64_t hret) {
 	uint64_t slot = sp - 8;
 	struct ep_rframe *rs = ep_tls.rs;
 	uint32_t n = ep_tls.rs_n, i;
@@ -1295,25 +1508,26 @@ EP_INLINE struct ep_ret2 ep_fentry_exit_impl(uint64_t sp, int may_slow) {
 		i = n - 1;
 	else
 		i = ep_fentry_find(slot);
-	struct ep_ret2 r = {rs[i].ret, 0};
+	struct ep_rframe f = rs[i];
+	struct ep_ret2 r = {f.ret, 0};
 	struct ep_thread *th = ep_tls.slot;
-	if (unlikely((uintptr_t)th < EP_SLOT_MIN || ep_tls.busy)) {
+	if (unlikely((uintptr_t)th < EP_SLOT_MIN || (ep_tls.busy && ep_busy_live(th, here)))) {
 		if (th == EP_TS_NONE && may_slow && !ep_tls.busy && __atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) != 3) {
 			r.slow = 1; /* a fork child's first hook: claim a slot to count the exit */
 			return r;
 		}
-		ep_tls.rs_n = i;
+		/* the entry must go whatever is counted: its frame is returning */
+		ep_tls.rs_n = i + 1 == n ? i : ep_rs_unlink(NULL, i, n, here);
 		if ((uintptr_t)th >= EP_SLOT_MIN)
 			OWN_ADD(&th->reentrant_drops, 1);
 		return r;
 	}
-	ep_tls.busy = 1;
+	ep_tls.busy_ret = hret;
+	SIGFENCE();
+	ep_tls.busy = here;
 	SIGFENCE();
 	uint32_t ctl = LOAD(&ep.hdr->control);
-	struct ep_rframe f = rs[i];
-	if (unlikely(i + 1 != n))
-		ep_rs_drop(th, i + 1, n);
-	ep_tls.rs_n = i;
+	ep_tls.rs_n = likely(i + 1 == n) ? i : ep_rs_unlink(th, i, n, here);
 	if (likely(!(ctl & EP_CTL_PAUSE)))
 		ep_fentry_record_exit(th, &f, ctl);
 	SIGFENCE();
@@ -1323,13 +1537,13 @@ EP_INLINE struct ep_ret2 ep_fentry_exit_impl(uint64_t sp, int may_slow) {
 
 /* Called by ep_fentry_return with rax, rdx, xmm0, xmm1 saved (no libc). */
 __attribute__((visibility("hidden"), no_instrument_function)) struct ep_ret2 ep_fentry_exit(uint64_t sp) {
-	return ep_fentry_exit_impl(sp, 1);
+	return ep_fentry_exit_impl(sp, 1, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0));
 }
 
 __attribute__((visibility("hidden"), no_instrument_function, cold)) uint64_t ep_fentry_exit_slow(uint64_t sp) {
 	if (ep_tls.slot == EP_TS_NONE)
 		ep_claim();
-	return ep_fentry_exit_impl(sp, 0).ret;
+	return ep_fentry_exit_impl(sp, 0, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0)).ret;
 }
 
 /* ---- unwinding through hijacked frames ----
@@ -1409,13 +1623,9 @@ EP_STATIC void ep_thread_dtor(void *v) {
 	struct ep_thread *th = v;
 	if ((uintptr_t)th < EP_SLOT_MIN || th != ep_tls.slot)
 		return;
-	ep_tls.busy = 1;
+	ep_tls.busy = EP_BUSY_HARD;
 	SIGFENCE();
-	uint32_t d = th->depth;
-	if (d > ep.stack_depth)
-		d = ep.stack_depth;
-	ep_pop_unmatched(th, d, 0);
-	STORE(&th->depth, 0);
+	ep_pop_to(th, 0);
 	ep_tls.slot = EP_TS_DEAD;
 	/* Hijacked frames cannot outlive this: the thread function has returned
 	 * or been unwound (pthread_exit, cancellation) before key destructors. */
@@ -1431,11 +1641,13 @@ EP_STATIC void ep_thread_dtor(void *v) {
  * region. */
 EP_STATIC void ep_atfork_prepare(void) {
 	ep_tls.saved_busy = ep_tls.busy;
-	ep_tls.busy = 1;
+	ep_tls.saved_ret = ep_tls.busy_ret;
+	ep_tls.busy = EP_BUSY_HARD;
 	SIGFENCE();
 }
 
 EP_STATIC void ep_atfork_parent(void) {
+	ep_tls.busy_ret = ep_tls.saved_ret;
 	SIGFENCE();
 	ep_tls.busy = ep_tls.saved_busy;
 }
@@ -1462,6 +1674,7 @@ EP_STATIC void ep_atfork_child(void) {
 	}
 	if (ep_key_ok)
 		pthread_setspecific(ep_key, NULL);
+	ep_tls.busy_ret = ep_tls.saved_ret;
 	SIGFENCE();
 	ep_tls.busy = ep_tls.saved_busy;
 }
@@ -1538,7 +1751,7 @@ EP_STATIC void ep_write_output(void) {
 }
 
 __attribute__((constructor, no_instrument_function)) static void ep_ctor(void) {
-	ep_tls.busy = 1;
+	ep_tls.busy = EP_BUSY_HARD;
 	SIGFENCE();
 	ep_ensure_init();
 	if (!ep_atfork_done && pthread_atfork(ep_atfork_prepare, ep_atfork_parent, ep_atfork_child) == 0)
@@ -1553,8 +1766,8 @@ __attribute__((constructor, no_instrument_function)) static void ep_ctor(void) {
 __attribute__((destructor, no_instrument_function)) static void ep_dtor(void) {
 	if (__atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) != 2 || ep_region_pid != getpid())
 		return;
-	uint32_t saved = ep_tls.busy;
-	ep_tls.busy = 1;
+	uint64_t saved = ep_tls.busy;
+	ep_tls.busy = EP_BUSY_HARD;
 	SIGFENCE();
 	STORE(&ep.hdr->exit_tsc, ep.tsc ? __rdtsc() : ep_mono_ns());
 	STORE(&ep.hdr->exit_mono, ep_mono_ns());

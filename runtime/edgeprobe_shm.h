@@ -29,10 +29,12 @@
 #include <stdint.h>
 
 #define EP_MAGIC 0x3142525045474445ull /* "EDGEPRB1" as little-endian bytes */
-#define EP_VERSION 3u /* 2: fentry_mode and the fentry_* counters (padding, zero, in version 1);
-                        * 3: ep_func.gen in place of the 64th histogram bucket, ep_frame.gen */
+#define EP_VERSION 4u /* 2: fentry_mode and the fentry_* counters (padding, zero, in version 1);
+                        * 3: ep_func.gen in place of the 64th histogram bucket, ep_frame.gen;
+                        * 4: ep_frame.sp (exits match entries by stack position), ep_func.deep_*
+                        *    in place of histogram buckets 61 and 62, ep_thread loss counters */
 #define EP_HEADER_SIZE 4096u
-#define EP_HIST_BUCKETS 63u /* bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2);
+#define EP_HIST_BUCKETS 61u /* bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2);
                               * the last bucket also takes everything longer */
 
 /* Key namespace: __cyg_profile_func_enter_bare (clang) passes no function
@@ -141,8 +143,12 @@ struct ep_func {
 	uint64_t min_inv;   /* 32: ~(min latency ns); 0 means no sample */
 	uint64_t max_ns;    /* 40 */
 	uint64_t orphans;   /* 48: exits with no matching enter on the thread's stack */
-	uint64_t unmatched; /* 56: frames popped without their exit (longjmp, toggles) */
+	uint64_t unmatched; /* 56: frames found dead without their exit (longjmp, exceptions, toggles) */
 	uint64_t hist[EP_HIST_BUCKETS]; /* 64: log2 ns latency histogram (all threads) */
+	/* 552: entries deeper than the shadow stack: counted, given no frame, untimed */
+	uint64_t deep_entries;
+	/* 560: exits of such frames (matched by nesting, untimed) */
+	uint64_t deep_exits;
 	/* 568: generation, bumped by a reader (hotpatch) just before it turns the
 	 * function's probes on. A frame remembers the generation it was pushed
 	 * in; an exit matches only a frame of the current one, because a frame
@@ -169,7 +175,11 @@ struct ep_thread {
 	uint64_t ring_tail_cache; /* 80: owner's private copy of ring_tail */
 	uint32_t index;           /* 88: this slot's index */
 	uint32_t _pad0;           /* 92 */
-	uint64_t _pad1[4];        /* 96 */
+	/* loss counters of the rare paths (owner) */
+	uint64_t deep_lost;       /* 96: frames deeper than the shadow stack found dead (functions unknown) */
+	uint64_t abandoned_hooks; /* 104: hooks that never finished (a signal handler longjmp'd out of one) */
+	uint64_t fentry_restored; /* 112: dead hijacked fentry frames whose return slot was given back */
+	uint64_t _pad1;           /* 120 */
 	/* ring consumer line (readers) */
 	uint64_t ring_tail;       /* 128: events consumed; only a consuming reader writes it */
 	uint64_t _pad2[7];        /* 136 */
@@ -186,14 +196,18 @@ struct ep_local {
 	uint64_t _pad1;   /* 40 */
 };
 
-/* Shadow-stack frame: 24 bytes. */
+/* Shadow-stack frame: 48 bytes. */
 struct ep_frame {
 	uint64_t fn;   /* 0: key */
 	uint64_t ts;   /* 8: clock ticks at enter; 0 = not timed */
-	uint32_t gidx; /* 16 */
-	uint32_t lidx; /* 20: local index + 1, or 0 when counted in ep_func */
-	uint32_t gen;  /* 24: the function's generation at enter (low 32 bits) */
-	uint32_t pad;  /* 28 */
+	uint64_t sp;   /* 16: stack position of the call (cyg: the enter hook's frame address;
+	                * fentry: the return slot); a frame below a later enter is dead */
+	uint64_t site; /* 24: the enter hook's return address; a frame at a later enter's
+	                * position with the same site is dead (inlined callees share positions) */
+	uint32_t gidx; /* 32 */
+	uint32_t lidx; /* 36: local index + 1, or 0 when counted in ep_func */
+	uint32_t gen;  /* 40: the function's generation at enter (low 32 bits) */
+	uint32_t pad;  /* 44 */
 };
 
 /* Trace event: 16 bytes. */
@@ -207,7 +221,7 @@ EP_STATIC_ASSERT(sizeof(struct ep_header) == EP_HEADER_SIZE, "header size");
 EP_STATIC_ASSERT(sizeof(struct ep_func) == 576, "ep_func size");
 EP_STATIC_ASSERT(sizeof(struct ep_thread) == 192, "ep_thread size");
 EP_STATIC_ASSERT(sizeof(struct ep_local) == 48, "ep_local size");
-EP_STATIC_ASSERT(sizeof(struct ep_frame) == 32, "ep_frame size");
+EP_STATIC_ASSERT(sizeof(struct ep_frame) == 48, "ep_frame size");
 EP_STATIC_ASSERT(sizeof(struct ep_event) == 16, "ep_event size");
 
 #endif

@@ -68,6 +68,7 @@ func newHotpatchCmd(stdout, stderr io.Writer) *cobra.Command {
 		waitLock       bool
 		verbose        bool
 		wait           time.Duration
+		inj            injectFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "hotpatch --pid N (--enable SEL | --disable SEL)... [flags]",
@@ -142,6 +143,15 @@ not exist or exited while hotpatch worked on it.`,
 			}
 			ctx, stop := signalContext()
 			defer stop()
+			for _, a := range req.Actions {
+				if a.Enable {
+					inj.verbose = verbose
+					if _, err := ensureRuntime(ctx, tf.pid, &inj, waitLock, stderr); err != nil {
+						return classify(err)
+					}
+					break
+				}
+			}
 			res, err := hotpatch.Apply(ctx, req)
 			if res != nil {
 				for _, n := range res.Repaired {
@@ -191,7 +201,8 @@ not exist or exited while hotpatch worked on it.`,
 	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"entry", "exit", "both"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("provider", cobra.FixedCompletions([]string{"cyg", "fentry", "all"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions([]string{"auto", "flip", "int3", "int3-async", "stop"}, cobra.ShellCompDirectiveNoFileComp))
-	cmd.AddCommand(newListCmd(stdout), newStatsCmd(stdout), newTraceCmd(stdout, stderr), newReplayCmd(stdout), newTopCmd(stdout, stderr), newProfileCmd(stdout, stderr), newCalibrateCmd(stdout, stderr), newRepairCmd(stdout, stderr))
+	inj.register(cmd)
+	cmd.AddCommand(newListCmd(stdout), newStatsCmd(stdout, stderr, &inj), newTraceCmd(stdout, stderr, &inj), newReplayCmd(stdout), newTopCmd(stdout, stderr, &inj), newProfileCmd(stdout, stderr, &inj), newCalibrateCmd(stdout, stderr), newRepairCmd(stdout, stderr))
 	return cmd
 }
 

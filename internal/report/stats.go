@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -26,6 +27,14 @@ type FuncStats struct {
 	MaxNs     uint64 `json:"max_ns"`
 	Orphans   uint64 `json:"orphan_exits"`      // exits with no matching entry (probe turned on mid-call)
 	Unmatched uint64 `json:"unmatched_entries"` // entries never exited (longjmp, unwinding, probe turned off)
+	// Entries deeper than the shadow stack (counted, untimed) and their exits.
+	DeepEntries uint64 `json:"untimed_deep_entries"`
+	DeepExits   uint64 `json:"untimed_deep_exits"`
+	Open        uint64 `json:"open_frames"` // calls in progress (or not yet found dead) when read
+	// Balanced: entries - untimed_deep_entries == exits - orphan_exits -
+	// untimed_deep_exits + unmatched_entries + open_frames (every tracked
+	// entry accounted for; exact once the process is quiet).
+	Balanced bool `json:"balanced"`
 }
 
 // Stats is a snapshot of a process's functions.
@@ -36,14 +45,27 @@ type Stats struct {
 	Dropped   Dropped     `json:"dropped"`
 }
 
-// Dropped counts what the runtime could not record.
+// Dropped counts what the runtime could not record, or recorded only in
+// part, by reason (docs/runtime.md lists them).
 type Dropped struct {
-	TableFull    uint64 `json:"function_table_full"`
-	ThreadsFull  uint64 `json:"thread_slots_full"`
-	BeforeInit   uint64 `json:"outside_thread_life"` // before the runtime's constructor, or after a thread released its slot
-	Reentrant    uint64 `json:"reentrant"`
-	StackOverrun uint64 `json:"shadow_stack_overflow"`
-	RingFull     uint64 `json:"trace_ring_full"`
+	TableFull    uint64 `json:"function_table_full"`   // hooks of functions the table had no slot for
+	ThreadsFull  uint64 `json:"thread_slots_full"`     // hooks of threads that found no slot
+	BeforeInit   uint64 `json:"outside_thread_life"`   // before the runtime's constructor, or after a thread released its slot
+	Reentrant    uint64 `json:"reentrant"`             // hooks run inside a hook (signal handlers), and during fork
+	StackOverrun uint64 `json:"shadow_stack_overflow"` // entries deeper than the shadow stack: counted, untimed
+	RingFull     uint64 `json:"trace_ring_full"`       // trace events
+	// Counted, not lost, but not matched: see the per-function columns.
+	Unmatched uint64 `json:"unmatched_entries"` // frames found dead without their exit
+	Orphans   uint64 `json:"orphan_exits"`      // exits with no frame
+	// Frames deeper than the shadow stack found dead (their functions are
+	// unknown: no frame was stored).
+	DeepLost uint64 `json:"deep_frames_lost"`
+	// Hooks a signal handler longjmp'd out of: that one call's record may be
+	// incomplete.
+	Abandoned      uint64 `json:"abandoned_hooks"`
+	FentryUnwound  uint64 `json:"fentry_unwound"`   // hijacked frames an exception or pthread_exit unwound (counted unmatched)
+	FentryBadSites uint64 `json:"fentry_bad_sites"` // __fentry__ call sites not recognised: entries only
+	FentryRestored uint64 `json:"fentry_restored"`  // dead hijacked frames whose return slot was given back
 }
 
 // Collect snapshots a region. Percentiles come from the log2 histogram, so
@@ -54,7 +76,9 @@ func Collect(r *shm.Region, sym *Symbolizer) *Stats {
 	st := &Stats{PID: int(h.Pid), Exited: r.Exited(), Functions: Rows(r.Functions(), sym)}
 	c := r.Counters()
 	st.Dropped = Dropped{TableFull: c.FuncDropEnters + c.FuncDropExits, ThreadsFull: c.ThreadDropHits,
-		BeforeInit: c.PreinitDrops + c.LateDrops, Reentrant: c.ReentrantDrops, StackOverrun: c.StackOverflows, RingFull: c.RingDropped}
+		BeforeInit: c.PreinitDrops + c.LateDrops, Reentrant: c.ReentrantDrops, StackOverrun: c.StackOverflows, RingFull: c.RingDropped,
+		Unmatched: c.Unmatched, Orphans: c.Orphans, DeepLost: c.DeepLost, Abandoned: c.AbandonedHooks,
+		FentryUnwound: c.FentryUnwound, FentryBadSites: c.FentryBadSites, FentryRestored: c.FentryRestored}
 	return st
 }
 
@@ -68,7 +92,8 @@ func Rows(funcs []shm.Func, sym *Symbolizer) []FuncStats {
 			Name: name, Object: obj, Address: fmt.Sprintf("%#x", f.Addr),
 			Entries: f.Entries, Exits: f.Exits, TotalNs: f.SumNs, MeanNs: f.MeanNs(), MinNs: f.MinNs,
 			P50Ns: f.Percentile(0.50), P99Ns: f.Percentile(0.99), MaxNs: f.MaxNs,
-			Orphans: f.Orphans, Unmatched: f.Unmatched,
+			Orphans: f.Orphans, Unmatched: f.Unmatched, DeepEntries: f.DeepEntries, DeepExits: f.DeepExits,
+			Open: f.Open, Balanced: f.Balanced(),
 		})
 	}
 	return rows
@@ -109,19 +134,59 @@ func (s *Stats) Top(k int) {
 // WriteTable prints the rows for a person.
 func (s *Stats) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "CALLS\tTOTAL\tMEAN\tP50\tP99\tMAX\t FUNCTION\t OBJECT\t")
+	// LOST: the call's latency is missing (unmatched entries, orphan exits,
+	// entries too deep to time); OPEN: frames still on a stack.
+	fmt.Fprintln(tw, "CALLS\tTOTAL\tMEAN\tP50\tP99\tMAX\tLOST\tOPEN\t FUNCTION\t OBJECT\t")
 	for _, f := range s.Functions {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t %s\t %s\t\n", f.Entries, dur(f.TotalNs), dur(f.MeanNs), dur(f.P50Ns), dur(f.P99Ns), dur(f.MaxNs), f.Name, base(f.Object))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t %s\t %s\t\n", f.Entries, dur(f.TotalNs), dur(f.MeanNs), dur(f.P50Ns), dur(f.P99Ns), dur(f.MaxNs),
+			count(f.Unmatched+f.Orphans+f.DeepEntries), count(f.Open), f.Name, base(f.Object))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	d := s.Dropped
-	if d != (Dropped{}) {
-		fmt.Fprintf(w, "dropped: table full %d, threads full %d, outside thread life %d, reentrant %d, stack overflow %d, trace ring full %d\n",
-			d.TableFull, d.ThreadsFull, d.BeforeInit, d.Reentrant, d.StackOverrun, d.RingFull)
+	if line := s.Dropped.line(); line != "" {
+		fmt.Fprintln(w, line)
 	}
 	return nil
+}
+
+// line lists the non-zero loss counters with their reasons, "" when all are
+// zero.
+func (d Dropped) line() string {
+	var parts []string
+	for _, c := range []struct {
+		n    uint64
+		what string
+	}{
+		{d.Unmatched, "unmatched entries (frame found dead: longjmp, exception, exit probe off)"},
+		{d.Orphans, "orphan exits (no frame: probe turned on mid-call, fork child)"},
+		{d.StackOverrun, "untimed entries deeper than the shadow stack"},
+		{d.DeepLost, "frames deeper than the shadow stack found dead"},
+		{d.Abandoned, "hooks abandoned by a signal handler's longjmp"},
+		{d.Reentrant, "hooks dropped inside a hook (signal handler) or fork"},
+		{d.TableFull, "hooks dropped: function table full"},
+		{d.ThreadsFull, "hooks dropped: thread slots full"},
+		{d.BeforeInit, "hooks dropped outside a thread's life"},
+		{d.RingFull, "trace events dropped: ring full"},
+		{d.FentryUnwound, "fentry frames unwound by an exception or pthread_exit"},
+		{d.FentryBadSites, "fentry sites not recognised (entries only)"},
+		{d.FentryRestored, "dead fentry frames given their return address back"},
+	} {
+		if c.n != 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", c.n, c.what))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "lost or unmatched: " + strings.Join(parts, "; ")
+}
+
+func count(n uint64) string {
+	if n == 0 {
+		return "-"
+	}
+	return fmt.Sprint(n)
 }
 
 func dur(ns uint64) string {

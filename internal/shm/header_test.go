@@ -17,7 +17,7 @@ func validRegion() []byte {
 		ThreadStackOff: 320, StackDepth: 4, FrameSize: frameSize, RingEvents: 4, EventSize: eventSize,
 		RingStride: 64, MaxProbe: 4, State: StateExited,
 	}
-	h.ThreadSize = 448 // 320 + 4*24 = 416, rounded to 64
+	h.ThreadSize = 512 // 320 + 4*frameSize = 512, a multiple of 64
 	h.ThreadOff = h.FuncOff + 4*funcSize
 	h.RingOff = h.ThreadOff + 2*uint64(h.ThreadSize)
 	h.RegionSize = h.RingOff + 2*h.RingStride

@@ -179,6 +179,9 @@ func byName(t testing.TB, r *Region, maps []byte) map[string]Func {
 		g.Exits += f.Exits
 		g.Orphans += f.Orphans
 		g.Unmatched += f.Unmatched
+		g.DeepEntries += f.DeepEntries
+		g.DeepExits += f.DeepExits
+		g.Open += f.Open
 		g.Samples += f.Samples
 		g.SumNs += f.SumNs
 		for b := range g.Hist {

@@ -7,20 +7,20 @@ package shm
 const Magic uint64 = 0x3142525045474445
 
 // Version is the layout version this package reads.
-const Version uint32 = 3
+const Version uint32 = 4
 
 // MinVersion is the oldest layout version this package still reads. Version
-// 3 moved the function entry's last histogram bucket (giving the generation
-// its place) and grew the frame, so older regions are not read.
-const MinVersion uint32 = 3
+// 4 moved the function entry's last histogram buckets (giving the deep-entry
+// counters their place) and grew the frame, so older regions are not read.
+const MinVersion uint32 = 4
 
 const (
 	HeaderSize  = 4096 // bytes of Header
-	HistBuckets = 63   // bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2); the last also takes longer ones
+	HistBuckets = 61   // bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2); the last also takes longer ones
 	funcSize    = 576
 	threadSize  = 192
 	localSize   = 48
-	frameSize   = 32
+	frameSize   = 48
 	eventSize   = 16
 )
 
@@ -133,16 +133,18 @@ type Header struct {
 
 // funcEntry is struct ep_func.
 type funcEntry struct {
-	Addr      uint64
-	Entries   uint64
-	Exits     uint64
-	SumNs     uint64
-	MinInv    uint64
-	MaxNs     uint64
-	Orphans   uint64
-	Unmatched uint64
-	Hist      [HistBuckets]uint64
-	Gen       uint64 // bumped before the function's probes are turned on (NewGeneration)
+	Addr        uint64
+	Entries     uint64
+	Exits       uint64
+	SumNs       uint64
+	MinInv      uint64
+	MaxNs       uint64
+	Orphans     uint64
+	Unmatched   uint64
+	Hist        [HistBuckets]uint64
+	DeepEntries uint64 // entries deeper than the shadow stack (no frame, untimed)
+	DeepExits   uint64 // exits of such entries
+	Gen         uint64 // bumped before the function's probes are turned on (NewGeneration)
 }
 
 // threadSlot is struct ep_thread.
@@ -162,7 +164,10 @@ type threadSlot struct {
 	RingTailCache  uint64
 	Index          uint32
 	_              uint32
-	_              [4]uint64
+	DeepLost       uint64
+	AbandonedHooks uint64
+	FentryRestored uint64
+	_              uint64
 	RingTail       uint64
 	_              [7]uint64
 }
@@ -182,6 +187,8 @@ type localEntry struct {
 type frame struct {
 	Fn   uint64
 	TS   uint64
+	Sp   uint64
+	Site uint64
 	Gidx uint32
 	Lidx uint32
 	Gen  uint32

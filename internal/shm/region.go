@@ -210,12 +210,27 @@ type Func struct {
 	Entries   uint64
 	Exits     uint64 // including orphans
 	Orphans   uint64 // exits with no enter on the thread's shadow stack
-	Unmatched uint64 // enters whose frame was popped without an exit (longjmp, ...)
-	Samples   uint64 // timed exits (sum of Hist)
-	SumNs     uint64
-	MinNs     uint64 // 0 when Samples == 0
-	MaxNs     uint64
-	Hist      [HistBuckets]uint64
+	Unmatched uint64 // enters whose frame was found dead without an exit (longjmp, exceptions, toggles)
+	// DeepEntries are entries deeper than the shadow stack (counted, no
+	// frame, untimed); DeepExits the exits matched to them by nesting.
+	DeepEntries uint64
+	DeepExits   uint64
+	// Open counts the function's frames still on a thread's shadow stack
+	// (calls in progress, or frames no later hook has found dead yet).
+	Open    uint64
+	Samples uint64 // timed exits (sum of Hist)
+	SumNs   uint64
+	MinNs   uint64 // 0 when Samples == 0
+	MaxNs   uint64
+	Hist    [HistBuckets]uint64
+}
+
+// Balanced reports whether every tracked entry is accounted for: once the
+// process is quiet, each entry given a frame ended in exactly one of a
+// matched exit, an unmatched frame, or a frame still open:
+// Entries - DeepEntries == (Exits - Orphans - DeepExits) + Unmatched + Open.
+func (f *Func) Balanced() bool {
+	return f.Entries-f.DeepEntries == f.Exits-f.Orphans-f.DeepExits+f.Unmatched+f.Open
 }
 
 // MeanNs is the mean latency, 0 without samples.
@@ -235,6 +250,11 @@ func (r *Region) funcAt(i uint64) *funcEntry {
 
 func (r *Region) slotAt(i uint64) *threadSlot {
 	return (*threadSlot)(unsafe.Pointer(&r.mem[r.hdr.ThreadOff+i*uint64(r.hdr.ThreadSize)]))
+}
+
+func (r *Region) frameAt(slot, i uint64) *frame {
+	off := r.hdr.ThreadOff + slot*uint64(r.hdr.ThreadSize) + uint64(r.hdr.ThreadStackOff) + i*frameSize
+	return (*frame)(unsafe.Pointer(&r.mem[off]))
 }
 
 func (r *Region) localAt(slot, i uint64) *localEntry {
@@ -264,6 +284,8 @@ func (r *Region) Functions() []Func {
 		f.MaxNs = atomic.LoadUint64(&e.MaxNs)
 		f.Orphans = atomic.LoadUint64(&e.Orphans)
 		f.Unmatched = atomic.LoadUint64(&e.Unmatched)
+		f.DeepEntries = atomic.LoadUint64(&e.DeepEntries)
+		f.DeepExits = atomic.LoadUint64(&e.DeepExits)
 		for b := range f.Hist {
 			f.Hist[b] = atomic.LoadUint64(&e.Hist[b])
 			f.Samples += f.Hist[b]
@@ -284,6 +306,23 @@ func (r *Region) Functions() []Func {
 			out[k].Entries += atomic.LoadUint64(&l.Entries)
 			out[k].Exits += atomic.LoadUint64(&l.Exits)
 			out[k].SumNs += atomic.LoadUint64(&l.SumNs)
+		}
+	}
+	// Open frames: every stored frame below each claimed slot's depth.
+	for s := uint64(0); s < uint64(r.hdr.MaxThreads); s++ {
+		slot := r.slotAt(s)
+		if atomic.LoadUint32(&slot.Generation) == 0 {
+			continue
+		}
+		d := uint64(atomic.LoadUint32(&slot.Depth))
+		if d > uint64(r.hdr.StackDepth) {
+			d = uint64(r.hdr.StackDepth)
+		}
+		for i := uint64(0); i < d; i++ {
+			fr := r.frameAt(s, i)
+			if k, ok := idx[atomic.LoadUint32(&fr.Gidx)]; ok {
+				out[k].Open++
+			}
 		}
 	}
 	if len(out) == 0 && r.hdr.MaxFuncs > 0 {
@@ -307,6 +346,9 @@ type Thread struct {
 	RingHead       uint64
 	RingTail       uint64
 	RingDropped    uint64
+	DeepLost       uint64 // frames deeper than the shadow stack found dead (functions unknown)
+	AbandonedHooks uint64 // hooks a signal handler longjmp'd out of
+	FentryRestored uint64 // dead hijacked fentry frames whose return slot was given back
 }
 
 // Threads returns every slot that has ever been claimed.
@@ -332,6 +374,9 @@ func (r *Region) Threads() []Thread {
 			RingHead:       atomic.LoadUint64(&s.RingHead),
 			RingTail:       atomic.LoadUint64(&s.RingTail),
 			RingDropped:    atomic.LoadUint64(&s.RingDropped),
+			DeepLost:       atomic.LoadUint64(&s.DeepLost),
+			AbandonedHooks: atomic.LoadUint64(&s.AbandonedHooks),
+			FentryRestored: atomic.LoadUint64(&s.FentryRestored),
 		})
 	}
 	return out
@@ -358,6 +403,9 @@ type Counters struct {
 	Unmatched       uint64
 	LocalFull       uint64
 	RingDropped     uint64
+	DeepLost        uint64 // frames deeper than the shadow stack found dead (their functions are unknown)
+	AbandonedHooks  uint64 // hooks a signal handler longjmp'd out of (the busy word healed)
+	FentryRestored  uint64 // dead hijacked fentry frames whose return slot was given back
 }
 
 // Counters snapshots the drop and mismatch counters.
@@ -377,6 +425,9 @@ func (r *Region) Counters() Counters {
 		c.Unmatched += t.Unmatched
 		c.LocalFull += t.LocalFull
 		c.RingDropped += t.RingDropped
+		c.DeepLost += t.DeepLost
+		c.AbandonedHooks += t.AbandonedHooks
+		c.FentryRestored += t.FentryRestored
 	}
 	return c
 }

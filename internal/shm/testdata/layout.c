@@ -31,13 +31,15 @@ int main(void) {
 	F(ep_header, preinit_drops); F(ep_header, late_drops); F(ep_header, fentry_mode);
 	F(ep_header, fentry_sites); F(ep_header, fentry_bad_sites); F(ep_header, fentry_unwound);
 	F(ep_func, addr); F(ep_func, entries); F(ep_func, exits); F(ep_func, sum_ns); F(ep_func, min_inv);
-	F(ep_func, max_ns); F(ep_func, orphans); F(ep_func, unmatched); F(ep_func, hist); F(ep_func, gen);
+	F(ep_func, max_ns); F(ep_func, orphans); F(ep_func, unmatched); F(ep_func, hist);
+	F(ep_func, deep_entries); F(ep_func, deep_exits); F(ep_func, gen);
 	F(ep_thread, state); F(ep_thread, tid); F(ep_thread, generation); F(ep_thread, depth);
 	F(ep_thread, claimed_mono); F(ep_thread, reentrant_drops); F(ep_thread, stack_overflows);
 	F(ep_thread, orphans); F(ep_thread, unmatched); F(ep_thread, local_full); F(ep_thread, ring_head);
 	F(ep_thread, ring_dropped); F(ep_thread, ring_tail_cache); F(ep_thread, index); F(ep_thread, ring_tail);
+	F(ep_thread, deep_lost); F(ep_thread, abandoned_hooks); F(ep_thread, fentry_restored);
 	F(ep_local, addr); F(ep_local, gidx); F(ep_local, entries); F(ep_local, exits); F(ep_local, sum_ns);
-	F(ep_frame, fn); F(ep_frame, ts); F(ep_frame, gidx); F(ep_frame, lidx); F(ep_frame, gen); F(ep_frame, pad);
+	F(ep_frame, fn); F(ep_frame, ts); F(ep_frame, sp); F(ep_frame, site); F(ep_frame, gidx); F(ep_frame, lidx); F(ep_frame, gen); F(ep_frame, pad);
 	F(ep_event, tsk); F(ep_event, fn);
 	return 0;
 }
