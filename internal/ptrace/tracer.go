@@ -523,6 +523,11 @@ func (t *Tracer) handle(wpid int, ws unix.WaitStatus) {
 		t.threads[wpid] = th
 		t.stats.Clones++
 	}
+	if th.syncWant {
+		// Stopped for our Sync: make sure its way back to user mode
+		// serialises (see forceIRET).
+		t.forceIRET(th.tid)
+	}
 	th.syncWant = false // any ptrace-stop is a kernel entry and exit
 	sig := int(ws.StopSignal())
 	event := int(ws) >> 16
@@ -869,6 +874,9 @@ func (t *Tracer) Sync(ctx context.Context) error {
 		}
 		t.pump()
 		for _, th := range t.threads {
+			if th.kind != running {
+				t.forceIRET(th.tid) // already stopped: counts, and returns through IRET
+			}
 			if th.kind == running && !th.inVfork && !th.moving {
 				th.syncWant = true
 				if err := unix.PtraceInterrupt(th.tid); err != nil {
@@ -920,6 +928,7 @@ func (t *Tracer) StopAll(ctx context.Context) ([]ThreadState, error) {
 			return err
 		}
 		for _, th := range t.threads {
+			t.forceIRET(th.tid)
 			var r Regs
 			if err := unix.PtraceGetRegs(th.tid, &r); err != nil {
 				continue // it died while stopped (SIGKILL)
@@ -1147,7 +1156,35 @@ func (t *Tracer) stopAllLocked() (int, error) {
 	if errors.Is(err, ErrExited) {
 		err = nil
 	}
+	for _, th := range t.threads {
+		if th.kind != running {
+			t.forceIRET(th.tid)
+		}
+	}
 	return len(t.threads), err
+}
+
+// forceIRET makes a stopped thread's return to user mode take the kernel's
+// IRET path, which is serialising, instead of SYSRET, which is not (issue
+// 11: "every thread passes through an IRET" did not hold for a thread that
+// was in a system call). Linux returns from a 64-bit syscall by SYSRET only
+// when the saved rcx equals the saved rip (and r11 the flags): SYSRET
+// reloads rip from rcx. A thread stopped inside a syscall (orig_rax >= 0)
+// with rcx == rip gets rcx = rip+1, which is harmless: the SYSCALL
+// instruction clobbers rcx and r11 by definition of the ABI, so no program
+// reads them after a syscall; a restarted syscall executes SYSCALL again,
+// which rewrites rcx. A thread that entered the kernel by an interrupt or
+// exception (orig_rax = -1) returns through IRET anyway and is not touched.
+func (t *Tracer) forceIRET(tid int) {
+	var r Regs
+	if err := unix.PtraceGetRegs(tid, &r); err != nil {
+		return
+	}
+	if int64(r.Orig_rax) < 0 || r.Rcx != r.Rip {
+		return
+	}
+	r.Rcx = r.Rip + 1
+	_ = unix.PtraceSetRegs(tid, &r)
 }
 
 // describe lists the threads that are not in a known stop, for errors.
