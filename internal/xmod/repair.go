@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-
 )
 
 // Repaired is one torn site that Repair made whole.
