@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
-	"github.com/edgeprobe/edgeprobe/internal/procmaps"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"github.com/edgeprobe/edgeprobe/internal/xmod"
@@ -325,7 +324,7 @@ func (s *Session) newGeneration(sel []selected, before []string) {
 // Gone reports whether err says the target process does not exist or
 // exited while we worked on it (the CLI's exit status 4).
 func Gone(err error) bool {
-	return errors.Is(err, ptrace.ErrExited) || errors.Is(err, ptrace.ErrNoProcess) || errors.Is(err, procmaps.ErrNoProcess)
+	return errors.Is(err, ptrace.ErrExited) || errors.Is(err, procfs.ErrNoProcess)
 }
 
 // exitedErr is the one-line error for a target that went away mid-run.
@@ -337,14 +336,7 @@ func exitedErr(pid int, cause error) error {
 }
 
 // processGone reports whether pid no longer runs (absent, or a zombie).
-func processGone(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X'
-}
+func processGone(pid int) bool { return procfs.Gone(pid, 0) }
 
 // Tally summarises where sites ended, e.g. "3 on, 5 off", for one-line errors.
 func Tally(sites []SiteResult) string {
