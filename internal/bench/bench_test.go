@@ -201,3 +201,14 @@ func TestAttachRow(t *testing.T) {
 	h := harness(t, "attach")
 	requireKeys(t, h, "peers.uprobe_attach", "peers.edgeprobe_attach", "peers.xray_attach", "peers.gdb_attach")
 }
+
+// TestFirstRecordRow: attach to first record for edgeprobe (the runtime
+// loaded into a process started without it), bpftrace and perf.
+func TestFirstRecordRow(t *testing.T) {
+	h := harness(t, "first")
+	keys := []string{"first.edgeprobe", "first.bpftrace", "first.perf"}
+	requireKeys(t, h, keys...)
+	for _, k := range keys {
+		t.Logf("%s: %v %s", k, h.Rep.Values[k], h.Rep.Skipped[k])
+	}
+}

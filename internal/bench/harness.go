@@ -67,7 +67,7 @@ func Tiny() Config {
 }
 
 // Rows in run order.
-var Rows = []string{"toggle", "invoke", "provider", "batch", "throughput", "micro", "attach", "cli"}
+var Rows = []string{"toggle", "invoke", "provider", "batch", "throughput", "micro", "attach", "first", "cli"}
 
 // Harness runs the rows and collects the report.
 type Harness struct {
@@ -163,7 +163,7 @@ func (h *Harness) Run(ctx context.Context) {
 	start := time.Now()
 	fns := map[string]func(context.Context) error{
 		"toggle": h.RunToggle, "invoke": h.RunInvoke, "provider": h.RunProvider, "batch": h.RunBatch,
-		"throughput": h.RunThroughput, "micro": h.RunMicro, "attach": h.RunAttach, "cli": h.RunCLI,
+		"throughput": h.RunThroughput, "micro": h.RunMicro, "attach": h.RunAttach, "first": h.RunFirstRecord, "cli": h.RunCLI,
 	}
 	for _, r := range Rows {
 		if h.Cfg.Rows != nil && !h.Cfg.Rows[r] {

@@ -72,11 +72,16 @@ func endProgress(w io.Writer, p func(time.Duration, string)) {
 	}
 }
 
+// signalContext is cancelled by any signal that would otherwise end the
+// process with probes or traps half-set: SIGINT, SIGTERM, and SIGHUP (the
+// terminal went away), SIGQUIT (which would dump core) and SIGPIPE (stdout
+// closed by a pager). Each ends the batch the way ctx cancellation does:
+// rolled back or completed, never left with an int3 in the text.
 func signalContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGPIPE)
 }
 
-func newStatsCmd(stdout io.Writer) *cobra.Command {
+func newStatsCmd(stdout, stderr io.Writer, inj *injectFlags) *cobra.Command {
 	var (
 		tf    targetFlags
 		input string
@@ -122,6 +127,9 @@ included), then from --probes lists, else sub_<address>.`,
 					return fmt.Errorf("%s: resolving names: %w", input, err)
 				}
 			} else {
+				if _, err := ensureRuntime(cmd.Context(), tf.pid, inj, false, stderr); err != nil {
+					return classify(err)
+				}
 				if region, err = shm.OpenPID(tf.pid); err != nil {
 					return fmt.Errorf("pid %d: %w (is it running under LD_PRELOAD=libedgeprobe.so?)", tf.pid, err)
 				}
@@ -150,7 +158,7 @@ included), then from --probes lists, else sub_<address>.`,
 	return cmd
 }
 
-func newTraceCmd(stdout, stderr io.Writer) *cobra.Command {
+func newTraceCmd(stdout, stderr io.Writer, inj *injectFlags) *cobra.Command {
 	var (
 		tf       targetFlags
 		sel      selection
@@ -231,6 +239,9 @@ Formats (--format; by default chosen from the output's extension: .json is chrom
 			}
 			ctx, stop := signalContext()
 			defer stop()
+			if _, err := ensureRuntime(ctx, tf.pid, inj, false, stderr); err != nil {
+				return classify(err)
+			}
 			progress := progressTo(stderr, "tracing")
 			if format == formatText && file == nil {
 				progress = nil // the call graph itself goes to the terminal
@@ -327,7 +338,7 @@ line, the others opened with '{' and closed with '}'.`,
 	}
 	return cmd
 }
-func newProfileCmd(stdout, stderr io.Writer) *cobra.Command {
+func newProfileCmd(stdout, stderr io.Writer, inj *injectFlags) *cobra.Command {
 	var (
 		tf       targetFlags
 		sel      selection
@@ -366,6 +377,9 @@ toggles per second performed, and the target's estimated slowdown (probed calls 
 			}
 			ctx, stop := signalContext()
 			defer stop()
+			if _, err := ensureRuntime(ctx, tf.pid, inj, false, stderr); err != nil {
+				return classify(err)
+			}
 			progress := progressTo(stderr, "profiling")
 			start := time.Now()
 			res, err := capture.Profile(ctx, capture.ProfileOptions{

@@ -119,8 +119,10 @@ func TestHotpatchUsage(t *testing.T) {
 
 func TestHotpatchNoProcess(t *testing.T) {
 	// A pid above pid_max cannot exist.
-	oneLineError(t, runHotpatch("--pid", "99999999", "--enable", "f"), ExitFailure, "hotpatch", "no such process")
-	oneLineError(t, runHotpatch("list", "--pid", "99999999"), ExitFailure, "hotpatch", "no such process")
+	oneLineError(t, runHotpatch("--pid", "99999999", "--enable", "f"), ExitGone, "hotpatch", "no such process")
+	oneLineError(t, runHotpatch("list", "--pid", "99999999"), ExitGone, "hotpatch", "no such process")
+	oneLineError(t, runHotpatch("repair", "--pid", "99999999"), ExitGone, "hotpatch", "no such process")
+	oneLineError(t, runHotpatch("repair"), ExitUsage, "hotpatch", "--pid is required")
 }
 
 func TestHotpatchHelp(t *testing.T) {

@@ -15,6 +15,7 @@ const (
 	ExitFailure = 1 // an operation failed; nothing was left half-done
 	ExitUsage   = 2 // bad flags or arguments
 	ExitNoMatch = 3 // a probe selector matched nothing
+	ExitGone    = 4 // the target process does not exist or exited while we worked on it
 )
 
 // usageError marks errors in the command line itself.

@@ -1,15 +1,11 @@
 package cli
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -72,6 +68,7 @@ func newHotpatchCmd(stdout, stderr io.Writer) *cobra.Command {
 		waitLock       bool
 		verbose        bool
 		wait           time.Duration
+		inj            injectFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "hotpatch --pid N (--enable SEL | --disable SEL)... [flags]",
@@ -100,8 +97,13 @@ int3 and int3-async (multi-byte sites: int3 first, threads that hit it are held 
 hotpatch as tracer), stop (stop the world; the iProbe/Dyninst baseline). See
 docs/protocols.md.
 
-Exit status: 0 every selected site ended in the asked state; 1 failure (no such process,
-permission, stale probe list, interrupted); 2 usage; 3 a selector matched no probe.`,
+A site left holding an int3 by a hotpatch that was killed mid-batch (SIGKILL cannot be
+caught) is recognised as ours and made whole before the request runs, with a message;
+'hotpatch repair --pid N' does the same for every site at once.
+
+Exit status: 0 every selected site ended in the asked state; 1 failure (permission,
+stale probe list, interrupted); 2 usage; 3 a selector matched no probe; 4 the process does
+not exist or exited while hotpatch worked on it.`,
 		Example: `  hotpatch --pid 4242 --enable handle_request
   hotpatch --pid 4242 --probes probes.json --enable 'http_*' --kind entry
   hotpatch --pid 4242 --disable '*' --json
@@ -139,10 +141,22 @@ permission, stale probe list, interrupted); 2 usage; 3 a selector matched no pro
 				sel.Provider = prov
 				req.Actions = append(req.Actions, hotpatch.Action{Enable: a[0] == '+', Selector: sel})
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			ctx, stop := signalContext()
 			defer stop()
+			for _, a := range req.Actions {
+				if a.Enable {
+					inj.verbose = verbose
+					if _, err := ensureRuntime(ctx, tf.pid, &inj, waitLock, stderr); err != nil {
+						return classify(err)
+					}
+					break
+				}
+			}
 			res, err := hotpatch.Apply(ctx, req)
 			if res != nil {
+				for _, n := range res.Repaired {
+					fmt.Fprintf(stderr, "hotpatch: %s\n", n)
+				}
 				if tf.json {
 					if werr := writeJSON(stdout, res); werr != nil && err == nil {
 						err = werr
@@ -187,7 +201,8 @@ permission, stale probe list, interrupted); 2 usage; 3 a selector matched no pro
 	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"entry", "exit", "both"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("provider", cobra.FixedCompletions([]string{"cyg", "fentry", "all"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions([]string{"auto", "flip", "int3", "int3-async", "stop"}, cobra.ShellCompDirectiveNoFileComp))
-	cmd.AddCommand(newListCmd(stdout), newStatsCmd(stdout), newTraceCmd(stdout, stderr), newReplayCmd(stdout), newTopCmd(stdout, stderr), newProfileCmd(stdout, stderr), newCalibrateCmd(stdout, stderr))
+	inj.register(cmd)
+	cmd.AddCommand(newListCmd(stdout), newStatsCmd(stdout, stderr, &inj), newTraceCmd(stdout, stderr, &inj), newReplayCmd(stdout), newTopCmd(stdout, stderr, &inj), newProfileCmd(stdout, stderr, &inj), newCalibrateCmd(stdout, stderr), newRepairCmd(stdout, stderr))
 	return cmd
 }
 
@@ -264,8 +279,74 @@ func writeJSON(w io.Writer, v any) error {
 
 // classify gives errors the exit code a script expects.
 func classify(err error) error {
-	if errors.Is(err, probelist.ErrNoMatch) {
+	switch {
+	case errors.Is(err, probelist.ErrNoMatch):
 		return codedError{err, ExitNoMatch}
+	case hotpatch.Gone(err):
+		return codedError{err, ExitGone}
 	}
 	return err
+}
+
+func newRepairCmd(stdout, stderr io.Writer) *cobra.Command {
+	var (
+		tf   targetFlags
+		wait time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "repair --pid N [--probes FILE]...",
+		Short: "Make whole every probe site an interrupted hotpatch left holding an int3",
+		Long: `repair reads every probe site of the process and restores each one that holds an int3
+over bytes of its own forms (what a hotpatch killed mid-batch by SIGKILL leaves behind) to a
+whole form: the one its other bytes already are, else off. Threads that reach such a site
+meanwhile are held by repair as tracer and resume at the site once it is whole. Sites in
+neither form are left alone ('hotpatch list' shows them as foreign). Prints one line per
+repaired site, or "nothing to repair".`,
+		Example: `  hotpatch repair --pid 4242`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := tf.check(); err != nil {
+				return err
+			}
+			if !cmd.Flags().Changed("int3-wait") {
+				d, err := int3Wait(hotpatch.ProtoInt3, stderr)
+				if err != nil {
+					return err
+				}
+				wait = d
+			}
+			ctx, stop := signalContext()
+			defer stop()
+			s, err := hotpatch.Open(tf.pid, tf.probes, false)
+			if err != nil {
+				return classify(err)
+			}
+			notes, err := s.Repair(ctx, wait)
+			if cerr := s.Close(); err == nil {
+				err = cerr
+			}
+			if tf.json {
+				if notes == nil {
+					notes = []hotpatch.RepairNote{}
+				}
+				if werr := writeJSON(stdout, notes); werr != nil && err == nil {
+					err = werr
+				}
+			} else {
+				for _, n := range notes {
+					fmt.Fprintln(stdout, n)
+				}
+				if len(notes) == 0 && err == nil {
+					fmt.Fprintln(stdout, "nothing to repair")
+				}
+			}
+			if err != nil {
+				return classify(err)
+			}
+			return nil
+		},
+	}
+	tf.register(cmd)
+	cmd.Flags().DurationVar(&wait, "int3-wait", 0, "wait before the last write (default: from hotpatch calibrate, else 50µs)")
+	return cmd
 }

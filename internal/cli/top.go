@@ -13,7 +13,7 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/report"
 )
 
-func newTopCmd(stdout, stderr io.Writer) *cobra.Command {
+func newTopCmd(stdout, stderr io.Writer, inj *injectFlags) *cobra.Command {
 	var (
 		tf       targetFlags
 		sel      selection
@@ -50,6 +50,9 @@ and puts them back when it stops (Ctrl-C, --count, or the process exiting).`,
 			}
 			ctx, stop := signalContext()
 			defer stop()
+			if _, err := ensureRuntime(ctx, tf.pid, inj, false, stderr); err != nil {
+				return classify(err)
+			}
 			height, live := terminalHeight(stdout)
 			show := func(s *report.TopSnapshot) error {
 				switch {

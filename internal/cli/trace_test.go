@@ -14,12 +14,12 @@ func TestTraceUsage(t *testing.T) {
 	oneLineError(t, runHotpatch("trace", "--pid", "1", "--duration", "1s", "--format", "xml", "-o", out), ExitUsage, "hotpatch", "--format must be")
 	oneLineError(t, runHotpatch("trace", "--pid", "1", "--duration", "1s", "--format", "perfetto"), ExitUsage, "hotpatch", "needs -o FILE")
 	oneLineError(t, runHotpatch("trace", "--pid", "1", "-o", out), ExitUsage, "hotpatch", "positive --duration")
-	oneLineError(t, runHotpatch("trace", "--pid", "99999999", "--duration", "1s", "-o", out), ExitFailure, "hotpatch", "no edgeprobe runtime")
+	oneLineError(t, runHotpatch("trace", "--pid", "99999999", "--duration", "1s", "-o", out), ExitGone, "hotpatch", "no such process")
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Errorf("a failed trace left %d files in its directory", len(ents))
 	}
 	oneLineError(t, runHotpatch("top", "--pid", "1", "--interval", "0s"), ExitUsage, "hotpatch", "positive --interval")
-	oneLineError(t, runHotpatch("top", "--pid", "99999999"), ExitFailure, "hotpatch", "no edgeprobe runtime")
+	oneLineError(t, runHotpatch("top", "--pid", "99999999"), ExitGone, "hotpatch", "no such process")
 	oneLineError(t, runHotpatch("replay"), ExitUsage, "hotpatch", "accepts 1 arg")
 	js := filepath.Join(dir, "t.json")
 	os.WriteFile(js, []byte(`{"traceEvents":[]}`), 0o644)

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"github.com/edgeprobe/edgeprobe/internal/xmod"
@@ -66,6 +68,26 @@ type Result struct {
 	Held      int          `json:"threads_held"` // threads caught at an int3 and resumed
 	ElapsedNS int64        `json:"elapsed_ns"`   // attach to detach
 	Sites     []SiteResult `json:"sites"`
+	// Repaired lists the selected sites that held an int3 left by an
+	// interrupted hotpatch (killed mid-batch) and were made whole first.
+	Repaired []RepairNote `json:"repaired,omitempty"`
+}
+
+// RepairNote is one site found torn (an int3 over bytes of its own forms,
+// left by a hotpatch killed mid-batch) and restored to a whole form.
+type RepairNote struct {
+	Object   string `json:"object"`
+	ID       int    `json:"id"`
+	Function string `json:"function"`
+	Kind     string `json:"kind"`
+	Address  string `json:"address"`
+	Seen     string `json:"seen"` // the bytes it held
+	Now      string `json:"now"`  // "on" or "off": the form it was restored to
+}
+
+func (n RepairNote) String() string {
+	return fmt.Sprintf("repaired %s %s %s at %s: it held %s, an int3 left by an interrupted hotpatch; restored to %s",
+		n.Object, n.Kind, n.Function, n.Address, n.Seen, n.Now)
 }
 
 type selected struct {
@@ -76,7 +98,7 @@ type selected struct {
 
 // Apply carries out a request: Open, Session.Apply, Close.
 func Apply(ctx context.Context, req Request) (*Result, error) {
-	s, err := Open(req.PID, req.ProbeFiles, req.WaitLock)
+	s, err := OpenContext(ctx, req.PID, req.ProbeFiles, req.WaitLock)
 	if err != nil {
 		return nil, err
 	}
@@ -97,20 +119,33 @@ type Session struct {
 	tracer  *ptrace.Tracer
 	full    bool        // the tracer holds every thread, not only the leader
 	region  *shm.Region // the runtime's region, when the process runs it
+	// verified: probes from list files already checked against a scan.
+	verified map[verifiedKey]bool
 }
 
-// Open locks pid and loads its targets; nothing is attached yet.
+// Open locks pid and loads its targets. The lock is a leader-only attach
+// (see Lock), which stops nothing; the protocols that need every thread
+// upgrade it in place.
 func Open(pid int, probeFiles []string, waitLock bool) (*Session, error) {
-	lock, err := AcquireLock(pid, waitLock)
+	return OpenContext(context.Background(), pid, probeFiles, waitLock)
+}
+
+// OpenContext is Open whose wait for the lock ends when ctx does.
+func OpenContext(ctx context.Context, pid int, probeFiles []string, waitLock bool) (*Session, error) {
+	lock, err := AcquireLockContext(ctx, pid, waitLock)
 	if err != nil {
 		return nil, err
 	}
 	targets, err := LoadTargets(pid, probeFiles)
 	if err != nil {
 		lock.Release()
+		if !Gone(err) && processGone(pid) {
+			// It exited while we read its maps: say that, not "stale list".
+			err = exitedErr(pid, err)
+		}
 		return nil, err
 	}
-	s := &Session{pid: pid, lock: lock, targets: targets}
+	s := &Session{pid: pid, lock: lock, targets: targets, tracer: lock.Tracer()}
 	// Best effort: a process without the runtime (or with a runtime of
 	// another layout) records nothing whose frames could go stale.
 	if r, err := shm.OpenPID(pid); err == nil {
@@ -126,8 +161,8 @@ func Open(pid int, probeFiles []string, waitLock bool) (*Session, error) {
 // Targets are the session's instrumented objects.
 func (s *Session) Targets() []*Target { return s.targets }
 
-// Close detaches (the kernel then lets every thread run as if never traced)
-// and releases the lock.
+// Close detaches (the kernel then lets every thread run as if never traced),
+// which releases the lock.
 func (s *Session) Close() error {
 	var err error
 	if s.tracer != nil {
@@ -137,7 +172,7 @@ func (s *Session) Close() error {
 	if s.region != nil {
 		s.region.Close()
 	}
-	s.lock.Release()
+	s.lock.t = nil // the session's tracer was the lock's
 	return err
 }
 
@@ -145,21 +180,21 @@ func (s *Session) Close() error {
 // before touching memory: kernels booted with proc_mem.force_override=ptrace
 // allow /proc/PID/mem writes to text only from the tracer. Flip needs only
 // the leader and stops nothing; the other protocols need every thread.
+//
+// The session's tracer is its lock (Open attached the leader), so it is
+// never dropped and re-attached: another hotpatch could take the process
+// in between. Upgrading keeps the leader throughout.
 func (s *Session) attach(full bool) error {
-	if s.tracer != nil && (s.full || !full) {
+	if s.tracer == nil {
+		return fmt.Errorf("pid %d: %w", s.pid, ptrace.ErrDetached)
+	}
+	if !full || s.full {
 		return nil
 	}
-	if s.tracer != nil {
-		if err := s.tracer.Detach(); err != nil {
-			return err
-		}
-		s.tracer = nil
-	}
-	t, err := ptrace.Attach(s.pid, ptrace.Options{LeaderOnly: !full})
-	if err != nil {
+	if err := s.tracer.Upgrade(); err != nil {
 		return err
 	}
-	s.tracer, s.full = t, full
+	s.full = true
 	return nil
 }
 
@@ -170,6 +205,9 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	start := time.Now()
 	sel, err := resolve(s.targets, actions)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.verify(sel); err != nil {
 		return nil, err
 	}
 	if protocol == "" {
@@ -194,6 +232,25 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	if err != nil {
 		return nil, err
 	}
+	res := &Result{PID: s.pid}
+	// A site a killed hotpatch left mid-patch is ours: make it whole first
+	// (and say so), rather than refusing it as foreign forever.
+	var torn []selected
+	for i, st := range before {
+		if st == stateTorn {
+			torn = append(torn, sel[i])
+		}
+	}
+	if len(torn) > 0 {
+		notes, err := s.repair(ctx, torn, int3Wait)
+		res.Repaired = notes
+		if err != nil {
+			return res, err
+		}
+		if before, err = states(s.tracer, sel); err != nil {
+			return res, err
+		}
+	}
 	// Refuse the whole request if any site is foreign, so that no protocol's
 	// batch is written before another's is refused: all or nothing.
 	for i, st := range before {
@@ -203,7 +260,6 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 		}
 	}
 	s.newGeneration(sel, before)
-	res := &Result{PID: s.pid}
 	var runErr error
 	for _, p := range []string{ProtoFlip, ProtoStop, ProtoInt3, ProtoInt3Async} {
 		changes := byProto[p]
@@ -236,7 +292,10 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 		runErr = fmt.Errorf("reading sites back: %w", afterErr)
 	}
 	if runErr != nil {
-		if ctx.Err() != nil {
+		switch {
+		case Gone(runErr) || processGone(s.pid):
+			runErr = exitedErr(s.pid, runErr)
+		case ctx.Err() != nil:
 			runErr = fmt.Errorf("interrupted: %w", runErr)
 		}
 		runErr = fmt.Errorf("%w (sites now: %s)", runErr, Tally(res.Sites))
@@ -261,6 +320,30 @@ func (s *Session) newGeneration(sel []selected, before []string) {
 	if len(keys) > 0 {
 		s.region.NewGeneration(keys)
 	}
+}
+
+// Gone reports whether err says the target process does not exist or
+// exited while we worked on it (the CLI's exit status 4).
+func Gone(err error) bool {
+	return errors.Is(err, ptrace.ErrExited) || errors.Is(err, ptrace.ErrNoProcess) || errors.Is(err, procmaps.ErrNoProcess)
+}
+
+// exitedErr is the one-line error for a target that went away mid-run.
+func exitedErr(pid int, cause error) error {
+	if errors.Is(cause, ptrace.ErrExited) {
+		return fmt.Errorf("pid %d exited: %w", pid, cause)
+	}
+	return fmt.Errorf("pid %d exited (%v): %w", pid, cause, ptrace.ErrExited)
+}
+
+// processGone reports whether pid no longer runs (absent, or a zombie).
+func processGone(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X'
 }
 
 // Tally summarises where sites ended, e.g. "3 on, 5 off", for one-line errors.
@@ -354,18 +437,33 @@ func run(ctx context.Context, t *ptrace.Tracer, proto string, changes []xmod.Cha
 	case ProtoInt3:
 		return xmod.Int3(ctx, t, changes, opts)
 	case ProtoInt3Async:
+		// Never return with a patch outstanding: a failed Start (some int3s
+		// may be written) or Drain (a Sync timed out) aborts, which rolls
+		// back first-phase patches and completes the others.
 		a := xmod.NewAsync(t, opts)
 		r, err := a.Start(ctx, changes)
 		if err != nil {
-			return r, err
+			return r, errors.Join(err, abortErr(a))
 		}
 		if err := a.Drain(ctx); err != nil {
-			return r, err
+			return r, errors.Join(err, abortErr(a))
 		}
 		r.Held = a.Held()
 		return r, nil
 	}
 	return xmod.Result{}, fmt.Errorf("unknown protocol %q", proto)
+}
+
+// abortErr aborts what a is still doing, if anything; Drain already aborts
+// on a cancelled ctx, so this acts after a failed Sync or write.
+func abortErr(a *xmod.Async) error {
+	if a.Pending() == 0 {
+		return nil
+	}
+	if err := a.Abort(); err != nil {
+		return fmt.Errorf("abort: %w", err)
+	}
+	return nil
 }
 
 // states reads each selected site's live state.
@@ -385,14 +483,80 @@ func states(m xmod.Mem, sel []selected) ([]string, error) {
 	return out, nil
 }
 
+// stateTorn is what list and results call xmod.StateTorn.
+const stateTorn = "mid-patch"
+
 func stateName(s xmod.State) string {
 	switch s {
 	case xmod.StateActive:
 		return "on"
 	case xmod.StateInert:
 		return "off"
+	case xmod.StateTorn:
+		return stateTorn
 	}
 	return "foreign"
+}
+
+// repair makes the given torn sites whole (xmod.Repair) with every thread
+// traced, so threads reaching their int3 meanwhile are held, not killed.
+func (s *Session) repair(ctx context.Context, sel []selected, int3Wait time.Duration) ([]RepairNote, error) {
+	if err := s.attach(true); err != nil {
+		return nil, err
+	}
+	sites := make([]xmod.Site, len(sel))
+	byAddr := map[uint64]selected{}
+	for i, c := range sel {
+		sites[i] = siteOf(c)
+		byAddr[sites[i].Addr] = c
+	}
+	done, err := xmod.Repair(ctx, s.tracer, sites, xmod.Int3Options{Wait: int3Wait})
+	var notes []RepairNote
+	for _, r := range done {
+		c := byAddr[r.Site.Addr]
+		notes = append(notes, RepairNote{Object: c.target.Object.Path, ID: c.probe.ID, Function: c.probe.Function, Kind: c.probe.Kind,
+			Address: fmt.Sprintf("%#x", r.Site.Addr), Seen: probelist.Bytes(r.Seen).String(), Now: onOff(r.On)})
+	}
+	if err != nil {
+		return notes, fmt.Errorf("repairing %d site(s) left mid-patch: %w", len(sel), err)
+	}
+	return notes, nil
+}
+
+// Repair finds every probe site of the session's targets that holds an int3
+// left by an interrupted hotpatch and restores it to a whole form (the one
+// its other bytes already are; off where that is ambiguous). Sites in
+// neither form are not touched. It returns what it repaired.
+func (s *Session) Repair(ctx context.Context, int3Wait time.Duration) ([]RepairNote, error) {
+	var all []selected
+	for _, t := range s.targets {
+		for i := 0; i < t.List.Len(); i++ {
+			p, err := t.Probe(i)
+			if err != nil {
+				return nil, err
+			}
+			all = append(all, selected{target: t, probe: p})
+		}
+	}
+	mem, err := ptrace.OpenMem(s.pid)
+	if err != nil {
+		return nil, err
+	}
+	st, err := states(mem, all)
+	mem.Close()
+	if err != nil {
+		return nil, err
+	}
+	var torn []selected
+	for i := range all {
+		if st[i] == stateTorn {
+			torn = append(torn, all[i])
+		}
+	}
+	if len(torn) == 0 {
+		return nil, nil
+	}
+	return s.repair(ctx, torn, int3Wait)
 }
 
 func onOff(on bool) string {

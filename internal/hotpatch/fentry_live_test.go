@@ -156,9 +156,11 @@ func TestFentryLive(t *testing.T) {
 
 // TestFentryGlibc: with glibc's __fentry__ (gmon's, a no-op unless
 // profiling was started) the sites toggle and the program stays correct;
-// gcc reaches it through the GOT in a PIE.
+// gcc reaches it through the GOT in a PIE. Enabling loads the runtime,
+// which then takes the GOT slot (docs/injection.md).
 func TestFentryGlibc(t *testing.T) {
 	testutil.RequirePtrace(t)
+	useRuntime(t)
 	s := startFentry(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", PIE: testutil.Bool(true)}, false, false, false)
 	for _, p := range []string{"--enable", "--disable"} {
 		s.hotpatch(t, p, "*")

@@ -1,97 +1,106 @@
 package hotpatch
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
+	"strconv"
 	"strings"
+	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/edgeprobe/edgeprobe/internal/procmaps"
+	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 )
 
-// ErrBusy means another hotpatch holds the target's lock.
+// ErrBusy means another hotpatch (or any other tracer: gdb, strace) holds
+// the target.
 var ErrBusy = errors.New("another hotpatch is working on this process")
-
-// lockDir holds the per-process lock files. /run/lock is a world-writable
-// tmpfs on Debian; elsewhere fall back to the temporary directory.
-func lockDir() string {
-	if st, err := os.Stat("/run/lock"); err == nil && st.IsDir() {
-		return "/run/lock"
-	}
-	return os.TempDir()
-}
 
 // Lock serialises hotpatch runs on one process: two patchers interleaving
 // their reads and writes of the same sites could each verify a state the
-// other is about to change. The lock file is named by pid and the process's
-// start time, so a recycled pid never inherits a stale lock, and flock(2)
-// releases it when we exit, however we exit.
-type Lock struct{ f *os.File }
+// other is about to change. The lock is the ptrace attach itself: a process
+// has at most one tracer, so PTRACE_SEIZE of its leader (which stops
+// nothing) either makes us the only patcher or fails with EPERM, and
+// /proc/PID/status names the holder (TracerPid). Nothing is created in the
+// file system, so no other user can plant, hold, redirect or read it, and
+// nothing is left behind: the kernel drops the attach when we exit, however
+// we exit (docs/decisions.md; issue 11 found the old lock files in
+// world-writable /run/lock blockable by any user and followed as symlinks).
+type Lock struct{ t *ptrace.Tracer }
 
-// AcquireLock takes the lock for pid; with wait it blocks until the holder
-// finishes, without it a held lock is ErrBusy.
+// AcquireLock takes the lock for pid; with wait it polls until the holder
+// lets go, without it a held lock is ErrBusy naming the holder.
 func AcquireLock(pid int, wait bool) (*Lock, error) {
-	start, err := startTime(pid)
-	if err != nil {
-		return nil, err
-	}
-	path := filepath.Join(lockDir(), fmt.Sprintf("edgeprobe-%d-%s.lock", pid, start))
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("lock file: %w", err)
-	}
-	how := unix.LOCK_EX
-	if !wait {
-		how |= unix.LOCK_NB
-	}
-	for {
-		err = unix.Flock(int(f.Fd()), how)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("pid %d: %w (use --wait to queue behind it)", pid, ErrBusy)
-		}
-		return nil, fmt.Errorf("lock %s: %w", path, err)
-	}
-	return &Lock{f: f}, nil
+	return AcquireLockContext(context.Background(), pid, wait)
 }
 
-// Release drops the lock. The file stays: unlinking it could let a waiter
-// hold a lock on an unlinked file while a newcomer locks a fresh one.
+// AcquireLockContext is AcquireLock whose wait ends when ctx does.
+func AcquireLockContext(ctx context.Context, pid int, wait bool) (*Lock, error) {
+	for {
+		t, err := ptrace.Attach(pid, ptrace.Options{LeaderOnly: true})
+		if err == nil {
+			return &Lock{t: t}, nil
+		}
+		if !errors.Is(err, ptrace.ErrTraced) {
+			return nil, err // a real permission problem, or no process
+		}
+		holder := tracerOf(pid)
+		if holder <= 0 {
+			continue // it let go between our attempt and our look: try again
+		}
+		if !wait {
+			return nil, fmt.Errorf("pid %d is traced by %s: %w (use --wait to queue behind it)", pid, describeTracer(holder), ErrBusy)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for %s to let go of pid %d: %w", describeTracer(holder), pid, ctx.Err())
+		case <-time.After(10 * time.Millisecond): // polling the holder: there is no event for a detach
+		}
+	}
+}
+
+// Tracer is the leader-only tracer the lock consists of.
+func (l *Lock) Tracer() *ptrace.Tracer { return l.t }
+
+// Release drops the lock (detaches, stopping nothing).
 func (l *Lock) Release() {
-	if l == nil || l.f == nil {
+	if l == nil || l.t == nil {
 		return
 	}
-	l.f.Close()
-	l.f = nil
+	_ = l.t.Detach()
+	l.t = nil
 }
 
-// startTime returns field 22 of /proc/PID/stat: the process start time in
-// clock ticks since boot, which with the pid identifies a process uniquely.
-func startTime(pid int) (string, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+// tracerOf returns the TracerPid of pid (a thread id of the tracer), or 0.
+func tracerOf(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return "", fmt.Errorf("pid %d: %w", pid, procmaps.ErrNoProcess)
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "TracerPid:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
 		}
-		return "", err
 	}
-	// The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return "", fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+	return 0
+}
+
+// describeTracer names a tracer thread by its process: "pid 4242 (hotpatch)".
+func describeTracer(tid int) string {
+	pid := tid
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid)); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+				if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+					pid = n
+				}
+			}
+		}
 	}
-	fields := strings.Fields(s[i+1:])
-	if len(fields) < 20 {
-		return "", fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	if name := strings.TrimSpace(string(comm)); name != "" {
+		return fmt.Sprintf("pid %d (%s)", pid, name)
 	}
-	return fields[19], nil // field 22 overall; fields[0] is field 3
+	return fmt.Sprintf("pid %d", pid)
 }

@@ -14,6 +14,9 @@ var (
 	ErrExec = errors.New("target process called execve")
 	// ErrDetached: the tracer was detached; no further request is served.
 	ErrDetached = errors.New("tracer is detached")
+	// ErrTraced: the thread already has a tracer (another hotpatch, gdb,
+	// strace); wrapped together with ErrPermission.
+	ErrTraced = errors.New("already traced")
 	// ErrArmed: Detach was called while a trap address is still armed.
 	ErrArmed = errors.New("trap addresses still armed")
 )

@@ -37,6 +37,9 @@ type Stats struct {
 	TrapsHeld  uint64 // threads held at an armed int3
 	StaleTraps uint64 // threads that hit an int3 already removed, rewound
 	Syncs      uint64 // Sync rounds completed
+	Forks      uint64 // children forked while attached, repaired and detached before they ran
+	Vforks     uint64 // vfork children, traced like threads (they share our text) until exec or exit
+	Repaired   uint64 // sites rewritten in forked children (they held an int3 of a batch in flight)
 }
 
 // Regs is a stopped thread's registers.
@@ -66,7 +69,20 @@ type thread struct {
 	sig       int
 	syncWant  bool // Sync waits for this thread to pass through a stop
 	trapAt    uint64
+	// moving: the thread trapped at an armed site, was rewound to the site
+	// and resumed with an interrupt pending; its interrupt-stop is where it
+	// is held (see isOurTrap).
+	moving bool
+	// inVfork: the thread is blocked in vfork until its child execs or
+	// exits; it is in the kernel, so Sync counts it as synced.
+	inVfork bool
 }
+
+// Kinds of child a traced thread may create, from its ptrace event.
+const (
+	kidFork  = unix.PTRACE_EVENT_FORK
+	kidVfork = unix.PTRACE_EVENT_VFORK
+)
 
 type trap struct {
 	armed bool
@@ -90,8 +106,16 @@ type Tracer struct {
 	exited   bool
 	execed   bool
 	detached bool
-	sigchld  chan os.Signal
-	stats    Stats
+	// kids are children announced by a fork or vfork event whose first stop
+	// has not been handled yet; early holds children whose first stop came
+	// before their parent's event (they stay stopped until it does).
+	kids  map[int]int
+	early map[int]bool
+	// forkForms holds, per armed-once address, the whole form a forked
+	// child gets there if it inherited an int3 (see ForkForm).
+	forkForms map[uint64][]byte
+	sigchld   chan os.Signal
+	stats     Stats
 }
 
 // Attach seizes every thread of pid and returns its tracer. The process is
@@ -114,6 +138,10 @@ func Attach(pid int, opts Options) (*Tracer, error) {
 		unborn:  map[int]bool{},
 		traps:   map[uint64]*trap{},
 		sigchld: make(chan os.Signal, 1),
+
+		kids:      map[int]int{},
+		early:     map[int]bool{},
+		forkForms: map[uint64][]byte{},
 	}
 	ready := make(chan error, 1)
 	go t.serve(ready)
@@ -154,8 +182,61 @@ func (t *Tracer) serve(ready chan<- error) {
 	signal.Stop(t.sigchld)
 }
 
+// fullOptions are the ptrace options of a tracer of every thread. Forks and
+// vforks are followed so that no child runs with an int3 of a batch in
+// flight (it would die of SIGTRAP, having no tracer): a forked child is
+// repaired before it runs, a vfork child (which shares the text) is traced
+// like a thread until it execs or exits.
+const fullOptions = unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_TRACEEXEC |
+	unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACEVFORK | unix.PTRACE_O_TRACEVFORKDONE
+
+// Upgrade makes a LeaderOnly tracer trace every thread, as Attach without
+// LeaderOnly would have, without ever letting go of the leader: a caller
+// that uses the attach as its lock on the process (hotpatch does) keeps it
+// throughout. The leader is interrupted once (PTRACE_SETOPTIONS needs a
+// ptrace-stop) and resumed; no other thread is stopped.
+func (t *Tracer) Upgrade() error {
+	return t.Do(func() error {
+		if !t.opts.LeaderOnly {
+			return nil
+		}
+		if err := t.usable(); err != nil {
+			return err
+		}
+		t.hold = true
+		defer func() {
+			t.hold = false
+			for _, th := range t.threads {
+				if th.kind != stopTrap {
+					t.resume(th)
+				}
+			}
+		}()
+		t.pump()
+		leader := t.threads[t.pid]
+		if leader == nil {
+			return fmt.Errorf("pid %d: %w", t.pid, ErrExited)
+		}
+		if leader.kind == running {
+			if err := unix.PtraceInterrupt(t.pid); err != nil {
+				return fmt.Errorf("upgrade: interrupt pid %d: %w", t.pid, mapErrno(err))
+			}
+		}
+		if err := t.waitFor(context.Background(), t.opts.StopTimeout, "the leader to stop", func() bool {
+			return leader.kind != running
+		}); err != nil {
+			return err
+		}
+		if err := unix.PtraceSetOptions(t.pid, fullOptions); err != nil {
+			return fmt.Errorf("upgrade: set options on pid %d: %w", t.pid, mapErrno(err))
+		}
+		t.opts.LeaderOnly = false
+		return t.seizeAll(fullOptions, time.Now().Add(t.opts.StopTimeout))
+	})
+}
+
 func (t *Tracer) attach() error {
-	options := uintptr(unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_TRACEEXEC)
+	options := uintptr(fullOptions)
 	if t.opts.LeaderOnly {
 		options = unix.PTRACE_O_TRACEEXEC
 	}
@@ -180,9 +261,12 @@ func (t *Tracer) attach() error {
 // finds nothing new: a thread cloned by a thread we had not seized yet is
 // untraced and shows up in the next scan; one cloned by a seized thread is
 // auto-attached (seizing it again fails with EPERM; its TracerPid is us).
-func (t *Tracer) seizeAll(options uintptr) error {
+//
+// Until patient, a thread still traced by another tracer is waited for
+// (Upgrade: we hold the leader, so that tracer is one letting go).
+func (t *Tracer) seizeAll(options uintptr, patient ...time.Time) error {
 	for round := 0; ; round++ {
-		if round == 1000 {
+		if round >= 1000 && (len(patient) == 0 || time.Now().After(patient[0])) {
 			return fmt.Errorf("attach to pid %d: thread list did not settle after %d scans", t.pid, round)
 		}
 		tids, err := listThreads(t.pid)
@@ -204,6 +288,9 @@ func (t *Tracer) seizeAll(options uintptr) error {
 				// auto-attached as a clone of a thread we seized
 			case threadGone(t.pid, tid):
 				continue // exiting: seizing a dying thread fails with EPERM
+			case err == unix.EPERM && len(patient) > 0 && time.Now().Before(patient[0]) && tracerOf(tid) > 0:
+				time.Sleep(100 * time.Microsecond) // its tracer is detaching: poll
+				continue
 			default:
 				return attachErr(tid, err)
 			}
@@ -267,7 +354,7 @@ func attachErr(tid int, err error) error {
 		return fmt.Errorf("attach to thread %d: %w", tid, ErrNoProcess)
 	case unix.EPERM:
 		if who := tracerOf(tid); who > 0 {
-			return fmt.Errorf("attach to thread %d: already traced by pid %d: %w", tid, who, ErrPermission)
+			return fmt.Errorf("attach to thread %d: %w by pid %d: %w", tid, ErrTraced, who, ErrPermission)
 		}
 		if _, serr := os.Stat(fmt.Sprintf("/proc/%d", tid)); serr != nil {
 			return fmt.Errorf("attach to thread %d: %w", tid, ErrNoProcess)
@@ -403,6 +490,8 @@ func (t *Tracer) pump() bool {
 
 func (t *Tracer) handle(wpid int, ws unix.WaitStatus) {
 	if ws.Exited() || ws.Signaled() {
+		delete(t.kids, wpid)
+		delete(t.early, wpid)
 		if th := t.threads[wpid]; th != nil && !th.announced {
 			// Its creator's clone event is still to come: remember, so that
 			// event does not bring the dead thread back.
@@ -417,7 +506,17 @@ func (t *Tracer) handle(wpid int, ws unix.WaitStatus) {
 	if !ws.Stopped() {
 		return
 	}
+	if kind, ok := t.kids[wpid]; ok {
+		t.firstStop(wpid, kind)
+		return
+	}
 	th := t.threads[wpid]
+	if th == nil && tgidOf(wpid) != t.pid && tgidOf(wpid) > 0 {
+		// A child process whose first stop came before its parent's fork
+		// or vfork event: keep it stopped until that event says which.
+		t.early[wpid] = true
+		return
+	}
 	if th == nil { // a new thread whose stop came before its creator's clone event
 		delete(t.unborn, wpid) // a reused tid is alive again
 		th = &thread{tid: wpid}
@@ -442,10 +541,45 @@ func (t *Tracer) handle(wpid int, ws unix.WaitStatus) {
 			}
 		}
 		th.kind = stopPlain
+	case event == unix.PTRACE_EVENT_FORK || event == unix.PTRACE_EVENT_VFORK:
+		if msg, err := unix.PtraceGetEventMsg(wpid); err == nil {
+			kid := int(msg)
+			if t.early[kid] {
+				delete(t.early, kid)
+				t.firstStop(kid, event)
+			} else {
+				t.kids[kid] = event
+			}
+		}
+		th.inVfork = event == unix.PTRACE_EVENT_VFORK
+		th.kind = stopPlain
+	case event == unix.PTRACE_EVENT_VFORK_DONE:
+		th.inVfork = false
+		th.kind = stopPlain
+	case event == unix.PTRACE_EVENT_EXEC && wpid != t.pid:
+		// A vfork child (traced like a thread) called execve: it has its
+		// own text now, none of our traps. Let it go.
+		delete(t.threads, wpid)
+		_ = detach(wpid, 0)
+		return
 	case event == unix.PTRACE_EVENT_EXEC:
 		// Every other thread is gone; the execing thread now has tid pid.
 		t.execed = true
 		t.threads = map[int]*thread{wpid: th}
+		th.kind = stopPlain
+	case event == unix.PTRACE_EVENT_STOP && th.moving:
+		// The interrupt-stop of a thread that trapped at an armed site
+		// (isOurTrap): hold it here, PC at the site, while the trap is
+		// armed.
+		// The trap may have been released and armed again meanwhile: it is
+		// whichever arming is current that holds the thread.
+		th.moving = false
+		if tr := t.traps[th.trapAt]; tr != nil && tr.armed {
+			th.kind = stopTrap
+			tr.held = append(tr.held, th.tid)
+			t.stats.TrapsHeld++
+			return
+		}
 		th.kind = stopPlain
 	case event == unix.PTRACE_EVENT_STOP:
 		if sig == int(unix.SIGTRAP) {
@@ -457,9 +591,8 @@ func (t *Tracer) handle(wpid int, ws unix.WaitStatus) {
 	case event != 0:
 		th.kind = stopPlain
 	case sig == int(unix.SIGTRAP) && t.isOurTrap(th):
-		if th.kind == stopTrap {
-			t.stats.TrapsHeld++
-			return // held until ReleaseTrap
+		if th.moving {
+			return // held at its interrupt-stop, which comes next
 		}
 	default:
 		th.kind = stopSignal
@@ -489,19 +622,118 @@ func (t *Tracer) isOurTrap(th *thread) bool {
 	if tr == nil {
 		return false
 	}
-	if tr.armed {
-		th.kind = stopTrap
-		th.trapAt = addr
-		tr.held = append(tr.held, th.tid)
-		return true
-	}
 	regs.Rip = addr
 	if err := unix.PtraceSetRegs(th.tid, &regs); err != nil {
 		return false
 	}
+	if tr.armed {
+		// Hold the thread, but not in this signal-delivery-stop: if we died
+		// (SIGKILL) while it sat here, the kernel would deliver the SIGTRAP
+		// and kill the process. Rewound to the site, the SIGTRAP discarded
+		// and an interrupt pending, it goes straight from here into an
+		// interrupt-stop without running a user instruction; released from
+		// that stop by our death it resumes at the site, a whole
+		// instruction once the site is restored (hotpatch repair).
+		th.trapAt = addr
+		if err := unix.PtraceInterrupt(th.tid); err != nil {
+			return false
+		}
+		if err := unix.PtraceCont(th.tid, 0); err != nil {
+			return false
+		}
+		th.kind, th.sig, th.moving = running, 0, true
+		return true
+	}
 	th.kind = stopSuppressed
 	t.stats.StaleTraps++
 	return true
+}
+
+// firstStop handles the first stop of a child process, once its parent's
+// event has said how it was made. A forked child has its own copy of the
+// text, taken at some instant of the batch: every address we ever armed
+// that holds an int3 there gets its registered whole form (ForkForm), and
+// the child is detached only then, before it ran a single instruction. A
+// vfork child shares the parent's text (and runs while the parent waits):
+// it is traced like one more thread, held at traps and synced, until it
+// execs or exits.
+func (t *Tracer) firstStop(kid, kind int) {
+	delete(t.kids, kid)
+	if kind == kidVfork {
+		t.stats.Vforks++
+		th := &thread{tid: kid, announced: true, kind: stopPlain}
+		t.threads[kid] = th
+		t.dispose(th)
+		return
+	}
+	t.stats.Forks++
+	n, err := t.repairChild(kid)
+	t.stats.Repaired += uint64(n)
+	if err != nil {
+		// The child could not be made whole: it must not run what it
+		// holds. A program sees a child killed at birth, not one that
+		// dies later of a SIGTRAP with no one to catch it.
+		_ = unix.Kill(kid, unix.SIGKILL)
+	}
+	_ = detach(kid, 0)
+}
+
+// repairChild rewrites, in a stopped forked child, every registered site
+// whose byte 0 is an int3, returning how many it wrote.
+func (t *Tracer) repairChild(kid int) (int, error) {
+	if len(t.forkForms) == 0 {
+		return 0, nil
+	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/mem", kid), unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, mapErrno(err)
+	}
+	defer unix.Close(fd)
+	for addr := range t.traps {
+		if _, ok := t.forkForms[addr]; ok {
+			continue
+		}
+		b := []byte{0}
+		if err := memRead(fd, addr, b); err != nil {
+			return 0, err
+		}
+		if b[0] == 0xcc {
+			return 0, fmt.Errorf("child %d holds an int3 at %#x and no whole form is registered", kid, addr)
+		}
+	}
+	n := 0
+	for addr, form := range t.forkForms {
+		b := []byte{0}
+		if err := memRead(fd, addr, b); err != nil {
+			return n, err
+		}
+		if b[0] != 0xcc {
+			continue // whole: the int3 protocols change byte 0 first and last
+		}
+		if err := memWrite(fd, addr, form); err != nil {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
+}
+
+// tgidOf returns the thread group of a task, or -1.
+func tgidOf(tid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return -1
+			}
+			return n
+		}
+	}
+	return -1
 }
 
 // dispose resumes a stopped thread unless we hold every thread.
@@ -637,7 +869,7 @@ func (t *Tracer) Sync(ctx context.Context) error {
 		}
 		t.pump()
 		for _, th := range t.threads {
-			if th.kind == running {
+			if th.kind == running && !th.inVfork && !th.moving {
 				th.syncWant = true
 				if err := unix.PtraceInterrupt(th.tid); err != nil {
 					th.syncWant = false // ESRCH: it is exiting
@@ -671,13 +903,15 @@ func (t *Tracer) StopAll(ctx context.Context) ([]ThreadState, error) {
 		t.hold = true
 		t.pump()
 		for _, th := range t.threads {
-			if th.kind == running {
+			if th.kind == running && !th.inVfork {
 				_ = unix.PtraceInterrupt(th.tid) // ESRCH: exiting, reported by wait4
 			}
 		}
 		if err := t.waitFor(ctx, t.opts.StopTimeout, "threads to stop", func() bool {
 			for _, th := range t.threads {
-				if th.kind == running {
+				// A thread waiting for its vfork child is in the kernel and
+				// cannot take a stop until the child execs or exits.
+				if th.kind == running && !th.inVfork {
 					return false
 				}
 			}
@@ -729,6 +963,19 @@ func (t *Tracer) ArmTrap(addr uint64) error {
 			t.traps[addr] = tr
 		}
 		tr.armed = true
+		return nil
+	})
+}
+
+// ForkForm registers the whole form a forked child must hold at addr if it
+// inherited an int3 there (a fork while a batch was in flight): one of the
+// site's two valid forms, usually the one it held before the batch. The
+// int3 protocols call it with ArmTrap; the last form registered wins, and
+// it stays registered until Detach. Without a form, such a child would be
+// killed at birth rather than left to die of the int3.
+func (t *Tracer) ForkForm(addr uint64, form []byte) error {
+	return t.Do(func() error {
+		t.forkForms[addr] = append([]byte(nil), form...)
 		return nil
 	})
 }
@@ -809,15 +1056,27 @@ func (t *Tracer) Detach() error {
 			if err == nil && len(t.traps) > 0 {
 				err = t.flushTraps()
 			}
-			for _, th := range t.threads {
-				if th.kind == running {
-					continue // never stopped (timeout): the thread exit below detaches it
+			// The leader last: a caller that uses the attach of the leader
+			// as its lock (hotpatch) must not let a waiter in while other
+			// threads are still ours; if any is (never stopped), the leader
+			// stays ours too until the tracer thread's exit releases all.
+			leaderLast := func(th *thread) bool { return th.tid == t.pid }
+			stillOurs := false
+			for _, pass := range []bool{false, true} {
+				for _, th := range t.threads {
+					if leaderLast(th) != pass {
+						continue
+					}
+					if th.kind == running || (pass && stillOurs) {
+						stillOurs = true
+						continue // never stopped (timeout): the thread exit below detaches it
+					}
+					sig := 0
+					if th.kind == stopSignal {
+						sig = th.sig
+					}
+					_ = detach(th.tid, sig)
 				}
-				sig := 0
-				if th.kind == stopSignal {
-					sig = th.sig
-				}
-				_ = detach(th.tid, sig)
 			}
 		}
 		t.threads = map[int]*thread{}
@@ -871,17 +1130,19 @@ func (t *Tracer) stopAllLocked() (int, error) {
 	t.hold = true
 	t.pump()
 	for _, th := range t.threads {
-		if th.kind == running {
+		if th.kind == running && !th.inVfork {
 			_ = unix.PtraceInterrupt(th.tid)
 		}
 	}
 	err := t.waitFor(context.Background(), t.opts.StopTimeout, "threads to stop for detach", func() bool {
 		for _, th := range t.threads {
-			if th.kind == running {
+			if th.kind == running && !th.inVfork {
 				return false
 			}
 		}
-		return true
+		// Every child forked so far has had its first stop handled:
+		// detaching before would let it run unrepaired.
+		return len(t.kids) == 0 && len(t.early) == 0
 	})
 	if errors.Is(err, ErrExited) {
 		err = nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strings"
 
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
@@ -62,7 +63,14 @@ func ForMaps(maps []byte, lists []*probelist.List) (*Symbolizer, error) {
 	if err != nil {
 		return nil, err
 	}
-	objs, err := procmaps.ObjectsOf(ms, func(m procmaps.Mapping) (*os.File, error) { return os.Open(m.Path) })
+	objs, err := procmaps.ObjectsOf(ms, func(m procmaps.Mapping) (*os.File, error) {
+		if strings.HasPrefix(m.Path, "/memfd:") {
+			// A runtime hotpatch loaded into the process (docs/injection.md)
+			// lived in a memfd, which no longer exists: it has no probes to name.
+			return nil, fmt.Errorf("%s: %w", m.Path, procmaps.ErrNotELF)
+		}
+		return os.Open(m.Path)
+	})
 	if err != nil {
 		return nil, err
 	}

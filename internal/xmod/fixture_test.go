@@ -56,9 +56,21 @@ func buildStress(t testing.TB, pie bool) testutil.Fixture {
 // thread when churn) and waits for its "ready" line.
 func startStress(t testing.TB, fix testutil.Fixture, n int, churn bool) *stressTarget {
 	t.Helper()
-	args := []string{strconv.Itoa(n)}
+	mode := ""
 	if churn {
-		args = append(args, "churn")
+		mode = "churn"
+	}
+	return startStressMode(t, fix, n, mode)
+}
+
+// startStressMode is startStress with the fixture's second argument: ""
+// (executors only), "churn" (a thread-churning thread) or "fork" (a thread
+// that forks and vforks children which run the sites).
+func startStressMode(t testing.TB, fix testutil.Fixture, n int, mode string) *stressTarget {
+	t.Helper()
+	args := []string{strconv.Itoa(n)}
+	if mode != "" {
+		args = append(args, mode)
 	}
 	st := &stressTarget{fix: fix, cmd: exec.Command(fix.Path, args...), stderr: &testutil.SyncBuffer{}, nexec: n}
 	st.cmd.Stderr = st.stderr

@@ -107,8 +107,13 @@ func int3Batch(ctx context.Context, t *ptrace.Tracer, todo []Change, old [][]byt
 			held += n
 		}
 	}
-	// Phase 1: int3 on byte 0 of every site.
-	for _, c := range todo {
+	// Phase 1: int3 on byte 0 of every site. A child forked from here on
+	// gets the old form back wherever it inherited the int3.
+	for i, c := range todo {
+		if err := t.ForkForm(c.Site.Addr, old[i]); err != nil {
+			release()
+			return held, err
+		}
 		if err := t.ArmTrap(c.Site.Addr); err != nil {
 			release()
 			return held, err
@@ -261,6 +266,9 @@ func (a *Async) Start(ctx context.Context, changes []Change) (Result, error) {
 			return err
 		}
 		for i, c := range todo {
+			if err := a.t.ForkForm(c.Site.Addr, old[i]); err != nil {
+				return err
+			}
 			if err := a.t.ArmTrap(c.Site.Addr); err != nil {
 				return err
 			}

@@ -23,6 +23,10 @@ var (
 	ErrBusy = errors.New("site has a patch in progress")
 	// ErrRetries: the stop protocol kept finding a thread inside a site.
 	ErrRetries = errors.New("a thread kept stopping inside a site")
+	// ErrTorn: the site holds an int3 over bytes of its own forms: a patch
+	// by an int3 protocol was interrupted (its tracer was killed). Repair
+	// restores it; no protocol writes over it.
+	ErrTorn = errors.New("site holds an int3 left by an interrupted patch")
 )
 
 // Site is one patchable instruction at a run-time address, with the bytes of
@@ -89,6 +93,10 @@ const (
 	StateInvalid State = iota // neither form
 	StateInert
 	StateActive
+	// StateTorn: byte 0 is an int3 and every other byte belongs to one of
+	// the two forms, as an int3 protocol leaves a site mid-patch; what an
+	// interrupted (killed) hotpatch leaves behind. See Repair.
+	StateTorn
 )
 
 func (s State) String() string {
@@ -97,6 +105,8 @@ func (s State) String() string {
 		return "inert"
 	case StateActive:
 		return "active"
+	case StateTorn:
+		return "torn"
 	}
 	return "invalid"
 }
@@ -107,8 +117,15 @@ func classify(s Site, seen []byte) State {
 		return StateActive
 	case bytes.Equal(seen, s.Inert):
 		return StateInert
+	case len(seen) != len(s.Active) || len(seen) == 0 || seen[0] != int3:
+		return StateInvalid
 	}
-	return StateInvalid
+	for i := 1; i < len(seen); i++ {
+		if seen[i] != s.Active[i] && seen[i] != s.Inert[i] {
+			return StateInvalid
+		}
+	}
+	return StateTorn
 }
 
 // SiteError reports a site whose memory holds neither form.
@@ -118,11 +135,21 @@ type SiteError struct {
 }
 
 func (e *SiteError) Error() string {
+	if classify(e.Site, e.Seen) == StateTorn {
+		return fmt.Sprintf("%v holds % x: an int3 left by an interrupted patch over its own bytes (active % x, inert % x); hotpatch repairs it",
+			e.Site, e.Seen, e.Site.Active, e.Site.Inert)
+	}
 	return fmt.Sprintf("%v holds % x, which is neither its active form (% x) nor its inert form (% x)",
 		e.Site, e.Seen, e.Site.Active, e.Site.Inert)
 }
 
-func (e *SiteError) Unwrap() error { return ErrUnexpectedBytes }
+// Unwrap gives ErrUnexpectedBytes, and ErrTorn too for a torn site.
+func (e *SiteError) Unwrap() []error {
+	if classify(e.Site, e.Seen) == StateTorn {
+		return []error{ErrUnexpectedBytes, ErrTorn}
+	}
+	return []error{ErrUnexpectedBytes}
+}
 
 // Result summarises a batch.
 type Result struct {
@@ -198,7 +225,7 @@ func plan(m Mem, cs []Change) (todo []Change, old [][]byte, unchanged int, err e
 	var bad []error
 	for i, c := range cs {
 		switch classify(c.Site, cur[i]) {
-		case StateInvalid:
+		case StateInvalid, StateTorn:
 			bad = append(bad, &SiteError{Site: c.Site, Seen: append([]byte(nil), cur[i]...)})
 		case StateActive:
 			if c.On {

@@ -27,6 +27,14 @@
  * and exits 0 only if every return-value checksum matched and nothing tore.
  * stress_progress[i] is executor i's loop count, for tools that must know
  * every executor has run the sites since some point.
+ * With argv[2] = "fork" one more thread forks in a loop instead of churning
+ * threads: each child (every fourth a vfork child, which shares the parent's
+ * text) resets the fault signals to their defaults, as a program that never
+ * caught them would have, runs the five sites and exits 0 if their return
+ * values add up; a child killed by a signal (an inherited int3: SIGTRAP) or
+ * exiting non-zero is counted, and the done line gains
+ *   forks=F childdied=D childbad=B lastsig=S
+ * (result=ok needs D = B = 0).
  * Build: gcc -O2 -g -pthread stress.c -o stress (no hooks.c needed). */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -38,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <sys/wait.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -213,9 +222,46 @@ static void *churn(void *arg) {
 	return NULL;
 }
 
+static unsigned long forks, childdied, childbad;
+static int lastsig;
+
+static int child_sites(int loops) {
+	int sigs[] = {SIGILL, SIGSEGV, SIGBUS, SIGTRAP, SIGFPE};
+	for (unsigned i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+		signal(sigs[i], SIG_DFL);
+	self = NULL;
+	for (int i = 0; i < loops; i++)
+		if (stress_fn0() + stress_fn1() + stress_fn2() + stress_fn3() + stress_fn4() != 10)
+			return 5;
+	return 0;
+}
+
+static void *forker(void *arg) {
+	(void)arg;
+	atomic_fetch_add(&running, 1);
+	while (!atomic_load(&stop_flag)) {
+		pid_t c = (forks % 4 == 3) ? vfork() : fork();
+		if (c == 0)
+			_exit(child_sites(200));
+		if (c < 0)
+			continue;
+		forks++;
+		int ws;
+		while (waitpid(c, &ws, 0) < 0 && errno == EINTR)
+			;
+		if (WIFSIGNALED(ws)) {
+			childdied++;
+			lastsig = WTERMSIG(ws);
+		} else if (WEXITSTATUS(ws) != 0)
+			childbad++;
+	}
+	return NULL;
+}
+
 int main(int argc, char **argv) {
 	int n = argc > 1 ? atoi(argv[1]) : 4;
 	int withchurn = argc > 2 && strcmp(argv[2], "churn") == 0;
+	int withfork = argc > 2 && strcmp(argv[2], "fork") == 0;
 	if (n < 1 || n > MAXEXEC)
 		n = 4;
 	struct sigaction sa;
@@ -234,6 +280,10 @@ int main(int argc, char **argv) {
 	}
 	if (withchurn)
 		pthread_create(&th[n], NULL, churn, NULL);
+	if (withfork) {
+		pthread_create(&th[n], NULL, forker, NULL);
+		withchurn = 1; /* one more thread to join */
+	}
 	while (atomic_load(&running) < n + withchurn)
 		sched_yield();
 	printf("ready %d\n", getpid());
@@ -256,9 +306,12 @@ int main(int argc, char **argv) {
 	atomic_store(&stop_flag, 1);
 	for (int i = 0; i < n + withchurn; i++)
 		pthread_join(th[i], NULL);
-	int ok = !bad && stress_torn == 0 && stress_bad == 0;
-	printf("done iters=%lu torn=%lu eintr=%lu hits=%lu,%lu,%lu,%lu,%lu bad=%lu result=%s\n", stress_iters, stress_torn, eintr,
-	       stress_hits[0], stress_hits[1], stress_hits[2], stress_hits[3], stress_hits[4], stress_bad, ok ? "ok" : "BAD");
+	int ok = !bad && stress_torn == 0 && stress_bad == 0 && childdied == 0 && childbad == 0;
+	char forkinfo[128] = "";
+	if (withfork)
+		snprintf(forkinfo, sizeof forkinfo, " forks=%lu childdied=%lu childbad=%lu lastsig=%d", forks, childdied, childbad, lastsig);
+	printf("done iters=%lu torn=%lu eintr=%lu hits=%lu,%lu,%lu,%lu,%lu bad=%lu%s result=%s\n", stress_iters, stress_torn, eintr,
+	       stress_hits[0], stress_hits[1], stress_hits[2], stress_hits[3], stress_hits[4], stress_bad, forkinfo, ok ? "ok" : "BAD");
 	fflush(stdout);
 	return ok ? 0 : 3;
 }

@@ -1,0 +1,361 @@
+package inject
+
+import (
+	"debug/elf"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+
+	"github.com/edgeprobe/edgeprobe/internal/procmaps"
+	"github.com/edgeprobe/edgeprobe/internal/ptrace"
+)
+
+// Hooks are the symbols the runtime defines and the compilers call, in the
+// order of the loader's value table (HookIndex).
+var Hooks = []string{"__cyg_profile_func_enter", "__cyg_profile_func_exit", "__cyg_profile_func_enter_bare", "__fentry__"}
+
+func hookIndex(name string) int {
+	for i, h := range Hooks {
+		if h == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// Slot states.
+const (
+	SlotRouted  = "routed"  // points to the runtime (or is unbound and will bind to a preloaded one)
+	SlotGlibc   = "glibc"   // points to libc's hook (the empty one, or __fentry__'s mcount)
+	SlotLazy    = "lazy"    // not yet bound, and its first call would bind it to libc's hook
+	SlotForeign = "foreign" // bound (or will bind) to hooks the program defines itself: left alone
+	SlotUnset   = "unset"   // zero: an undefined weak reference
+)
+
+// Slot is one GOT entry through which an object calls a hook.
+type Slot struct {
+	Object string `json:"object"`
+	Hook   string `json:"hook"`
+	Reloc  string `json:"reloc"` // JUMP_SLOT (PLT) or GLOB_DAT (-fno-plt, address taken)
+	Addr   uint64 `json:"addr"`
+	Value  uint64 `json:"value"`
+	State  string `json:"state"`
+	Target string `json:"target,omitempty"` // the object Value lies in
+	prot   int    // the page's protection, for the loader's mprotect
+}
+
+// Process is what Inspect found; nothing in the process was changed.
+type Process struct {
+	Pid      int
+	UID      int
+	Seccomp  int // the Seccomp: field of /proc/PID/status (0: none)
+	Static   bool
+	Objects  []procmaps.Object
+	Libc     *procmaps.Object
+	Loader   *procmaps.Object // ld.so
+	Runtime  *procmaps.Object // an object that defines every hook (the edgeprobe runtime)
+	OwnHooks []string         // other objects (not libc) that define a hook themselves
+	Slots    []Slot
+	funcs    map[string]uint64 // libc (and libdl/libpthread) entry points by name
+	// runtimeHooks are Runtime's hooks in Hooks order.
+	runtimeHooks [4]uint64
+	maps         []procmaps.Mapping
+}
+
+// NeedRouting returns the slots still bound to glibc or not bound yet.
+func (p *Process) NeedRouting() []Slot {
+	var out []Slot
+	for _, s := range p.Slots {
+		if s.State == SlotGlibc || s.State == SlotLazy {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Foreign returns the slots bound to the program's own hooks.
+func (p *Process) Foreign() []Slot {
+	var out []Slot
+	for _, s := range p.Slots {
+		if s.State == SlotForeign {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Inspect reads pid's status, maps and mapped objects, and every hook slot
+// with its current value. It attaches to nothing.
+func Inspect(pid int) (*Process, error) {
+	p := &Process{Pid: pid, funcs: map[string]uint64{}}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, fmt.Errorf("pid %d: %w", pid, ptrace.ErrNoProcess)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		f := strings.Fields(v)
+		if len(f) == 0 {
+			continue
+		}
+		switch k {
+		case "Seccomp":
+			p.Seccomp, _ = strconv.Atoi(f[0])
+		case "Uid":
+			p.UID, _ = strconv.Atoi(f[0])
+		}
+	}
+	if p.maps, err = procmaps.Read(pid); err != nil {
+		return nil, err
+	}
+	if p.Objects, err = procmaps.Objects(pid); err != nil {
+		return nil, err
+	}
+	mem, err := ptrace.OpenMem(pid)
+	if err != nil {
+		return nil, err
+	}
+	defer mem.Close()
+	mainObj, _ := procmaps.Main(pid)
+	type info struct {
+		defs  map[string]uint64 // defined dynamic symbols (run-time addresses)
+		slots []Slot
+	}
+	infos := make([]info, len(p.Objects))
+	for i := range p.Objects {
+		o := &p.Objects[i]
+		base := path.Base(o.Path)
+		switch {
+		case strings.HasPrefix(base, "ld-linux") || strings.HasPrefix(base, "ld-musl") || strings.HasPrefix(base, "ld64.so"):
+			p.Loader = o
+		case strings.HasPrefix(base, "libc.so") || strings.HasPrefix(base, "libc-2."):
+			p.Libc = o
+		}
+		defs, slots, interp, err := readObject(pid, o)
+		if err != nil {
+			return nil, err
+		}
+		infos[i] = info{defs, slots}
+		if mainObj != nil && o.Inode == mainObj.Inode && o.Dev == mainObj.Dev && !interp && o.Type == elf.ET_EXEC {
+			p.Static = true
+		}
+		if mainObj != nil && o.Inode == mainObj.Inode && o.Dev == mainObj.Dev && !interp && o.Type == elf.ET_DYN && p.Loader == nil {
+			p.Static = true // static-pie
+		}
+	}
+	if p.Loader != nil {
+		p.Static = false
+	}
+	// Entry points: libc first, then libdl and libpthread (glibc before 2.34).
+	order := []int{}
+	for i := range p.Objects {
+		if &p.Objects[i] == p.Libc {
+			order = append([]int{i}, order...)
+		} else {
+			order = append(order, i)
+		}
+	}
+	for _, i := range order {
+		base := path.Base(p.Objects[i].Path)
+		if &p.Objects[i] != p.Libc && !strings.HasPrefix(base, "libdl") && !strings.HasPrefix(base, "libpthread") {
+			continue
+		}
+		for _, name := range libcFuncs {
+			if _, ok := p.funcs[name]; !ok {
+				if a, ok := infos[i].defs[name]; ok {
+					p.funcs[name] = a
+				}
+			}
+		}
+	}
+	ownerOf := map[string]*procmaps.Object{} // the program's own definition of each hook
+	for i := range p.Objects {
+		o := &p.Objects[i]
+		if o == p.Libc || o == p.Loader {
+			continue
+		}
+		all := true
+		for _, h := range Hooks {
+			if _, ok := infos[i].defs[h]; !ok {
+				all = false
+			}
+		}
+		if all {
+			p.Runtime = o
+			for k, h := range Hooks {
+				p.runtimeHooks[k] = infos[i].defs[h]
+			}
+			continue
+		}
+		own := false
+		for _, h := range Hooks {
+			if _, ok := infos[i].defs[h]; ok {
+				own = true
+				if ownerOf[h] == nil {
+					ownerOf[h] = o
+				}
+			}
+		}
+		if own {
+			p.OwnHooks = append(p.OwnHooks, o.Path)
+		}
+	}
+	// A runtime in the global scope (preloaded or linked, not loaded by us
+	// from a memfd) is what a lazy slot binds to on its first call.
+	inScope := p.Runtime != nil && !strings.HasPrefix(path.Base(p.Runtime.Path), "memfd:")
+	for i := range p.Objects {
+		o := &p.Objects[i]
+		if o == p.Runtime || o == p.Libc || o == p.Loader {
+			continue
+		}
+		for _, s := range infos[i].slots {
+			var b [8]byte
+			if err := mem.ReadMem(s.Addr, b[:]); err != nil {
+				return nil, fmt.Errorf("read hook slot of %s at %#x: %w", o.Path, s.Addr, err)
+			}
+			s.Value = binary.LittleEndian.Uint64(b[:])
+			s.prot = p.protOf(s.Addr)
+			owner := p.objectAt(s.Value)
+			if owner != nil {
+				s.Target = owner.Path
+			}
+			_, selfDefines := infos[i].defs[s.Hook]
+			switch {
+			case s.Value == 0:
+				s.State = SlotUnset
+			case owner != nil && owner == p.Runtime:
+				s.State = SlotRouted
+			case owner != nil && owner == p.Libc:
+				s.State = SlotGlibc
+			case owner == o && !selfDefines:
+				// Not bound yet: the first call binds it to the first
+				// definition in the global scope. The program's own hooks or
+				// a preloaded runtime come before libc; else it is glibc's.
+				switch {
+				case ownerOf[s.Hook] != nil:
+					s.State, s.Target = SlotForeign, ownerOf[s.Hook].Path
+				case inScope:
+					s.State, s.Target = SlotRouted, p.Runtime.Path
+				default:
+					s.State = SlotLazy
+				}
+			default:
+				s.State = SlotForeign
+			}
+			p.Slots = append(p.Slots, s)
+		}
+	}
+	return p, nil
+}
+
+// libcFuncs are the target's functions the loader calls.
+var libcFuncs = []string{"mmap", "munmap", "mprotect", "syscall", "pthread_create", "pthread_self", "pthread_detach", "dlopen", "dlsym", "dlerror"}
+
+// objectAt returns the object with an executable mapping holding addr.
+func (p *Process) objectAt(addr uint64) *procmaps.Object {
+	for i := range p.Objects {
+		if p.Objects[i].InExec(addr, 1) {
+			return &p.Objects[i]
+		}
+	}
+	return nil
+}
+
+// protOf returns the PROT_* bits of the mapping holding addr, or -1 when it
+// is writable already (the loader then stores without mprotect).
+func (p *Process) protOf(addr uint64) int {
+	for _, m := range p.maps {
+		if addr >= m.Start && addr < m.End {
+			prot := 0
+			if m.Perms[0] == 'r' {
+				prot |= 1
+			}
+			if m.Perms[1] == 'w' {
+				return -1
+			}
+			if m.Perms[2] == 'x' {
+				prot |= 4
+			}
+			return prot
+		}
+	}
+	return 1
+}
+
+// readObject reads an object's defined dynamic symbols (the ones Inspect
+// needs: hooks and libc entry points), its hook slots from the dynamic
+// relocations, and whether it names an interpreter.
+func readObject(pid int, o *procmaps.Object) (map[string]uint64, []Slot, bool, error) {
+	f, err := procmaps.Open(pid, o)
+	if err != nil {
+		return nil, nil, false, fmt.Errorf("%s: %w", o.Path, err)
+	}
+	defer f.Close()
+	ef, err := elf.NewFile(f)
+	if err != nil {
+		return nil, nil, false, fmt.Errorf("%s: %v: %w", o.Path, err, procmaps.ErrNotELF)
+	}
+	interp := false
+	for _, prog := range ef.Progs {
+		if prog.Type == elf.PT_INTERP {
+			interp = true
+		}
+	}
+	syms, err := ef.DynamicSymbols()
+	if err != nil {
+		return map[string]uint64{}, nil, interp, nil // no .dynsym: a static program
+	}
+	want := map[string]bool{}
+	for _, h := range Hooks {
+		want[h] = true
+	}
+	for _, n := range libcFuncs {
+		want[n] = true
+	}
+	defs := map[string]uint64{}
+	for _, s := range syms {
+		if !want[s.Name] || s.Section == elf.SHN_UNDEF || s.Value == 0 || elf.ST_TYPE(s.Info) != elf.STT_FUNC && elf.ST_TYPE(s.Info) != elf.STT_GNU_IFUNC {
+			continue
+		}
+		if _, ok := defs[s.Name]; !ok {
+			defs[s.Name] = o.Runtime(s.Value)
+		}
+	}
+	var slots []Slot
+	for _, sec := range ef.Sections {
+		if sec.Type != elf.SHT_RELA {
+			continue
+		}
+		data, err := sec.Data()
+		if err != nil {
+			continue
+		}
+		for off := 0; off+24 <= len(data); off += 24 {
+			r := elf.Rela64{
+				Off:  binary.LittleEndian.Uint64(data[off:]),
+				Info: binary.LittleEndian.Uint64(data[off+8:]),
+			}
+			typ := elf.R_X86_64(elf.R_TYPE64(r.Info))
+			if typ != elf.R_X86_64_JMP_SLOT && typ != elf.R_X86_64_GLOB_DAT {
+				continue
+			}
+			si := int(elf.R_SYM64(r.Info))
+			if si == 0 || si > len(syms) {
+				continue
+			}
+			name := syms[si-1].Name
+			if hookIndex(name) < 0 {
+				continue
+			}
+			kind := "JUMP_SLOT"
+			if typ == elf.R_X86_64_GLOB_DAT {
+				kind = "GLOB_DAT"
+			}
+			slots = append(slots, Slot{Object: o.Path, Hook: name, Reloc: kind, Addr: o.Runtime(r.Off)})
+		}
+	}
+	return defs, slots, interp, nil
+}

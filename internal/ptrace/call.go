@@ -1,0 +1,299 @@
+package ptrace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrCall: a function called in the target on a borrowed thread did not
+// return normally (it faulted, or did not return in time).
+var ErrCall = errors.New("call in the target failed")
+
+// Restart values a system call interrupted by a stop leaves in rax (the
+// kernel's -ERESTART* codes); with orig_rax >= 0 they make the kernel
+// re-issue the call when the thread resumes without a signal handler to run.
+const (
+	errRestartSys    = 512
+	errRestartNoIntr = 513
+	errRestartNoHand = 514
+	errRestartBlock  = 516 // nanosleep and friends: restart_syscall, remaining time
+	redZone          = 128 // the System V red zone below rsp, which leaf code may use
+	callScratch      = 64  // a little room between the red zone and our frame
+	defaultCallLimit = 5 * time.Second
+	eflagsDirection  = 0x400 // DF must be clear at a call (ABI)
+	callReturnAddr   = 0     // the return address we push: returning there faults at rip 0
+)
+
+// InSyscall reports whether a stopped thread's registers show it inside a
+// system call (orig_rax >= 0), which one, and whether the call will be
+// restarted when the thread resumes (rax holds an -ERESTART* code).
+func InSyscall(r *Regs) (nr int, restart bool, ok bool) {
+	if int64(r.Orig_rax) < 0 {
+		return 0, false, false
+	}
+	switch -int64(r.Rax) {
+	case errRestartSys, errRestartNoIntr, errRestartNoHand, errRestartBlock:
+		restart = true
+	}
+	return int(r.Orig_rax), restart, true
+}
+
+// Borrowed is one thread of the target lent to the caller of Borrow for
+// function calls. Its registers and extended (FPU/vector) state are saved
+// when it is borrowed and restored exactly when Borrow returns.
+type Borrowed struct {
+	t        *Tracer
+	th       *thread
+	regs     Regs
+	xstate   []byte
+	deferred []siginfo // signals that arrived for the thread meanwhile
+	sigStop  bool      // the thread is in a signal-delivery-stop (a signal can be injected)
+	// Limit bounds each Call (zero: 5s).
+	Limit time.Duration
+}
+
+// Tid is the borrowed thread.
+func (b *Borrowed) Tid() int { return b.th.tid }
+
+// Regs are the thread's registers as they were when it was borrowed.
+func (b *Borrowed) Regs() Regs { return b.regs }
+
+// ReadMem and WriteMem access the target's memory; inside Borrow's fn they
+// run directly on the tracer thread.
+func (b *Borrowed) ReadMem(addr uint64, p []byte) error  { return memRead(b.t.mem, addr, p) }
+func (b *Borrowed) WriteMem(addr uint64, p []byte) error { return memWrite(b.t.mem, addr, p) }
+
+// Borrow lends thread tid to fn. The process must be held by StopAll. Every
+// other thread resumes first and keeps running while fn runs (locks they
+// hold get released, so a call on the borrowed thread cannot wait for a
+// thread we stopped); the borrowed thread's registers and xstate are saved.
+// When fn returns, the thread's registers and xstate are written back, a
+// system call it was interrupted in is restarted by the kernel as after any
+// stop (a read loses no byte, a nanosleep sleeps its full time), signals
+// that arrived for it during the calls are delivered then, with their
+// original siginfo, and the hold ends. fn runs on the tracer thread.
+func (t *Tracer) Borrow(tid int, fn func(b *Borrowed) error) error {
+	return t.Do(func() error {
+		if err := t.needAll("borrow"); err != nil {
+			return err
+		}
+		th := t.threads[tid]
+		if th == nil || !t.hold || th.kind == running {
+			return fmt.Errorf("borrow thread %d of pid %d: not held by StopAll", tid, t.pid)
+		}
+		if th.kind == stopGroup || th.kind == stopTrap {
+			return fmt.Errorf("borrow thread %d of pid %d: it is group-stopped or held at a trap", tid, t.pid)
+		}
+		b := &Borrowed{t: t, th: th}
+		if err := unix.PtraceGetRegs(tid, &b.regs); err != nil {
+			return fmt.Errorf("borrow thread %d: registers: %w", tid, mapErrno(err))
+		}
+		xs, err := getXstate(tid)
+		if err != nil {
+			return fmt.Errorf("borrow thread %d: xstate: %w", tid, mapErrno(err))
+		}
+		b.xstate = xs
+		if th.kind == stopSignal {
+			// A signal was about to be delivered: deliver it after the restore.
+			if si, err := getSiginfo(tid); err == nil {
+				b.deferred = append(b.deferred, si)
+				b.sigStop = true
+			}
+		}
+		th.kind = stopPlain
+		t.hold = false
+		for _, o := range t.threads {
+			if o != th && o.kind != stopTrap {
+				t.resume(o)
+			}
+		}
+		ferr := fn(b)
+		if rerr := b.restore(); rerr != nil && ferr == nil {
+			ferr = rerr
+		}
+		return ferr
+	})
+}
+
+// Call calls the function at fn with up to six integer arguments on the
+// borrowed thread and returns rax. The frame goes below the thread's red
+// zone, 16-byte aligned as at a call; the return address is 0, so the
+// return faults at rip 0, which ends the call. orig_rax is set to -1 so
+// that the kernel does not apply the interrupted system call's restart to
+// our registers.
+func (b *Borrowed) Call(ctx context.Context, fn uint64, args ...uint64) (uint64, error) {
+	t, tid := b.t, b.th.tid
+	if len(args) > 6 {
+		return 0, fmt.Errorf("call %#x: %d arguments (at most 6)", fn, len(args))
+	}
+	if err := t.usable(); err != nil {
+		return 0, err
+	}
+	r := b.regs
+	sp := ((r.Rsp - redZone - callScratch) &^ 15) - 8
+	if err := memWrite(t.mem, sp, make([]byte, 8)); err != nil {
+		return 0, fmt.Errorf("call %#x: return address: %w", fn, err)
+	}
+	r.Rsp, r.Rip, r.Rax = sp, fn, 0
+	r.Orig_rax = ^uint64(0)
+	r.Eflags &^= eflagsDirection
+	regs := []*uint64{&r.Rdi, &r.Rsi, &r.Rdx, &r.Rcx, &r.R8, &r.R9}
+	for i, a := range args {
+		*regs[i] = a
+	}
+	if err := unix.PtraceSetRegs(tid, &r); err != nil {
+		return 0, fmt.Errorf("call %#x: set registers: %w", fn, mapErrno(err))
+	}
+	if err := unix.PtraceCont(tid, 0); err != nil {
+		return 0, fmt.Errorf("call %#x: resume: %w", fn, mapErrno(err))
+	}
+	b.th.kind = running
+	limit := b.Limit
+	if limit == 0 {
+		limit = defaultCallLimit
+	}
+	deadline := time.Now().Add(limit)
+	for {
+		var ws unix.WaitStatus
+		wpid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL|unix.WNOTHREAD, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			t.exited = true
+			return 0, fmt.Errorf("pid %d: %w", t.pid, ErrExited)
+		}
+		if wpid == 0 {
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return 0, b.abandon(fn, limit, ctx.Err())
+			}
+			tm := time.NewTimer(time.Millisecond)
+			select {
+			case <-t.sigchld:
+			case <-tm.C:
+			}
+			tm.Stop()
+			continue
+		}
+		if wpid != tid {
+			t.handle(wpid, ws)
+			continue
+		}
+		if ws.Exited() || ws.Signaled() {
+			t.handle(wpid, ws)
+			return 0, fmt.Errorf("thread %d died during a call: %w", tid, ErrExited)
+		}
+		if !ws.Stopped() {
+			continue
+		}
+		sig := ws.StopSignal()
+		switch event := int(ws) >> 16; {
+		case event == unix.PTRACE_EVENT_CLONE:
+			t.handle(wpid, ws) // records the new thread and resumes this one
+			b.th.kind = running
+		case event == unix.PTRACE_EVENT_EXEC:
+			t.handle(wpid, ws)
+			return 0, fmt.Errorf("pid %d: %w", t.pid, ErrExec)
+		case event == unix.PTRACE_EVENT_STOP && sig != unix.SIGTRAP:
+			t.handle(wpid, ws) // group-stop: kept with LISTEN; the call ends after SIGCONT
+		case event != 0:
+			_ = unix.PtraceCont(tid, 0)
+		case sig == unix.SIGSEGV:
+			var got Regs
+			if err := unix.PtraceGetRegs(tid, &got); err != nil {
+				return 0, fmt.Errorf("call %#x: registers: %w", fn, mapErrno(err))
+			}
+			b.th.kind = stopPlain // the SIGSEGV is never delivered: we resume with 0
+			b.sigStop = true
+			if got.Rip != callReturnAddr {
+				return 0, fmt.Errorf("call %#x on thread %d faulted at %#x: %w", fn, tid, got.Rip, ErrCall)
+			}
+			return got.Rax, nil
+		default:
+			// A signal for the borrowed thread: keep it for after the restore,
+			// so no handler runs on top of our call (a handler that longjmps
+			// would never let the call end).
+			if si, err := getSiginfo(tid); err == nil {
+				b.deferred = append(b.deferred, si)
+			}
+			_ = unix.PtraceCont(tid, 0)
+		}
+	}
+}
+
+// abandon stops a call that did not return: the thread is interrupted and
+// will be restored to where it was borrowed. Whatever the call had done
+// (a lock taken, memory allocated) stays done: the error says so.
+func (b *Borrowed) abandon(fn uint64, limit time.Duration, ctxErr error) error {
+	t, tid := b.t, b.th.tid
+	_ = unix.PtraceInterrupt(tid)
+	end := time.Now().Add(time.Second)
+	for time.Now().Before(end) {
+		var ws unix.WaitStatus
+		wpid, err := unix.Wait4(tid, &ws, unix.WNOHANG|unix.WALL|unix.WNOTHREAD, nil)
+		if err != nil {
+			break
+		}
+		if wpid == tid && ws.Stopped() {
+			if ws.StopSignal() != unix.SIGTRAP || int(ws)>>16 != unix.PTRACE_EVENT_STOP {
+				if si, err := getSiginfo(tid); err == nil && ws.StopSignal() != unix.SIGSEGV {
+					b.deferred = append(b.deferred, si)
+				}
+			}
+			b.th.kind = stopPlain
+			b.sigStop = ws.StopSignal() != unix.SIGTRAP || int(ws)>>16 != unix.PTRACE_EVENT_STOP
+			break
+		}
+		t.pump()
+		time.Sleep(100 * time.Microsecond)
+	}
+	why := fmt.Sprintf("did not return within %v", limit)
+	if ctxErr != nil {
+		why = ctxErr.Error()
+	}
+	return fmt.Errorf("call %#x on thread %d %s; the thread was put back where it was, what the call had done stays: %w", fn, tid, why, ErrCall)
+}
+
+// restore writes back the saved registers and xstate and resumes the
+// thread, delivering the first deferred signal with its siginfo and
+// re-raising the others.
+func (b *Borrowed) restore() error {
+	t, tid := b.t, b.th.tid
+	if t.threads[tid] == nil {
+		return fmt.Errorf("thread %d: %w", tid, ErrExited)
+	}
+	if b.th.kind == running {
+		return fmt.Errorf("thread %d could not be stopped to restore it: %w", tid, ErrCall)
+	}
+	if err := unix.PtraceSetRegs(tid, &b.regs); err != nil {
+		return fmt.Errorf("restore thread %d: registers: %w", tid, mapErrno(err))
+	}
+	if err := setXstate(tid, b.xstate); err != nil {
+		return fmt.Errorf("restore thread %d: xstate: %w", tid, mapErrno(err))
+	}
+	// A signal can be injected only from a signal-delivery-stop (from an
+	// interrupt stop it would be ignored): the first deferred signal goes
+	// that way with its own siginfo, any others are raised again.
+	sig := 0
+	rest := b.deferred
+	if len(rest) > 0 && b.sigStop {
+		si := rest[0]
+		if setSiginfo(tid, &si) == nil {
+			sig = int(si.Signo)
+			rest = rest[1:]
+		}
+	}
+	for _, more := range rest {
+		_ = unix.Tgkill(t.pid, tid, unix.Signal(more.Signo))
+	}
+	b.th.kind = running
+	if err := unix.PtraceCont(tid, sig); err != nil {
+		return fmt.Errorf("resume thread %d: %w", tid, mapErrno(err))
+	}
+	t.pump()
+	return nil
+}

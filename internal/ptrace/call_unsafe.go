@@ -1,0 +1,47 @@
+package ptrace
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// ntX86Xstate is the regset of the XSAVE area (x87, SSE, AVX, AVX-512, ...).
+const ntX86Xstate = 0x202
+
+// getXstate reads a stopped thread's extended state (PTRACE_GETREGSET
+// NT_X86_XSTATE) into a buffer as large as the kernel says it is.
+func getXstate(tid int) ([]byte, error) {
+	buf := make([]byte, 64<<10) // larger than any XSAVE layout (AMX: ~11 KiB)
+	iov := unix.Iovec{Base: &buf[0]}
+	iov.SetLen(len(buf))
+	_, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_GETREGSET, uintptr(tid), ntX86Xstate, uintptr(unsafe.Pointer(&iov)), 0, 0)
+	if e != 0 {
+		return nil, e
+	}
+	return buf[:iov.Len], nil
+}
+
+// setXstate writes back what getXstate read.
+func setXstate(tid int, b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	iov := unix.Iovec{Base: &b[0]}
+	iov.SetLen(len(b))
+	_, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_SETREGSET, uintptr(tid), ntX86Xstate, uintptr(unsafe.Pointer(&iov)), 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// setSiginfo issues PTRACE_SETSIGINFO: the signal a tracee resumes with
+// carries this information (sender, code) instead of the current stop's.
+func setSiginfo(tid int, si *siginfo) error {
+	_, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_SETSIGINFO, uintptr(tid), 0, uintptr(unsafe.Pointer(si)), 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}

@@ -1,0 +1,69 @@
+package xmod_test
+
+import (
+	"context"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/edgeprobe/edgeprobe/internal/ptrace"
+)
+
+var forkLine = regexp.MustCompile(`forks=(\d+) childdied=(\d+) childbad=(\d+) lastsig=(\d+)`)
+
+// runStressFork toggles every site at full speed while the target forks and
+// vforks children that run the sites (issue 11: children inherited the int3
+// of a batch in flight and, having no tracer, died of SIGTRAP). The
+// fixture's verdict counts every child killed by a signal or exiting with a
+// wrong checksum; the test wants none, and at least a few forks while the
+// batches ran.
+func runStressFork(t *testing.T, p protocol) {
+	st := startStressMode(t, buildStress(t, true), 2, "fork")
+	sites := st.sites(t, p.flip)
+	var tr *ptrace.Tracer
+	if p.traced {
+		tr = attach(t, st.pid)
+	}
+	ctx := context.Background()
+	deadline := time.Now().Add(soak(t))
+	toggles := 0
+	for time.Now().Before(deadline) {
+		for _, on := range []bool{false, true} {
+			var err error
+			if tr != nil {
+				err = p.toggle(ctx, tr, tr, changes(sites, on))
+			} else {
+				err = p.toggle(ctx, nil, st.mem, changes(sites, on))
+			}
+			if err != nil {
+				t.Fatalf("%s: batch on=%v after %d toggles: %v (stderr %s)", p.name, on, toggles, err, st.stderr)
+			}
+			toggles += len(sites)
+		}
+	}
+	var stats ptrace.Stats
+	if tr != nil {
+		requireValid(t, tr, sites)
+		stats = tr.Stats()
+		if err := tr.Detach(); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		requireValid(t, st.mem, sites)
+	}
+	line := st.finish(t) // fails unless childdied=0 and childbad=0
+	mm := forkLine.FindStringSubmatch(line)
+	if mm == nil {
+		t.Fatalf("done line without fork counts: %s", line)
+	}
+	if n, _ := strconv.Atoi(mm[1]); n < 10 {
+		t.Fatalf("only %d forks while batches ran: the test proves nothing (%s)", n, line)
+	}
+	t.Logf("%s: %d site toggles; tracer %+v; fixture: %s", p.name, toggles, stats, line)
+}
+
+func TestForkFlip(t *testing.T)      { runStressFork(t, protoFlip) }
+func TestForkInt3(t *testing.T)      { runStressFork(t, protoInt3) }
+func TestForkInt3Async(t *testing.T) { runStressFork(t, protoInt3Async) }
+func TestForkStop(t *testing.T)      { runStressFork(t, protoStop) }
