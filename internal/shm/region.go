@@ -3,6 +3,7 @@ package shm
 import (
 	"errors"
 	"fmt"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"math/bits"
 	"os"
 	"strings"
@@ -98,7 +99,8 @@ func openTrusted(path string, pid int, owner uint32) (*Region, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shm: pid %d: %w: %w", pid, ErrUntrusted, err)
 	}
-	if got := int(r.hdr.Pid); got != pid {
+	// The runtime records getpid(): in another pid namespace, the pid there.
+	if got, want := int(r.hdr.Pid), procfs.InnerPid(pid); got != want {
 		r.Close()
 		return nil, fmt.Errorf("shm: pid %d: its %s describes pid %d: %w", pid, MemfdName, got, ErrUntrusted)
 	}
