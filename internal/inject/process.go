@@ -4,6 +4,7 @@ import (
 	"debug/elf"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"os"
 	"path"
 	"strconv"
@@ -294,9 +295,16 @@ func readObject(pid int, o *procmaps.Object) (map[string]uint64, []Slot, bool, e
 		return nil, nil, false, fmt.Errorf("%s: %w", o.Path, err)
 	}
 	defer f.Close()
-	ef, err := elf.NewFile(f)
+	return parseObject(f, o.Path, o.Bias)
+}
+
+// parseObject is readObject on the object's file contents: every value
+// it reads comes from the file, so a hand-edited file must give an error or
+// fewer slots, never a panic (FuzzParseObject).
+func parseObject(r io.ReaderAt, name string, bias uint64) (map[string]uint64, []Slot, bool, error) {
+	ef, err := elf.NewFile(r)
 	if err != nil {
-		return nil, nil, false, fmt.Errorf("%s: %v: %w", o.Path, err, procmaps.ErrNotELF)
+		return nil, nil, false, fmt.Errorf("%s: %v: %w", name, err, procmaps.ErrNotELF)
 	}
 	interp := false
 	for _, prog := range ef.Progs {
@@ -321,7 +329,7 @@ func readObject(pid int, o *procmaps.Object) (map[string]uint64, []Slot, bool, e
 			continue
 		}
 		if _, ok := defs[s.Name]; !ok {
-			defs[s.Name] = o.Runtime(s.Value)
+			defs[s.Name] = s.Value + bias
 		}
 	}
 	var slots []Slot
@@ -346,15 +354,15 @@ func readObject(pid int, o *procmaps.Object) (map[string]uint64, []Slot, bool, e
 			if si == 0 || si > len(syms) {
 				continue
 			}
-			name := syms[si-1].Name
-			if hookIndex(name) < 0 {
+			hname := syms[si-1].Name
+			if hookIndex(hname) < 0 {
 				continue
 			}
 			kind := "JUMP_SLOT"
 			if typ == elf.R_X86_64_GLOB_DAT {
 				kind = "GLOB_DAT"
 			}
-			slots = append(slots, Slot{Object: o.Path, Hook: name, Reloc: kind, Addr: o.Runtime(r.Off)})
+			slots = append(slots, Slot{Object: name, Hook: hname, Reloc: kind, Addr: r.Off + bias})
 		}
 	}
 	return defs, slots, interp, nil
