@@ -66,7 +66,7 @@ type slice struct {
 func TestTrace(t *testing.T) {
 	p := startCold(t)
 	out := filepath.Join(t.TempDir(), "trace.json")
-	r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "work", "--enable", "leaf", "--duration", "2s", "--max-calls", "50000", "-o", out, "--json")
+	r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "work", "--enable", "leaf", "--duration", "120s", "--max-calls", "50000", "-o", out, "--json")
 	var summary struct {
 		Calls   int    `json:"calls"`
 		Dropped uint64 `json:"dropped_events"`

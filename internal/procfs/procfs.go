@@ -114,3 +114,22 @@ func TracerPid(pid, tid int) int {
 	}
 	return st.Int("TracerPid")
 }
+
+// InnerPid is the process's pid in its own (innermost) pid namespace, the
+// number getpid() returns inside it: the last field of NSpid, or pid itself
+// when the kernel does not say.
+func InnerPid(pid int) int {
+	st, err := ReadStatus(pid, 0)
+	if err != nil {
+		return pid
+	}
+	f := strings.Fields(st["NSpid"])
+	if len(f) == 0 {
+		return pid
+	}
+	n, err := strconv.Atoi(f[len(f)-1])
+	if err != nil {
+		return pid
+	}
+	return n
+}
