@@ -58,6 +58,9 @@ func EnsureRuntime(ctx context.Context, pid int, opts RuntimeOptions) (*RuntimeS
 	// changing anything does, and looks again under it.
 	p, err := inject.Inspect(pid)
 	if err != nil {
+		if errors.Is(err, os.ErrPermission) {
+			return nil, fmt.Errorf("pid %d: reading its memory map needs ptrace rights (the same user, or CAP_SYS_PTRACE): %w", pid, err)
+		}
 		return nil, err
 	}
 	st := &RuntimeStatus{Foreign: p.Foreign(), Static: p.Static}
@@ -67,6 +70,16 @@ func EnsureRuntime(ctx context.Context, pid int, opts RuntimeOptions) (*RuntimeS
 	if len(p.NeedRouting()) == 0 {
 		st.Present = p.Runtime != nil
 		return st, nil
+	}
+	// A descriptor named like the runtime's region that is not a region of
+	// this process (planted, or inherited from another) means something we
+	// cannot vouch for runs there: refuse rather than load beside it.
+	if p.Runtime == nil {
+		if r, err := shm.OpenPID(pid); err == nil {
+			r.Close()
+		} else if errors.Is(err, shm.ErrUntrusted) {
+			return st, err
+		}
 	}
 	var lock *Lock
 	if !opts.NoInject {
