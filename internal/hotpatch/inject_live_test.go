@@ -6,6 +6,7 @@ package hotpatch
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -208,11 +209,22 @@ func syscallName(nr string) string {
 	return "system call " + nr
 }
 
+// hasRegion reports whether pid holds a runtime region (the runtime's memfd;
+// any error but "no runtime" counts as one, to fail loudly).
+func hasRegion(pid int) bool {
+	r, err := shm.OpenPID(pid)
+	if err == nil {
+		r.Close()
+		return true
+	}
+	return !errors.Is(err, shm.ErrNoRuntime)
+}
+
 // untouched asserts a refused load changed nothing: no runtime region, every
 // probe in the state it had.
 func untouched(t *testing.T, pid int, before []ProbeState, what string) {
 	t.Helper()
-	if _, err := os.Stat(fmt.Sprintf("/dev/shm/edgeprobe.%d", pid)); err == nil {
+	if hasRegion(pid) {
 		t.Errorf("%s: the process has a runtime region", what)
 	}
 	after := probeStates(t, pid)
@@ -287,7 +299,7 @@ func TestInjectRefusals(t *testing.T) {
 		fx := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c"}, Static: true, PIE: testutil.Bool(false)})
 		p := testutil.Start(t, nil, fx.Path)
 		refused(t, nil, []string{"--pid", fmt.Sprint(p.Pid), "--enable", "work"}, "statically linked", "libedgeprobe.a", "--whole-archive")
-		if _, err := os.Stat(fmt.Sprintf("/dev/shm/edgeprobe.%d", p.Pid)); err == nil {
+		if hasRegion(p.Pid) {
 			t.Error("a runtime region appeared")
 		}
 		p.Finish()
@@ -333,7 +345,7 @@ func TestInjectRefusals(t *testing.T) {
 		if p.Read64(enters) == e0 {
 			t.Fatal("the program's own hooks stopped receiving calls")
 		}
-		if _, err := os.Stat(fmt.Sprintf("/dev/shm/edgeprobe.%d", p.Pid)); err == nil {
+		if hasRegion(p.Pid) {
 			t.Error("a runtime region appeared")
 		}
 		p.Finish()
@@ -355,23 +367,7 @@ func copyTo(t *testing.T, from, dir string) string {
 
 // regionOf opens the runtime's region through the process's own mapping
 // (map_files), which works whatever the region's name in its namespace.
-func regionOf(pid int) (*shm.Region, error) {
-	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
-	if err != nil {
-		return nil, err
-	}
-	for _, line := range strings.Split(string(maps), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 6 || !strings.HasPrefix(f[1], "rw") {
-			continue
-		}
-		if base := filepath.Base(f[5]); !strings.HasPrefix(base, "edgeprobe.") && !strings.HasPrefix(base, "memfd:edgeprobe.") {
-			continue
-		}
-		return shm.Open(fmt.Sprintf("/proc/%d/map_files/%s", pid, f[0]))
-	}
-	return nil, fmt.Errorf("pid %d maps no region", pid)
-}
+func regionOf(pid int) (*shm.Region, error) { return shm.OpenPID(pid) }
 
 // TestInjectNamespace: a target in its own mount and pid namespace, with a
 // private /tmp where the runtime file hotpatch reads does not exist (the

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/bits"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -35,7 +36,8 @@ var (
 // among the process's descriptors (/proc/PID/fd, which needs the rights of
 // ptrace: the same user, or CAP_SYS_PTRACE) and opened through /proc. It is
 // trusted only if the file belongs to the process's owner and its header
-// names pid (a fork child's inherited descriptor names the parent).
+// names pid as the process sees itself (its pid namespace's number; a fork
+// child's inherited descriptor would name the parent).
 func OpenPID(pid int) (*Region, error) {
 	if pid <= 0 {
 		return nil, fmt.Errorf("shm: pid %d: %w", pid, ErrNoRuntime)
@@ -98,11 +100,29 @@ func openTrusted(path string, pid int, owner uint32) (*Region, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shm: pid %d: %w: %w", pid, ErrUntrusted, err)
 	}
-	if got := int(r.hdr.Pid); got != pid {
+	if got, self := int(r.hdr.Pid), selfPid(pid); got != self {
 		r.Close()
 		return nil, fmt.Errorf("shm: pid %d: its %s describes pid %d: %w", pid, MemfdName, got, ErrUntrusted)
 	}
 	return r, nil
+}
+
+// selfPid is pid as the process itself sees it (getpid, which the runtime
+// records): the last NSpid of /proc/PID/status, which differs from ours
+// inside a pid namespace (a container).
+func selfPid(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return pid
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "NSpid:" {
+			if n, err := strconv.Atoi(f[len(f)-1]); err == nil {
+				return n
+			}
+		}
+	}
+	return pid
 }
 
 // Open maps the region file at path, read-write when permitted (needed for
