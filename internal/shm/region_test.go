@@ -211,3 +211,59 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		runtime.Gosched()
 	}
 }
+
+// TestIdleRegionMemory: a process with the runtime preloaded and no probe
+// enabled (a cold binary: every site inert) holds at most 1 MiB of region
+// memory, the region's resident size in /proc/PID/smaps; with everything
+// on it grows with what is recorded.
+func TestIdleRegionMemory(t *testing.T) {
+	lib := buildRuntime(t, "gcc")
+	bin := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c"}}).Path
+	if r := testutil.Run(t, "coldpatch", bin); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, bin)
+	p.AwaitProgress(p.Symbol(bin, "progress"), 100000)
+	rss, size := regionRss(t, p.Pid)
+	t.Logf("idle region: %d KiB resident of %d KiB", rss, size)
+	if rss > 1024 {
+		t.Errorf("idle region holds %d KiB, want <= 1024", rss)
+	}
+	if size < 4*1024 {
+		t.Errorf("region mapping %d KiB: not the region?", size)
+	}
+	p.Finish()
+}
+
+// regionRss returns the resident and total size in KiB of the process's
+// region mapping (/memfd:edgeprobe in smaps).
+func regionRss(t testing.TB, pid int) (rss, size int) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, found := false, false
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 6 && strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":") {
+			in = strings.HasPrefix(strings.Join(f[5:], " "), MemfdName+" ") || strings.Join(f[5:], " ") == MemfdName
+			found = found || in
+			continue
+		}
+		if !in || len(f) < 2 {
+			continue
+		}
+		n, _ := strconv.Atoi(f[1])
+		switch f[0] {
+		case "Rss:":
+			rss += n
+		case "Size:":
+			size += n
+		}
+	}
+	if !found {
+		t.Fatalf("pid %d maps no %s", pid, MemfdName)
+	}
+	return rss, size
+}
