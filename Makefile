@@ -67,6 +67,7 @@ fuzz:
 	$(FUZZ) '^FuzzParse$$' ./internal/calibrate
 	$(FUZZ) '^FuzzSignatures$$' ./internal/dwarfargs
 	$(FUZZ) '^FuzzReader$$' ./internal/perfetto
+	$(FUZZ) '^FuzzSessionLine$$' ./internal/cli
 
 demo: build
 	./scripts/demo.sh

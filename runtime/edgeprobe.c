@@ -702,7 +702,20 @@ EP_COLD int ep_busy_live(struct ep_thread *th, uint64_t here) {
 		got = *(volatile uint64_t *)(uintptr_t)(b + 8); /* above us on this stack: mapped */
 	else
 		got = ep_peek(b + 8);
-	if (got == ep_tls.busy_ret)
+	/* A hook that interrupts a live one on the same stack runs below it
+	 * (a signal frame is pushed under the interrupted one). At or above the
+	 * busy frame we can only be a later hook on a stack the abandoned one
+	 * left: a loop calling the same function from the same place rebuilds
+	 * that frame with the same return address, which alone would make a
+	 * stale word look live forever. A handler on an alternate signal stack
+	 * may run anywhere: there only the return address can tell. */
+	int above = here >= b;
+	if (above) {
+		stack_t ss;
+		if (sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_ONSTACK))
+			above = 0;
+	}
+	if (!above && got == ep_tls.busy_ret)
 		return 1;
 	/* A handler interrupting us here (the read above may be a system call)
 	 * can judge the same word: whoever clears it counts it, once. */

@@ -50,7 +50,13 @@ func (h *Harness) RunBatch(ctx context.Context) error {
 			"A pass enables every probe with one protocol call, then disables them all; %d passes. Time per probe = the call's time / probes. "+
 			"`flip, one call per probe` calls xmod.Flip once per site, the way the paper timed each (de)activation.", len(flipList.Probes), h.Cfg.BatchReps),
 		Head: []string{"protocol", "enable, per probe", "disable, per probe", "whole enable batch"}}
-	defer func() { h.Rep.Add(*sec) }()
+	var spans *Section // row 2b, after this one
+	defer func() {
+		h.Rep.Add(*sec)
+		if spans != nil {
+			h.Rep.Add(*spans)
+		}
+	}()
 	for _, p := range []batchProto{{"flip", flipBin, flipList, h.flipBatch}, {"int3", nopBin, nopList, h.int3Batch}} {
 		m, err := h.measureBatch(ctx, p)
 		if err != nil {
@@ -58,6 +64,11 @@ func (h *Harness) RunBatch(ctx context.Context) error {
 		}
 		h.reportBatch(sec, p.name, m)
 	}
+	sm, st, err := h.measureSpans(ctx, flipBin, flipList)
+	if err != nil {
+		return fmt.Errorf("spans: %w", err)
+	}
+	spans = h.reportSpans(len(flipList.Probes), sm, st)
 	h.Rep.Set("batch20k.probes", float64(len(flipList.Probes)))
 	h.Rep.Set("batch20k.functions", float64(n))
 	sec.Foot = "Paper (Chamith et al. §8.3): 20,000 probes, each toggled by its own call; sync wordpatch 300/120 ticks for non-straddlers and ~8,800 for straddlers, callpatch 432/315 ticks."

@@ -136,7 +136,7 @@ func requireKeys(t *testing.T, h *Harness, keys ...string) {
 			switch {
 			case why == "" || strings.HasPrefix(why, "not run (row"):
 				t.Errorf("%s: no value and no reason", k)
-			case testutil.InCI() && !strings.HasPrefix(k, "throughput_ratio."):
+			case testutil.InCI() && !strings.HasPrefix(k, "throughput_ratio.") && !strings.HasPrefix(k, "session_throughput_ratio."):
 				t.Errorf("%s not measured in CI: %s", k, why)
 			default:
 				t.Logf("%s not measured: %s", k, why)
@@ -160,10 +160,17 @@ func TestInvokeRow(t *testing.T) {
 
 func TestBatchRow(t *testing.T) {
 	h := harness(t, "batch")
-	requireKeys(t, h, "batch20k.flip_per_probe")
+	requireKeys(t, h, "batch20k.flip_per_probe", "batch20k.flip_spans_per_probe", "batch20k.session_spans_per_probe")
 	if p := h.Rep.Values["batch20k.probes"]; p != float64(2*h.Cfg.BatchFuncs) {
 		t.Errorf("batch program has %v probes, want %d (an entry and an exit per function)", p, 2*h.Cfg.BatchFuncs)
 	}
+}
+
+// TestSessionRow runs row 7: every streamed toggle and every paced one
+// through `hotpatch session` must come back ok (the row fails otherwise).
+func TestSessionRow(t *testing.T) {
+	h := harness(t, "session")
+	requireKeys(t, h, "session.toggles_per_s", "session_throughput_ratio.1k")
 }
 
 func TestThroughputRow(t *testing.T) {
@@ -190,7 +197,8 @@ func TestMicroRow(t *testing.T) {
 // and not, and every phase be timed.
 func TestCLIRow(t *testing.T) {
 	h := harness(t, "cli")
-	keys := []string{"cli.help", "cli.toggle_list", "cli.toggle_scan", "cli.toggle_list_uncached", "cli.toggle_scan_uncached"}
+	keys := []string{"cli.help", "cli.toggle_list", "cli.toggle_scan", "cli.toggle_list_uncached", "cli.toggle_scan_uncached",
+		"cli.peer_perf", "cli.peer_bpftrace", "cli.peer_gdb"}
 	for _, p := range cliPhaseNames {
 		keys = append(keys, "cli_phase."+p)
 	}

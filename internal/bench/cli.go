@@ -35,10 +35,11 @@ func (h *Harness) RunCLI(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	peers, skipped := r.measurePeers(ctx)
 	if _, err := r.t.Quit(ctx); err != nil {
 		return err
 	}
-	h.reportCLI(r, m, ph)
+	h.reportCLI(r, m, ph, peers, skipped)
 	return nil
 }
 
@@ -48,6 +49,7 @@ type cliRun struct {
 	h        *Harness
 	t        *Target
 	hotpatch string
+	bin      string // the program (coldpatched, flip)
 	list     string // the JSON probe list
 	probes   int
 	cache    string
@@ -64,7 +66,7 @@ func (h *Harness) startCLI(ctx context.Context) (*cliRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &cliRun{h: h, list: filepath.Join(h.B.Dir, fmt.Sprintf("many%d-flip.probes.json", n)), probes: len(flipList.Probes), fn: fmt.Sprintf("f%d", n/2)}
+	r := &cliRun{h: h, bin: flipBin, list: filepath.Join(h.B.Dir, fmt.Sprintf("many%d-flip.probes.json", n)), probes: len(flipList.Probes), fn: fmt.Sprintf("f%d", n/2)}
 	if err := flipList.WriteFile(r.list); err != nil {
 		return nil, err
 	}
@@ -257,12 +259,13 @@ func (r *cliRun) phaseRound(ctx context.Context, sel probelist.Selector, on bool
 	return err
 }
 
-func (h *Harness) reportCLI(r *cliRun, m *cliSamples, ph map[string][]float64) {
+func (h *Harness) reportCLI(r *cliRun, m *cliSamples, ph map[string][]float64, peers map[string][]float64, skipped map[string]string) {
 	help := Summarize(m.help, h.TSC)
 	sec := Section{Title: "6. One CLI toggle, exec to exit",
 		Text: fmt.Sprintf("`hotpatch` run as a script runs it, timed from exec to exit, on the batch row's generated program (%d probes) while its executor runs, toggling `%s` (2 probes) with the flip protocol; enable and disable alternate. "+
 			"With the probe list (`--probes`, coldpatch's JSON) and without it (the scan of every mapped object), each from the per-user probe cache after a first call filled it; then the same with the cache off (`EDGEPROBE_CACHE=off`: the JSON parsed, every object scanned, as before the cache). "+
-			"Next to it, a bare `hotpatch --help`: the same process's start-up and exit doing nothing. %d calls of each cached kind, interleaved.",
+			"Next to it, a bare `hotpatch --help`: the same process's start-up and exit doing nothing. %d calls of each cached kind, interleaved. "+
+			"Then the peers on the same program and function, as whole commands (exec to exit, a first run untimed): perf probe, bpftrace, gdb; their ratio is to `--help` and to our cached toggle with the list.",
 			r.probes, r.fn, len(m.help)),
 		Head: []string{"command", "exec to exit", "x `hotpatch --help`"}}
 	add := func(key, name string, s []float64) {
@@ -282,6 +285,7 @@ func (h *Harness) reportCLI(r *cliRun, m *cliSamples, ph map[string][]float64) {
 	add("toggle_scan", "toggle without `--probes`, second call (scans cached)", m.scan)
 	add("toggle_list_uncached", "toggle with `--probes`, cache off (JSON parsed)", m.listOff)
 	add("toggle_scan_uncached", "toggle without `--probes`, cache off (every object scanned)", m.scanOff)
+	h.reportPeers(r, &sec, m, peers, skipped)
 	h.Rep.Set("cli.probes", float64(r.probes))
 	h.Rep.Add(sec)
 

@@ -17,28 +17,30 @@ import (
 
 // Config sizes every row. Full, Quick and Tiny are the presets.
 type Config struct {
-	Name          string
-	Reps          int           // repetitions of each timed run (median over them)
-	ToggleReps    int           // toggles per direction for the flip/int3/stop rows
-	AsyncReps     int           // toggles per direction for int3-async and stop
-	InvokeN       int64         // calls per invocation/inert run
-	MicroNs       []int64       // micro-benchmark sizes
-	MicroReps     map[int64]int // reps per size (default Reps)
-	UprobeMaxN    int64         // largest N run under uprobes
-	GdbNs         []int64       // sizes run under gdb
-	BatchFuncs    int           // functions of the batch program
-	BatchReps     int           // enable+disable passes
-	Rates         []int         // toggles/s; 0 means as fast as possible
-	Window        time.Duration // throughput measurement window
-	Executors     int           // executor threads in the throughput target
-	AttachReps    int
-	GdbBreaks     int           // breakpoints for the gdb attach figure
-	ZlibKB        int           // provider-cost row: zlib workload corpus, KiB
-	DemangleN     int           // provider-cost row: names the demangle workload generates
-	ProviderPairs int           // provider-cost row: timed rounds (every variant once each)
-	Int3Wait      time.Duration // 0: xmod.DefaultWait (no calibration exists yet)
-	Rows          map[string]bool
-	Log           io.Writer
+	Name           string
+	Reps           int           // repetitions of each timed run (median over them)
+	ToggleReps     int           // toggles per direction for the flip/int3/stop rows
+	AsyncReps      int           // toggles per direction for int3-async and stop
+	InvokeN        int64         // calls per invocation/inert run
+	MicroNs        []int64       // micro-benchmark sizes
+	MicroReps      map[int64]int // reps per size (default Reps)
+	UprobeMaxN     int64         // largest N run under uprobes
+	GdbNs          []int64       // sizes run under gdb
+	BatchFuncs     int           // functions of the batch program
+	BatchReps      int           // enable+disable passes
+	Rates          []int         // toggles/s; 0 means as fast as possible
+	Window         time.Duration // throughput measurement window
+	Executors      int           // executor threads in the throughput target
+	AttachReps     int
+	GdbBreaks      int           // breakpoints for the gdb attach figure
+	ZlibKB         int           // provider-cost row: zlib workload corpus, KiB
+	DemangleN      int           // provider-cost row: names the demangle workload generates
+	ProviderPairs  int           // provider-cost row: timed rounds (every variant once each)
+	Int3Wait       time.Duration // 0: xmod.DefaultWait (no calibration exists yet)
+	SessionToggles int           // row 7: commands per streamed run
+	SessionRates   []int         // row 7: toggle rates through the session (0: flat out)
+	Rows           map[string]bool
+	Log            io.Writer
 }
 
 // Full is `make bench`.
@@ -47,7 +49,8 @@ func Full() Config {
 		MicroNs: []int64{1_000_000, 10_000_000, 100_000_000}, MicroReps: map[int64]int{100_000_000: 3},
 		UprobeMaxN: 10_000_000, GdbNs: []int64{1_000, 10_000}, BatchFuncs: 20_000, BatchReps: 7,
 		Rates: []int{1_000, 10_000, 100_000, 0}, Window: time.Second, Executors: 1,
-		AttachReps: 11, GdbBreaks: 100, ZlibKB: 3072, DemangleN: 200_000, ProviderPairs: 9}
+		AttachReps: 11, GdbBreaks: 100, ZlibKB: 3072, DemangleN: 200_000, ProviderPairs: 9,
+		SessionToggles: 200_000, SessionRates: []int{10_000, 100_000, 0}}
 }
 
 // Quick is `make bench-quick`: every row, smaller.
@@ -55,7 +58,8 @@ func Quick() Config {
 	return Config{Name: "quick", Reps: 5, ToggleReps: 300, AsyncReps: 50, InvokeN: 5_000_000,
 		MicroNs: []int64{1_000_000}, UprobeMaxN: 1_000_000, GdbNs: []int64{1_000}, BatchFuncs: 2_000,
 		BatchReps: 3, Rates: []int{1_000, 10_000, 100_000, 0}, Window: 200 * time.Millisecond,
-		Executors: 1, AttachReps: 5, GdbBreaks: 20, ZlibKB: 512, DemangleN: 30_000, ProviderPairs: 3}
+		Executors: 1, AttachReps: 5, GdbBreaks: 20, ZlibKB: 512, DemangleN: 30_000, ProviderPairs: 3,
+		SessionToggles: 50_000, SessionRates: []int{100_000}}
 }
 
 // Tiny is the tests' configuration: counts checked, timings meaningless.
@@ -63,11 +67,12 @@ func Tiny() Config {
 	return Config{Name: "tiny", Reps: 2, ToggleReps: 10, AsyncReps: 4, InvokeN: 10_000,
 		MicroNs: []int64{10_000}, UprobeMaxN: 10_000, GdbNs: []int64{50}, BatchFuncs: 200,
 		BatchReps: 1, Rates: []int{1_000, 0}, Window: 30 * time.Millisecond, Executors: 1,
-		AttachReps: 2, GdbBreaks: 3, ZlibKB: 64, DemangleN: 2_000, ProviderPairs: 1}
+		AttachReps: 2, GdbBreaks: 3, ZlibKB: 64, DemangleN: 2_000, ProviderPairs: 1,
+		SessionToggles: 200, SessionRates: []int{1_000}}
 }
 
 // Rows in run order.
-var Rows = []string{"toggle", "invoke", "provider", "batch", "throughput", "micro", "attach", "first", "cli"}
+var Rows = []string{"toggle", "invoke", "provider", "batch", "throughput", "micro", "attach", "first", "cli", "session"}
 
 // Harness runs the rows and collects the report.
 type Harness struct {
@@ -164,6 +169,7 @@ func (h *Harness) Run(ctx context.Context) {
 	fns := map[string]func(context.Context) error{
 		"toggle": h.RunToggle, "invoke": h.RunInvoke, "provider": h.RunProvider, "batch": h.RunBatch,
 		"throughput": h.RunThroughput, "micro": h.RunMicro, "attach": h.RunAttach, "first": h.RunFirstRecord, "cli": h.RunCLI,
+		"session": h.RunSession,
 	}
 	for _, r := range Rows {
 		if h.Cfg.Rows != nil && !h.Cfg.Rows[r] {

@@ -50,6 +50,9 @@ type throughputRun struct {
 	t   *Target
 	mem *ptrace.Mem
 	set func(on bool) error
+	// async, when set, is what the paced toggler calls (set waits for the
+	// toggle to be done; async only sends it: row 7's session).
+	async func(on bool) error
 }
 
 func (h *Harness) startThroughput(ctx context.Context) (*throughputRun, error) {
@@ -80,7 +83,9 @@ func (h *Harness) startThroughput(ctx context.Context) (*throughputRun, error) {
 }
 
 func (r *throughputRun) close() {
-	r.mem.Close()
+	if r.mem != nil {
+		r.mem.Close()
+	}
 	r.t.Kill()
 }
 
@@ -126,6 +131,10 @@ func (r *throughputRun) toggled(ctx context.Context, rate int) (w win, achieved 
 		}
 		next := time.Now()
 		v := false
+		toggle := r.set
+		if r.async != nil {
+			toggle = r.async
+		}
 		for !stop.Load() {
 			if period > 0 {
 				for time.Now().Before(next) {
@@ -135,7 +144,7 @@ func (r *throughputRun) toggled(ctx context.Context, rate int) (w win, achieved 
 					next = now // fell behind: no catch-up burst
 				}
 			}
-			if err := r.set(v); err != nil {
+			if err := toggle(v); err != nil {
 				done <- err
 				return
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -68,6 +69,7 @@ func newHotpatchCmd(stdout, stderr io.Writer) *cobra.Command {
 		waitLock       bool
 		verbose        bool
 		wait           time.Duration
+		commands       string
 		inj            injectFlags
 	)
 	cmd := &cobra.Command{
@@ -92,6 +94,11 @@ for others (docs/probe-list.md); -v prints its hits and misses. Every site's liv
 are verified before anything is written; a site holding anything but its active or inert
 form refuses the whole request.
 
+A process started without the runtime (no LD_PRELOAD=libedgeprobe.so) gets it loaded by the
+first --enable (and by stats, trace, profile, top): one line on stderr says so. --no-inject
+refuses instead; --runtime FILE or $EDGEPROBE_RUNTIME names the runtime, else libedgeprobe.so
+next to hotpatch. See docs/injection.md.
+
 Protocols: flip (one atomic byte store, no stop; the default wherever a site allows it),
 int3 and int3-async (multi-byte sites: int3 first, threads that hit it are held by
 hotpatch as tracer), stop (stop the world; the iProbe/Dyninst baseline). See
@@ -112,6 +119,22 @@ not exist or exited while hotpatch worked on it.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := tf.check(); err != nil {
 				return err
+			}
+			if commands != "" {
+				if len(actions) > 0 {
+					return usagef("--commands takes its enables and disables from its input, not from --enable/--disable")
+				}
+				in := cmd.InOrStdin()
+				if commands != "-" {
+					f, err := os.Open(commands)
+					if err != nil {
+						return err
+					}
+					defer f.Close()
+					in = f
+				}
+				inj.verbose = verbose
+				return runSession(tf, protocol, waitLock, &inj, in, stdout, stderr)
 			}
 			if len(actions) == 0 {
 				return usagef("nothing to do: give --enable SEL or --disable SEL (or a subcommand; see --help)")
@@ -157,6 +180,9 @@ not exist or exited while hotpatch worked on it.`,
 				for _, n := range res.Repaired {
 					fmt.Fprintf(stderr, "hotpatch: %s\n", n)
 				}
+				for _, w := range res.Warnings {
+					fmt.Fprintf(stderr, "hotpatch: warning: %s\n", w)
+				}
 				if tf.json {
 					if werr := writeJSON(stdout, res); werr != nil && err == nil {
 						err = werr
@@ -185,7 +211,7 @@ not exist or exited while hotpatch worked on it.`,
 	// cannot be used because its directory is not private.
 	cmd.PersistentPreRun = func(c *cobra.Command, _ []string) {
 		switch c.Name() {
-		case "hotpatch", "list", "trace", "profile":
+		case "hotpatch", "list", "trace", "profile", "session":
 			warnCache(stderr, verbose)
 		}
 	}
@@ -198,11 +224,12 @@ not exist or exited while hotpatch worked on it.`,
 	f.DurationVar(&wait, "int3-wait", 0, "wait between int3 phases (default: from hotpatch calibrate, else 50µs)")
 	f.BoolVar(&waitLock, "wait", false, "if another hotpatch works on the process, wait for it instead of failing")
 	f.BoolVarP(&verbose, "verbose", "v", false, "print every site's result to stderr")
+	f.StringVar(&commands, "commands", "", "run the commands of `FILE` ('-': stdin) over one attach, as hotpatch session does")
 	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"entry", "exit", "both"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("provider", cobra.FixedCompletions([]string{"cyg", "fentry", "all"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions([]string{"auto", "flip", "int3", "int3-async", "stop"}, cobra.ShellCompDirectiveNoFileComp))
 	inj.register(cmd)
-	cmd.AddCommand(newListCmd(stdout), newStatsCmd(stdout, stderr, &inj), newTraceCmd(stdout, stderr, &inj), newReplayCmd(stdout), newTopCmd(stdout, stderr, &inj), newProfileCmd(stdout, stderr, &inj), newCalibrateCmd(stdout, stderr), newRepairCmd(stdout, stderr))
+	cmd.AddCommand(newListCmd(stdout), newStatsCmd(stdout, stderr, &inj), newTraceCmd(stdout, stderr, &inj), newReplayCmd(stdout), newTopCmd(stdout, stderr, &inj), newProfileCmd(stdout, stderr, &inj), newCalibrateCmd(stdout, stderr), newRepairCmd(stdout, stderr), newSessionCmd(stdout, stderr, &inj))
 	return cmd
 }
 

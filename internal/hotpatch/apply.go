@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
-	"github.com/edgeprobe/edgeprobe/internal/procmaps"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"github.com/edgeprobe/edgeprobe/internal/xmod"
@@ -61,13 +61,19 @@ type SiteResult struct {
 
 // Result is the outcome of Apply.
 type Result struct {
-	PID       int          `json:"pid"`
-	OK        bool         `json:"ok"` // every selected site ended in the asked state
-	Changed   int          `json:"changed"`
-	Unchanged int          `json:"unchanged"`
-	Held      int          `json:"threads_held"` // threads caught at an int3 and resumed
-	ElapsedNS int64        `json:"elapsed_ns"`   // attach to detach
-	Sites     []SiteResult `json:"sites"`
+	PID       int   `json:"pid"`
+	OK        bool  `json:"ok"` // every selected site ended in the asked state
+	Changed   int   `json:"changed"`
+	Unchanged int   `json:"unchanged"`
+	Held      int   `json:"threads_held"` // threads caught at an int3 and resumed
+	ElapsedNS int64 `json:"elapsed_ns"`   // attach to detach
+	// Spans: how a large flip batch was written (coalesced spans or one
+	// byte per site, and why); nil for small batches.
+	Spans *xmod.SpanStats `json:"spans,omitempty"`
+	// Warnings are what the batch saw that the user should know, such as a
+	// writer in the target sharing a page we wrote.
+	Warnings []string     `json:"warnings,omitempty"`
+	Sites    []SiteResult `json:"sites"`
 	// Repaired lists the selected sites that held an int3 left by an
 	// interrupted hotpatch (killed mid-batch) and were made whole first.
 	Repaired []RepairNote `json:"repaired,omitempty"`
@@ -119,6 +125,11 @@ type Session struct {
 	tracer  *ptrace.Tracer
 	full    bool        // the tracer holds every thread, not only the leader
 	region  *shm.Region // the runtime's region, when the process runs it
+	mem     *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
+	noSpans bool        // every flip site written alone (SetSpanWrites)
+	inBatch bool        // inside Batch: the tracer may not change
+	// resolved remembers what lists of actions selected (resolveCached).
+	resolved map[string][]selected
 	// verified: probes from list files already checked against a scan.
 	verified map[verifiedKey]bool
 }
@@ -172,6 +183,9 @@ func (s *Session) Close() error {
 	if s.region != nil {
 		s.region.Close()
 	}
+	if s.mem != nil {
+		s.mem.Close()
+	}
 	s.lock.t = nil // the session's tracer was the lock's
 	return err
 }
@@ -191,6 +205,9 @@ func (s *Session) attach(full bool) error {
 	if !full || s.full {
 		return nil
 	}
+	if s.inBatch {
+		return ErrNeedsFullAttach
+	}
 	if err := s.tracer.Upgrade(); err != nil {
 		return err
 	}
@@ -203,7 +220,7 @@ func (s *Session) attach(full bool) error {
 // ends the batch with every site in one of its two forms.
 func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, int3Wait time.Duration) (*Result, error) {
 	start := time.Now()
-	sel, err := resolve(s.targets, actions)
+	sel, err := s.resolveCached(actions)
 	if err != nil {
 		return nil, err
 	}
@@ -212,6 +229,10 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	}
 	if protocol == "" {
 		protocol = ProtoAuto
+	}
+	sites := make([]xmod.Site, len(sel)) // once: a 40,000-site batch reads them three times
+	for i, c := range sel {
+		sites[i] = siteOf(c)
 	}
 	byProto := map[string][]xmod.Change{}
 	protoOf := make([]string, len(sel))
@@ -222,17 +243,20 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 				c.probe.ID, c.probe.Kind, c.probe.Function, c.probe.Placeholder, ErrNotFlippable)
 		}
 		protoOf[i] = p
-		byProto[p] = append(byProto[p], xmod.Change{Site: siteOf(c), On: c.on})
+		if byProto[p] == nil {
+			byProto[p] = make([]xmod.Change, 0, len(sel))
+		}
+		byProto[p] = append(byProto[p], xmod.Change{Site: sites[i], On: c.on})
 	}
 	onlyFlip := len(byProto) == 1 && byProto[ProtoFlip] != nil
 	if err := s.attach(!onlyFlip); err != nil {
 		return nil, err
 	}
-	before, err := states(s.tracer, sel)
+	before, err := siteStates(s.reader(), sites)
 	if err != nil {
 		return nil, err
 	}
-	res := &Result{PID: s.pid}
+	res := &Result{PID: s.pid, Sites: make([]SiteResult, 0, len(sel))}
 	// A site a killed hotpatch left mid-patch is ours: make it whole first
 	// (and say so), rather than refusing it as foreign forever.
 	var torn []selected
@@ -247,7 +271,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 		if err != nil {
 			return res, err
 		}
-		if before, err = states(s.tracer, sel); err != nil {
+		if before, err = siteStates(s.reader(), sites); err != nil {
 			return res, err
 		}
 	}
@@ -266,7 +290,13 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 		if len(changes) == 0 {
 			continue
 		}
-		r, err := run(ctx, s.tracer, p, changes, int3Wait)
+		var r xmod.Result
+		var err error
+		if p == ProtoFlip {
+			r, err = s.flip(ctx, changes, res)
+		} else {
+			r, err = run(ctx, s.tracer, p, changes, int3Wait)
+		}
 		res.Changed += r.Changed
 		res.Unchanged += r.Unchanged
 		res.Held += r.Held
@@ -275,12 +305,12 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 			break
 		}
 	}
-	after, afterErr := states(s.tracer, sel)
+	after, afterErr := siteStates(s.reader(), sites)
 	res.ElapsedNS = time.Since(start).Nanoseconds()
 	res.OK = runErr == nil && afterErr == nil
 	for i, c := range sel {
 		r := SiteResult{Object: c.target.Object.Path, ID: c.probe.ID, Function: c.probe.Function, Kind: c.probe.Kind, Provider: c.probe.Provider,
-			Address: fmt.Sprintf("%#x", c.target.Object.Runtime(uint64(c.probe.Address))),
+			Address: "0x" + strconv.FormatUint(c.target.Object.Runtime(uint64(c.probe.Address)), 16),
 			Want:    onOff(c.on), Before: before[i], Protocol: protoOf[i], After: "unknown"}
 		if afterErr == nil {
 			r.After = after[i]
@@ -325,7 +355,7 @@ func (s *Session) newGeneration(sel []selected, before []string) {
 // Gone reports whether err says the target process does not exist or
 // exited while we worked on it (the CLI's exit status 4).
 func Gone(err error) bool {
-	return errors.Is(err, ptrace.ErrExited) || errors.Is(err, ptrace.ErrNoProcess) || errors.Is(err, procmaps.ErrNoProcess)
+	return errors.Is(err, ptrace.ErrExited) || errors.Is(err, procfs.ErrNoProcess)
 }
 
 // exitedErr is the one-line error for a target that went away mid-run.
@@ -337,14 +367,7 @@ func exitedErr(pid int, cause error) error {
 }
 
 // processGone reports whether pid no longer runs (absent, or a zombie).
-func processGone(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X'
-}
+func processGone(pid int) bool { return procfs.Gone(pid, 0) }
 
 // Tally summarises where sites ended, e.g. "3 on, 5 off", for one-line errors.
 func Tally(sites []SiteResult) string {
@@ -423,7 +446,7 @@ func siteOf(s selected) xmod.Site {
 		Addr:   s.target.Object.Runtime(uint64(s.probe.Address)),
 		Active: s.probe.Active,
 		Inert:  s.probe.Inert,
-		Name:   fmt.Sprintf("%d (%s %s)", s.probe.ID, s.probe.Kind, s.probe.Function),
+		Name:   strconv.Itoa(s.probe.ID) + " (" + s.probe.Kind + " " + s.probe.Function + ")", // not Sprintf: a session formats it per toggle
 	}
 }
 
@@ -472,6 +495,11 @@ func states(m xmod.Mem, sel []selected) ([]string, error) {
 	for i, s := range sel {
 		sites[i] = siteOf(s)
 	}
+	return siteStates(m, sites)
+}
+
+// siteStates reads each site's live state.
+func siteStates(m xmod.Mem, sites []xmod.Site) ([]string, error) {
 	st, err := xmod.Classify(m, sites)
 	if err != nil {
 		return nil, err
@@ -580,12 +608,15 @@ func kindOrBoth(k string) string {
 	return k
 }
 
-// Restore puts every site a result changed back into the state it held
-// before, so a capture (trace, profile) leaves the probes as it found them.
+// Restore puts every site of a result back into the state it held before
+// it, so a capture (trace, profile) leaves the probes as it found them. It
+// does not skip the sites the result did not change: a profile toggles them
+// per epoch after that result (issue 11: probes that were on came back off).
+// Sites already in their old state cost a read.
 func (s *Session) Restore(ctx context.Context, res *Result) error {
 	var actions []Action
 	for _, r := range res.Sites {
-		if r.Before == r.After || (r.Before != "on" && r.Before != "off") {
+		if r.Before != "on" && r.Before != "off" {
 			continue
 		}
 		sel, err := probelist.ParseSelector(fmt.Sprintf("id:%d", r.ID), "")

@@ -3,9 +3,9 @@ package shm
 import (
 	"errors"
 	"fmt"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"math/bits"
 	"os"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -100,29 +100,12 @@ func openTrusted(path string, pid int, owner uint32) (*Region, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shm: pid %d: %w: %w", pid, ErrUntrusted, err)
 	}
-	if got, self := int(r.hdr.Pid), selfPid(pid); got != self {
+	// The runtime records getpid(): in another pid namespace, the pid there.
+	if got, want := int(r.hdr.Pid), procfs.InnerPid(pid); got != want {
 		r.Close()
 		return nil, fmt.Errorf("shm: pid %d: its %s describes pid %d: %w", pid, MemfdName, got, ErrUntrusted)
 	}
 	return r, nil
-}
-
-// selfPid is pid as the process itself sees it (getpid, which the runtime
-// records): the last NSpid of /proc/PID/status, which differs from ours
-// inside a pid namespace (a container).
-func selfPid(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return pid
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 1 && f[0] == "NSpid:" {
-			if n, err := strconv.Atoi(f[len(f)-1]); err == nil {
-				return n
-			}
-		}
-	}
-	return pid
 }
 
 // Open maps the region file at path, read-write when permitted (needed for

@@ -13,6 +13,12 @@ type FlipOptions struct {
 	// hazard (a concurrent writer of that page, such as a JIT in the target,
 	// could have its bytes reverted).
 	Coalesce bool
+	// Pristine, when set, lets runs of sites in mappings it vouches for be
+	// written with one checked and read-back pwrite each (flipSpans,
+	// docs/protocols.md); everything else is written one byte per site.
+	Pristine Pristine
+	MaxSpan  uint64     // bytes per grouped read and span write; 0: DefaultMaxSpan
+	Stats    *SpanStats // filled in when Pristine is set; may be nil
 }
 
 // Flip toggles sites whose two forms differ in exactly one byte by writing
@@ -50,6 +56,9 @@ func flip(ctx context.Context, m Mem, changes []Change, opts FlipOptions) (Resul
 			return res, fmt.Errorf("%v: forms differ in %d bytes: %w", c.Site, len(d), ErrNotFlippable)
 		}
 		at[i] = d[0]
+	}
+	if opts.Pristine != nil {
+		return flipSpans(ctx, m, cs, at, opts)
 	}
 	todo, _, unchanged, err := plan(m, cs)
 	res.Unchanged = unchanged

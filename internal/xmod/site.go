@@ -168,7 +168,9 @@ type Mem interface {
 // rule), returning the changes sorted by address.
 func validate(changes []Change) ([]Change, error) {
 	cs := append([]Change(nil), changes...)
-	sort.SliceStable(cs, func(i, j int) bool { return cs[i].Site.Addr < cs[j].Site.Addr })
+	if byAddr := func(i, j int) bool { return cs[i].Site.Addr < cs[j].Site.Addr }; !sort.SliceIsSorted(cs, byAddr) {
+		sort.SliceStable(cs, byAddr)
+	}
 	for i, c := range cs {
 		if err := c.Site.check(); err != nil {
 			return nil, err
@@ -247,15 +249,8 @@ func plan(m Mem, cs []Change) (todo []Change, old [][]byte, unchanged int, err e
 	return todo, old, unchanged, nil
 }
 
-// Classify reads each site and reports which form it holds.
+// Classify reads each site and reports which form it holds; sites within
+// DefaultMaxSpan bytes of each other share one read (ClassifyRuns).
 func Classify(m Mem, sites []Site) ([]State, error) {
-	out := make([]State, len(sites))
-	for i, s := range sites {
-		buf := make([]byte, s.Len())
-		if err := m.ReadMem(s.Addr, buf); err != nil {
-			return nil, err
-		}
-		out[i] = classify(s, buf)
-	}
-	return out, nil
+	return ClassifyRuns(m, sites, 0)
 }

@@ -1,0 +1,261 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/edgeprobe/edgeprobe/internal/probecache"
+)
+
+// RunSession is row 7: `hotpatch session` driven as a script drives it.
+// (a) toggles per second: a script streams commands, alternately enabling
+// and disabling the toggle target's probed() (2 probes), and reads every
+// result; (b) the target's throughput while a script toggles through the
+// session at fixed rates, measured as row 3 measures it.
+func (h *Harness) RunSession(ctx context.Context) error {
+	flipBin, _, flipList, _, err := h.toggleBuilds()
+	if err != nil {
+		return err
+	}
+	list := filepath.Join(h.B.Dir, "toggle-flip.session.probes.json")
+	if err := flipList.WriteFile(list); err != nil {
+		return err
+	}
+	hp, err := h.buildHotpatch()
+	if err != nil {
+		return err
+	}
+	t, err := h.startToggle(ctx, flipBin, h.Cfg.Executors)
+	if err != nil {
+		return err
+	}
+	defer t.Kill()
+	s, err := startScript(ctx, hp, h.B.Dir, "--pid", strconv.Itoa(t.Pid), "--probes", list)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	r := &throughputRun{h: h, t: t, set: s.set, async: s.send}
+	if err := checkLive(ctx, t, r.set); err != nil {
+		return err
+	}
+	// (a) streamed toggles.
+	var rates []float64
+	for i := 0; i < h.Cfg.Reps; i++ {
+		rate, err := s.stream(h.Cfg.SessionToggles)
+		if err != nil {
+			return err
+		}
+		rates = append(rates, rate)
+	}
+	// (b) throughput under toggling through the session.
+	cfg := h.Cfg
+	h.Cfg.Rates = cfg.SessionRates
+	m, err := r.measure(ctx)
+	h.Cfg.Rates = cfg.Rates
+	if err != nil {
+		return err
+	}
+	if err := s.finish(); err != nil {
+		return err
+	}
+	if _, err := t.Quit(ctx); err != nil {
+		return err
+	}
+	h.reportSession(rates, m)
+	return nil
+}
+
+// buildHotpatch builds cmd/hotpatch into the build directory.
+func (h *Harness) buildHotpatch() (string, error) {
+	out := filepath.Join(h.B.Dir, "hotpatch")
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/hotpatch")
+	cmd.Dir = h.B.Root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/hotpatch: %v\n%s", err, b)
+	}
+	return out, nil
+}
+
+// script is a running `hotpatch session`: commands go to its stdin, one
+// result per command comes back; a reader goroutine counts the results and
+// keeps the first failure.
+type script struct {
+	cmd     *exec.Cmd
+	in      io.WriteCloser
+	w       *bufio.Writer
+	cache   string
+	mu      sync.Mutex
+	cond    *sync.Cond
+	sent    int
+	got     int
+	failure error
+	on      bool // what the next async toggle does
+	done    chan struct{}
+}
+
+func startScript(ctx context.Context, hotpatch, dir string, args ...string) (*script, error) {
+	cache, err := os.MkdirTemp(dir, "cache-")
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, hotpatch, append([]string{"session"}, args...)...)
+	cmd.Env = append(os.Environ(), probecache.EnvDir+"="+cache)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	s := &script{cmd: cmd, in: in, w: bufio.NewWriterSize(in, 64<<10), cache: cache, done: make(chan struct{})}
+	s.cond = sync.NewCond(&s.mu)
+	go s.read(out)
+	return s, nil
+}
+
+func (s *script) read(out io.Reader) {
+	defer close(s.done)
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		var r struct {
+			OK    bool   `json:"ok"`
+			Error string `json:"error"`
+		}
+		err := json.Unmarshal(sc.Bytes(), &r)
+		s.mu.Lock()
+		s.got++
+		if s.failure == nil && (err != nil || !r.OK) {
+			s.failure = fmt.Errorf("session result %d: %s %v", s.got, sc.Text(), err)
+		}
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	}
+	s.mu.Lock()
+	if s.failure == nil && s.got < s.sent {
+		s.failure = fmt.Errorf("session ended after %d of %d results", s.got, s.sent)
+	}
+	s.got = s.sent // wake every waiter
+	s.cond.Broadcast()
+	s.mu.Unlock()
+}
+
+func line(on bool) string {
+	if on {
+		return "enable probed\n"
+	}
+	return "disable probed\n"
+}
+
+// send writes one toggle command and flushes it (row 3's pacing applies to
+// each): the async toggler.
+func (s *script) send(on bool) error {
+	s.mu.Lock()
+	s.sent++
+	s.mu.Unlock()
+	if _, err := s.w.WriteString(line(on)); err != nil {
+		return err
+	}
+	return s.w.Flush()
+}
+
+// sync waits for every result so far and returns the first failure.
+func (s *script) sync() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.got < s.sent {
+		s.cond.Wait()
+	}
+	return s.failure
+}
+
+// set toggles and waits for the result.
+func (s *script) set(on bool) error {
+	if err := s.send(on); err != nil {
+		return err
+	}
+	return s.sync()
+}
+
+// stream writes n toggle commands as fast as the pipe takes them and
+// returns toggles per second, first write to last result.
+func (s *script) stream(n int) (float64, error) {
+	t0 := time.Now()
+	for i := 0; i < n; i++ {
+		s.mu.Lock()
+		s.sent++
+		s.mu.Unlock()
+		if _, err := s.w.WriteString(line(i%2 == 0)); err != nil {
+			return 0, err
+		}
+	}
+	if err := s.w.Flush(); err != nil {
+		return 0, err
+	}
+	if err := s.sync(); err != nil {
+		return 0, err
+	}
+	return float64(n) / time.Since(t0).Seconds(), nil
+}
+
+// finish ends the session (end of input) and checks it exited 0.
+func (s *script) finish() error {
+	if err := s.in.Close(); err != nil {
+		return err
+	}
+	<-s.done
+	if err := s.cmd.Wait(); err != nil {
+		return fmt.Errorf("hotpatch session: %w", err)
+	}
+	return s.failure
+}
+
+func (s *script) close() {
+	if s.cmd.ProcessState == nil {
+		s.cmd.Process.Kill()
+		s.cmd.Wait()
+	}
+	os.RemoveAll(s.cache)
+}
+
+func (h *Harness) reportSession(rates []float64, m *throughputSamples) {
+	med := func(s []float64) float64 { return Summarize(s, h.TSC).MedianNs }
+	sec := Section{Title: "7. Session mode: toggles from a script over one attach",
+		Text: fmt.Sprintf("`hotpatch session --pid N --probes LIST` on bench/toggle.c (row 3's target, %d executor thread(s)). "+
+			"Streamed: the harness writes %d commands (`enable probed` / `disable probed`, 2 probes each) to the session's stdin as fast as the pipe takes them and reads every JSON result; toggles/s = commands / (first write to last result), %d runs. "+
+			"Under toggling: row 3's method, with each toggle one command line written (and flushed) to the session at the rate; %d rounds of %v windows.",
+			h.Cfg.Executors, h.Cfg.SessionToggles, len(rates), h.Cfg.Reps, h.Cfg.Window),
+		Head: []string{"measure", "value"}}
+	rs := Summarize(rates, h.TSC)
+	h.Rep.Set("session.toggles_per_s", rs.MedianNs)
+	sec.Rows = append(sec.Rows, []string{"streamed toggles/s (median, p10-p90)", fmt.Sprintf("%.3g (%.3g-%.3g)", rs.MedianNs, rs.P10Ns, rs.P90Ns)})
+	for _, r := range h.Cfg.SessionRates {
+		cl := m.cell(r)
+		name := rateName(r)
+		if len(cl.wallRatio) == 0 {
+			h.Rep.Skip("session_throughput_ratio."+name, fmt.Sprintf("in all %d rounds the executors were on their CPU less than half the window", cl.starved))
+			sec.Rows = append(sec.Rows, []string{"throughput ratio at " + name + "/s", "not measured: executors starved in every round"})
+			continue
+		}
+		ws := Summarize(cl.wallRatio, h.TSC)
+		h.Rep.Set("session_throughput_ratio."+name, ws.MedianNs)
+		h.Rep.Set("session_detail.achieved_toggles_per_s."+name, med(cl.achieved))
+		sec.Rows = append(sec.Rows, []string{fmt.Sprintf("target throughput at %s/s, x untoggled (wall; achieved %.3g toggles/s)", name, med(cl.achieved)),
+			fmt.Sprintf("%.3f (%.3f-%.3f)", ws.MedianNs, ws.P10Ns, ws.P90Ns)})
+	}
+	sec.Foot = "Targets (issue 13): >= 100,000 toggles/s from a script; target throughput at 100,000 toggles/s >= 0.95 of untoggled."
+	h.Rep.Add(sec)
+}

@@ -1,0 +1,346 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
+	"github.com/edgeprobe/edgeprobe/internal/probelist"
+)
+
+// sessionBatch is how many commands already waiting on stdin one Batch
+// runs, between two flushes of the results (a script that waits for each
+// result gets each at once; one that streams gets them in bursts).
+const sessionBatch = 1024
+
+func newSessionCmd(stdout, stderr io.Writer, inj *injectFlags) *cobra.Command {
+	var (
+		tf       targetFlags
+		protocol string
+		waitLock bool
+	)
+	cmd := &cobra.Command{
+		Use:   "session --pid N [--probes FILE]... [--protocol P]",
+		Short: "Toggle probes from a script: one command per stdin line, one JSON result per line",
+		Long: `session attaches once and then reads commands from stdin, one per line, and writes one
+JSON object per line to stdout for each, in order:
+
+  enable SEL... [--kind entry|exit|both] [--provider cyg|fentry|all]
+  disable SEL... [--kind ...] [--provider ...]
+  stats       the session's counts: commands, toggles, errors, elapsed time
+  quit        end the session (as end of input does)
+
+SEL is what hotpatch --enable takes (a name, a glob, id:N). Blank lines and lines starting
+with # are skipped. A result is {"line":N,"ok":true,"command":"enable","changed":C,
+"unchanged":U,"elapsed_ns":T}; a bad or failed command gives {"line":N,"ok":false,
+"error":"...","exit":E} (E as hotpatch's exit status would be) and the session goes on.
+Commands already waiting on stdin are carried out together, each exactly as a separate
+hotpatch call would (the same checks, all or nothing per command), and their results
+written together: stream commands for throughput, or wait for each result.
+
+The per-process lock is held for the whole session, so no other hotpatch interleaves.
+Like an enabling hotpatch call, the session first makes sure the process runs the
+runtime, loading it if need be (--no-inject refuses instead; docs/injection.md).
+End of input, quit, SIGINT, SIGTERM, SIGHUP and SIGQUIT end the session cleanly: the command in progress
+finishes (or rolls back, per its protocol), the tracer detaches, probes stay as the
+commands left them. Exit status: 0 if the session ran (whatever its commands' results),
+1 if it could not start or stdout failed, 2 usage.`,
+		Example: `  printf 'enable handle_*\nstats\ndisable *\n' | hotpatch session --pid 4242
+  coproc hotpatch session --pid 4242; echo 'enable lookup' >&${COPROC[1]}; read -r r <&${COPROC[0]}`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := tf.check(); err != nil {
+				return err
+			}
+			return runSession(tf, protocol, waitLock, inj, cmd.InOrStdin(), stdout, stderr)
+		},
+	}
+	tf.register(cmd)
+	cmd.Flags().StringVar(&protocol, "protocol", hotpatch.ProtoAuto, "auto, flip, int3, int3-async or stop, for every command")
+	cmd.Flags().BoolVar(&waitLock, "wait", false, "if another hotpatch works on the process, wait for it instead of failing")
+	return cmd
+}
+
+// runSession is `hotpatch session` and `hotpatch --commands FILE`.
+func runSession(tf targetFlags, protocol string, waitLock bool, inj *injectFlags, in io.Reader, stdout, stderr io.Writer) error {
+	switch protocol {
+	case hotpatch.ProtoAuto, hotpatch.ProtoFlip, hotpatch.ProtoInt3, hotpatch.ProtoInt3Async, hotpatch.ProtoStop:
+	default:
+		return usagef("--protocol must be auto, flip, int3, int3-async or stop, not %q", protocol)
+	}
+	wait, err := int3Wait(protocol, stderr)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	// As an enabling hotpatch does, before the session takes the process:
+	// make sure its probes record into the runtime (loading it if need be;
+	// --no-inject refuses instead).
+	if _, err := ensureRuntime(ctx, tf.pid, inj, waitLock, stderr); err != nil {
+		return classify(err)
+	}
+	// A session's live heap is its targets; each toggle leaves a few
+	// hundred bytes of garbage. Collecting at 8x the live heap instead of
+	// 2x costs a few MiB and takes most of the collector out of a toggle.
+	defer debug.SetGCPercent(debug.SetGCPercent(800))
+	s, err := hotpatch.OpenContext(ctx, tf.pid, tf.probes, waitLock)
+	if err != nil {
+		return classify(err)
+	}
+	sess := &scriptSession{s: s, protocol: protocol, wait: wait, start: time.Now()}
+	err = sess.serve(ctx, in, stdout)
+	if cerr := s.Close(); cerr != nil && err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// scriptSession is one `hotpatch session`: its Session and its counts.
+type scriptSession struct {
+	s        *hotpatch.Session
+	protocol string
+	wait     time.Duration
+	start    time.Time
+	line     int
+	commands int
+	toggles  int
+	errors   int
+	quit     bool
+}
+
+type sessionResult struct {
+	Line      int    `json:"line"`
+	OK        bool   `json:"ok"`
+	Command   string `json:"command,omitempty"`
+	Changed   int    `json:"changed"`
+	Unchanged int    `json:"unchanged"`
+	ElapsedNS int64  `json:"elapsed_ns"`
+	Error     string `json:"error,omitempty"`
+	Exit      int    `json:"exit,omitempty"`
+	// stats only
+	Commands  *int     `json:"commands,omitempty"`
+	Toggles   *int     `json:"toggles,omitempty"`
+	Errors    *int     `json:"errors,omitempty"`
+	SessionNS *int64   `json:"session_ns,omitempty"`
+	Warnings  []string `json:"warnings,omitempty"`
+	// Repaired: sites a killed hotpatch had left mid-patch, made whole
+	// before this command ran.
+	Repaired []hotpatch.RepairNote `json:"repaired,omitempty"`
+}
+
+// serve reads lines until EOF, quit or ctx, runs each batch of waiting lines
+// and writes their results.
+func (ss *scriptSession) serve(ctx context.Context, in io.Reader, out io.Writer) error {
+	lines := make(chan string, sessionBatch)
+	readErr := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(in)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		readErr <- sc.Err()
+		close(lines)
+	}()
+	w := bufio.NewWriterSize(out, 64<<10)
+	batch := make([]string, 0, sessionBatch)
+	for !ss.quit && ctx.Err() == nil {
+		batch = batch[:0]
+		select {
+		case <-ctx.Done():
+			return w.Flush()
+		case l, ok := <-lines:
+			if !ok {
+				if err := <-readErr; err != nil {
+					w.Flush()
+					return fmt.Errorf("reading commands: %w", err)
+				}
+				return w.Flush()
+			}
+			batch = append(batch, l)
+		}
+	more:
+		for len(batch) < sessionBatch {
+			select {
+			case l, ok := <-lines:
+				if !ok {
+					break more
+				}
+				batch = append(batch, l)
+			default:
+				break more
+			}
+		}
+		results := ss.run(ctx, batch)
+		for i := range results {
+			b, err := json.Marshal(&results[i])
+			if err != nil {
+				return err
+			}
+			w.Write(b)
+			w.WriteByte('\n')
+		}
+		if err := w.Flush(); err != nil {
+			return fmt.Errorf("writing results: %w", err)
+		}
+	}
+	return w.Flush()
+}
+
+// run carries out a batch of lines: flip-only commands inside one
+// Session.Batch (no tracer hand-off), a command that needs every thread
+// traced outside it, then the rest in a new Batch.
+func (ss *scriptSession) run(ctx context.Context, batch []string) []sessionResult {
+	results := make([]sessionResult, 0, len(batch))
+	for len(batch) > 0 && !ss.quit {
+		var retry string
+		err := ss.s.Batch(func() error {
+			for len(batch) > 0 && !ss.quit {
+				r, again := ss.one(ctx, batch[0], true)
+				if again {
+					retry = batch[0]
+					batch = batch[1:]
+					return nil
+				}
+				batch = batch[1:]
+				if r != nil {
+					results = append(results, *r)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			// Attaching failed: every command left fails the same way.
+			for range batch {
+				ss.line++
+				ss.errors++
+				results = append(results, sessionResult{Line: ss.line, Error: oneLine(err), Exit: exitCode(classify(err))})
+			}
+			return results
+		}
+		if retry != "" {
+			ss.line-- // one() counted it already
+			if r, _ := ss.one(ctx, retry, false); r != nil {
+				results = append(results, *r)
+			}
+		}
+	}
+	return results
+}
+
+// one carries out one line; nil for a blank or comment line. again: the
+// command needs every thread traced and must be run outside Batch.
+func (ss *scriptSession) one(ctx context.Context, line string, inBatch bool) (r *sessionResult, again bool) {
+	ss.line++
+	f := strings.Fields(line)
+	if len(f) == 0 || strings.HasPrefix(f[0], "#") {
+		return nil, false
+	}
+	ss.commands++
+	res := &sessionResult{Line: ss.line, Command: f[0]}
+	fail := func(err error) (*sessionResult, bool) {
+		ss.errors++
+		res.OK, res.Error, res.Exit = false, oneLine(err), exitCode(classify(err))
+		return res, false
+	}
+	switch f[0] {
+	case "quit":
+		ss.quit = true
+		res.OK = true
+		return res, false
+	case "stats":
+		if len(f) > 1 {
+			return fail(usagef("stats takes no arguments"))
+		}
+		ns := time.Since(ss.start).Nanoseconds()
+		c, t, e := ss.commands, ss.toggles, ss.errors
+		res.OK, res.Commands, res.Toggles, res.Errors, res.SessionNS = true, &c, &t, &e, &ns
+		return res, false
+	case "enable", "disable":
+	default:
+		return fail(usagef("unknown command %q (enable, disable, stats or quit)", f[0]))
+	}
+	actions, err := parseActions(f[0] == "enable", f[1:])
+	if err != nil {
+		return fail(err)
+	}
+	t0 := time.Now()
+	ar, err := ss.s.Apply(ctx, actions, ss.protocol, ss.wait)
+	if inBatch && errors.Is(err, hotpatch.ErrNeedsFullAttach) {
+		ss.commands--
+		return nil, true
+	}
+	res.ElapsedNS = time.Since(t0).Nanoseconds()
+	if ar != nil {
+		res.Changed, res.Unchanged, res.Warnings, res.Repaired = ar.Changed, ar.Unchanged, ar.Warnings, ar.Repaired
+		ss.toggles += ar.Changed
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if !ar.OK {
+		return fail(fmt.Errorf("some sites did not reach the asked state (sites now: %s)", hotpatch.Tally(ar.Sites)))
+	}
+	res.OK = true
+	return res, false
+}
+
+// parseActions reads "SEL... [--kind K] [--provider P]" as hotpatch's flags
+// would: every selector with the same kind and provider.
+func parseActions(enable bool, args []string) ([]hotpatch.Action, error) {
+	kind, provider := "both", probelist.ProviderAll
+	var sels []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		name, val, hasVal := strings.Cut(a, "=")
+		switch name {
+		case "--kind", "--provider":
+			if !hasVal {
+				if i+1 >= len(args) {
+					return nil, usagef("%s needs a value", name)
+				}
+				i++
+				val = args[i]
+			}
+			if name == "--kind" {
+				kind = val
+			} else {
+				provider = val
+			}
+		default:
+			if strings.HasPrefix(a, "-") {
+				return nil, usagef("unknown option %q (--kind, --provider)", a)
+			}
+			sels = append(sels, a)
+		}
+	}
+	if len(sels) == 0 {
+		return nil, usagef("nothing to %s: give a selector", map[bool]string{true: "enable", false: "disable"}[enable])
+	}
+	prov, err := probelist.ParseProvider(provider)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	actions := make([]hotpatch.Action, len(sels))
+	for i, s := range sels {
+		sel, err := probelist.ParseSelector(s, kind)
+		if err != nil {
+			return nil, usageError{err}
+		}
+		sel.Provider = prov
+		actions[i] = hotpatch.Action{Enable: enable, Selector: sel}
+	}
+	return actions, nil
+}
+
+func oneLine(err error) string { return strings.ReplaceAll(err.Error(), "\n", "; ") }

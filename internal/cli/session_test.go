@@ -1,0 +1,74 @@
+package cli
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// TestSessionUsage: a session that cannot start says why in one line, with
+// the usage exit code, and prints no result.
+func TestSessionUsage(t *testing.T) {
+	oneLineError(t, runHotpatch("session"), ExitUsage, "hotpatch", "--pid is required")
+	oneLineError(t, runHotpatch("session", "--pid", "1", "--protocol", "teleport"), ExitUsage, "hotpatch", "--protocol must be")
+	oneLineError(t, runHotpatch("--pid", "1", "--commands", "-", "--enable", "f"), ExitUsage, "hotpatch", "--commands takes its enables")
+	oneLineError(t, runHotpatch("--pid", "999999999", "--commands", "/nonexistent/commands"), ExitFailure, "hotpatch", "no such file")
+}
+
+// TestParseActions: a command line's selectors and options, as hotpatch's
+// flags read them; bad options are usage errors.
+func TestParseActions(t *testing.T) {
+	a, err := parseActions(true, []string{"f", "g*", "--kind", "entry", "--provider=cyg"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a) != 2 || !a[0].Enable || a[0].Selector.Pattern != "f" || a[1].Selector.Pattern != "g*" {
+		t.Fatalf("actions %+v", a)
+	}
+	for _, x := range a {
+		if x.Selector.Kind != "entry" || x.Selector.Provider != "cyg" {
+			t.Fatalf("options not applied to every selector: %+v", a)
+		}
+	}
+	b, err := parseActions(false, []string{"--kind=entry", "g*", "f"})
+	if err != nil || b[0].Enable || b[1].Selector.Kind != "entry" {
+		t.Fatalf("options before selectors: %+v, %v", b, err)
+	}
+	if reflect.DeepEqual(a, b) {
+		t.Fatal("enable and disable parsed alike")
+	}
+	for _, bad := range [][]string{{}, {"--kind"}, {"f", "--kind", "sideways"}, {"f", "--frob"}, {"f", "--provider", "dtrace"}} {
+		if _, err := parseActions(true, bad); exitCode(err) != ExitUsage {
+			t.Errorf("parseActions(%q) = %v, want a usage error", bad, err)
+		}
+	}
+}
+
+// FuzzSessionLine: no command line crashes the parser; what it accepts has a
+// selector per action and the options the line gave.
+func FuzzSessionLine(f *testing.F) {
+	for _, s := range []string{"enable f", "disable f* g --kind exit", "enable --provider=fentry id:3", "enable --kind", "disable", "enable \x00 --kind=both"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, line string) {
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			return
+		}
+		a, err := parseActions(fields[0] == "enable", fields[1:])
+		if err != nil {
+			if exitCode(err) != ExitUsage {
+				t.Fatalf("%q: %v is not a usage error", line, err)
+			}
+			return
+		}
+		if len(a) == 0 {
+			t.Fatalf("%q: accepted with no action", line)
+		}
+		for _, x := range a {
+			if x.Selector.Pattern == "" {
+				t.Fatalf("%q: an action without a selector: %+v", line, a)
+			}
+		}
+	})
+}

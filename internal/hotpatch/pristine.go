@@ -1,0 +1,210 @@
+package hotpatch
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/edgeprobe/edgeprobe/internal/procmaps"
+	"github.com/edgeprobe/edgeprobe/internal/ptrace"
+	"github.com/edgeprobe/edgeprobe/internal/xmod"
+)
+
+// spanMin is the batch size from which a flip batch reads the process's
+// maps and the targets' files to write runs of sites as spans: below it,
+// one byte per site costs less than that set-up.
+const spanMin = 16
+
+// pristine vouches for the text of the session's targets (xmod.Pristine):
+// a span may be rewritten whole only in a private, file-backed mapping that
+// is r-x (never writable) when the batch starts, where memory equals the
+// object's file except inside the object's known probe sites, each in one
+// of its two forms. docs/protocols.md gives the argument.
+type pristine struct {
+	pid   int
+	maps  []span // the targets' r-xp mappings, as /proc/PID/maps says at the batch's start
+	files map[*Target]*os.File
+}
+
+type span struct {
+	m procmaps.Mapping
+	t *Target
+}
+
+func newPristine(pid int, targets []*Target) (*pristine, error) {
+	ms, err := procmaps.Read(pid)
+	if err != nil {
+		return nil, err
+	}
+	p := &pristine{pid: pid, files: map[*Target]*os.File{}}
+	for _, m := range ms {
+		if m.Perms != "r-xp" || m.Inode == 0 || m.Path == "" {
+			continue
+		}
+		for _, t := range targets {
+			if t.Object.Dev == m.Dev && t.Object.Inode == m.Inode {
+				p.maps = append(p.maps, span{m, t})
+				break
+			}
+		}
+	}
+	return p, nil
+}
+
+func (p *pristine) find(addr uint64) (span, bool) {
+	for _, s := range p.maps {
+		if addr >= s.m.Start && addr < s.m.End {
+			return s, true
+		}
+	}
+	return span{}, false
+}
+
+// Extent implements xmod.Pristine.
+func (p *pristine) Extent(addr uint64) (uint64, bool) {
+	s, ok := p.find(addr)
+	return s.m.End, ok
+}
+
+// Check implements xmod.Pristine: cur must be the file's bytes but inside
+// probe sites, each whole in cur and in one of its forms: the batch's own
+// (ours, checked by the caller) or, found in the target's list, any other.
+func (p *pristine) Check(addr uint64, cur []byte, ours []xmod.Extent) error {
+	s, ok := p.find(addr)
+	if !ok || addr+uint64(len(cur)) > s.m.End {
+		return fmt.Errorf("%#x-%#x: not in one r-x file mapping", addr, addr+uint64(len(cur)))
+	}
+	f, err := p.file(s.t)
+	if err != nil {
+		return err
+	}
+	file := make([]byte, len(cur))
+	if _, err := f.ReadAt(file, int64(s.m.Offset+(addr-s.m.Start))); err != nil {
+		return fmt.Errorf("%s: reading its text: %v", s.t.Object.Path, err)
+	}
+	o := 0 // the first of ours that may hold position k
+	for k := 0; k < len(cur); k++ {
+		if cur[k] == file[k] {
+			continue
+		}
+		at := addr + uint64(k)
+		for o < len(ours) && ours[o].Addr+uint64(ours[o].Len) <= at {
+			o++
+		}
+		if o < len(ours) && ours[o].Addr <= at {
+			k = int(ours[o].Addr+uint64(ours[o].Len)-addr) - 1
+			continue
+		}
+		pr, ok, err := s.t.List.Covering(at - s.t.Object.Bias)
+		if err != nil || !ok {
+			return fmt.Errorf("%#x in %s differs from the file (%#02x, file %#02x) outside any probe site", at, s.t.Object.Path, cur[k], file[k])
+		}
+		start := s.t.Object.Runtime(uint64(pr.Address))
+		end := start + uint64(len(pr.Active))
+		if start < addr || end > addr+uint64(len(cur)) {
+			return fmt.Errorf("probe %d at %#x differs from the file and lies across the span's edge", pr.ID, start)
+		}
+		seen := cur[start-addr : end-addr]
+		if !bytes.Equal(seen, pr.Active) && !bytes.Equal(seen, pr.Inert) {
+			return fmt.Errorf("probe %d at %#x holds % x, neither of its forms", pr.ID, start, seen)
+		}
+		k = int(end-addr) - 1
+	}
+	return nil
+}
+
+func (p *pristine) file(t *Target) (*os.File, error) {
+	if f := p.files[t]; f != nil {
+		return f, nil
+	}
+	f, err := procmaps.Open(p.pid, t.Object)
+	if err != nil {
+		return nil, err
+	}
+	p.files[t] = f
+	return f, nil
+}
+
+// changed reports the span-written mappings whose permissions or extent
+// /proc/PID/maps no longer shows as they were at the batch's start: a
+// writer in the target (mprotect to make the text writable) at work.
+func (p *pristine) changed() []string {
+	ms, err := procmaps.Read(p.pid)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, s := range p.maps {
+		found := false
+		for _, m := range ms {
+			if m.Start == s.m.Start && m.End == s.m.End && m.Perms == s.m.Perms && m.Inode == s.m.Inode {
+				found = true
+				break
+			}
+		}
+		if !found {
+			out = append(out, fmt.Sprintf("mapping %#x-%#x of %s changed during the batch", s.m.Start, s.m.End, s.t.Object.Path))
+		}
+	}
+	return out
+}
+
+func (p *pristine) close() {
+	for _, f := range p.files {
+		f.Close()
+	}
+}
+
+// reader is what the session reads sites through: its own /proc/PID/mem
+// descriptor, so that a read is one pread, not a hand-off to the tracer
+// thread (reading r-x text needs no FOLL_FORCE, so no tracer either).
+// Writes stay on the tracer thread, where kernels booted with
+// proc_mem.force_override=ptrace require them.
+func (s *Session) reader() xmod.Mem {
+	if s.mem == nil {
+		m, err := ptrace.OpenMem(s.pid)
+		if err != nil {
+			return s.tracer
+		}
+		s.mem = m
+	}
+	return s.mem
+}
+
+// flip writes a flip batch on the tracer's thread; a batch of spanMin
+// sites or more gets a pristine, so runs of sites in untouched text are
+// written as checked spans (xmod.FlipOptions.Pristine).
+func (s *Session) flip(ctx context.Context, changes []xmod.Change, res *Result) (xmod.Result, error) {
+	if len(changes) < spanMin || s.noSpans {
+		return xmod.Flip(ctx, s.tracer, changes, xmod.FlipOptions{})
+	}
+	pr, err := newPristine(s.pid, s.targets)
+	if err != nil {
+		return xmod.Flip(ctx, s.tracer, changes, xmod.FlipOptions{})
+	}
+	defer pr.close()
+	st := &xmod.SpanStats{}
+	r, err := xmod.Flip(ctx, s.tracer, changes, xmod.FlipOptions{Pristine: pr, Stats: st})
+	res.Spans = st
+	for _, w := range st.Raced {
+		res.Warnings = append(res.Warnings, "a writer in the target shares a page written: "+w+"; the rest of the batch was written one byte per site")
+	}
+	res.Warnings = append(res.Warnings, pr.changed()...)
+	return r, err
+}
+
+// SetSpanWrites turns checked span writes for large flip batches off (every
+// site written alone: the reference the benchmarks compare with) or on
+// (the default).
+func (s *Session) SetSpanWrites(on bool) { s.noSpans = !on }
+
+// NewPristine is the xmod.Pristine a session's flip batches use, for
+// callers of xmod.Flip (benchmarks); done closes the files it opened.
+func NewPristine(pid int, targets []*Target) (pr xmod.Pristine, done func(), err error) {
+	p, err := newPristine(pid, targets)
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, p.close, nil
+}

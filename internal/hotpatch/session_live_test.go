@@ -1,0 +1,225 @@
+package hotpatch
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edgeprobe/edgeprobe/internal/testutil"
+)
+
+// sessionLine is one result line of `hotpatch session`.
+type sessionLine struct {
+	Line      int    `json:"line"`
+	OK        bool   `json:"ok"`
+	Command   string `json:"command"`
+	Changed   int    `json:"changed"`
+	Unchanged int    `json:"unchanged"`
+	Error     string `json:"error"`
+	Exit      int    `json:"exit"`
+	Commands  *int   `json:"commands"`
+	Toggles   *int   `json:"toggles"`
+	Errors    *int   `json:"errors"`
+}
+
+// session is a running `hotpatch session` with its stdin and stdout.
+type session struct {
+	cmd    *exec.Cmd
+	in     io.WriteCloser
+	out    *bufio.Reader
+	stderr strings.Builder
+}
+
+func startSession(t *testing.T, s *subject, args ...string) *session {
+	t.Helper()
+	ss := &session{cmd: exec.Command(testutil.Command(t, "hotpatch"), append([]string{"session", "--pid", fmt.Sprint(s.Pid)}, append(s.probeArgs, args...)...)...)}
+	ss.cmd.Stderr = &ss.stderr
+	var err error
+	if ss.in, err = ss.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := ss.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss.out = bufio.NewReaderSize(out, 1<<20)
+	if err := ss.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if ss.cmd.ProcessState == nil {
+			ss.cmd.Process.Kill()
+			ss.cmd.Wait()
+		}
+	})
+	return ss
+}
+
+func (ss *session) send(t *testing.T, lines ...string) {
+	t.Helper()
+	if _, err := io.WriteString(ss.in, strings.Join(lines, "\n")+"\n"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (ss *session) read(t *testing.T) sessionLine {
+	t.Helper()
+	b, err := ss.out.ReadBytes('\n')
+	if err != nil {
+		t.Fatalf("reading a result: %v (stderr %q)", err, ss.stderr.String())
+	}
+	var l sessionLine
+	if err := json.Unmarshal(b, &l); err != nil {
+		t.Fatalf("result %q: %v", b, err)
+	}
+	return l
+}
+
+// wait waits for the session to exit and checks it exited 0 having printed
+// nothing more.
+func (ss *session) wait(t *testing.T) {
+	t.Helper()
+	rest, _ := io.ReadAll(ss.out)
+	if err := ss.cmd.Wait(); err != nil {
+		t.Fatalf("session: %v (stderr %q)", err, ss.stderr.String())
+	}
+	if len(rest) > 0 {
+		t.Fatalf("session printed more than asked: %q", rest)
+	}
+}
+
+// TestSessionProtocol: each line gets its result in order; a bad line or a
+// failed command gets a JSON error with hotpatch's exit code and the session
+// goes on; end of input ends it with exit 0, detached and unlocked.
+func TestSessionProtocol(t *testing.T) {
+	testutil.RequirePtrace(t)
+	s := startMT(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "flip", true)
+	s.expectFrozen(t, "cold at start")
+	ss := startSession(t, s)
+	ss.send(t, "enable work --kind entry")
+	if l := ss.read(t); !l.OK || l.Line != 1 || l.Command != "enable" || l.Changed != 1 {
+		t.Fatalf("line 1: %+v", l)
+	}
+	s.expectMoving(t, "work's entry on, from the session", true, false)
+	ss.send(t, "", "# a comment", "frobnicate work", "enable nosuch", "enable", "disable work --kind sideways",
+		"enable work leaf", "stats", "disable *")
+	want := []struct {
+		line int
+		ok   bool
+		exit int
+		err  string
+	}{
+		{4, false, 2, "unknown command"},
+		{5, false, 3, "no probe matched"},
+		{6, false, 2, "give a selector"},
+		{7, false, 2, "sideways"},
+		{8, true, 0, ""},
+		{9, true, 0, ""},
+		{10, true, 0, ""},
+	}
+	for _, w := range want {
+		l := ss.read(t)
+		if l.Line != w.line || l.OK != w.ok || l.Exit != w.exit || !strings.Contains(l.Error, w.err) {
+			t.Fatalf("line %d: got %+v, want ok=%v exit=%d error ~%q", w.line, l, w.ok, w.exit, w.err)
+		}
+		switch l.Line {
+		case 8: // work's exit and leaf's two; work's entry was on
+			if l.Changed != 3 || l.Unchanged != 1 {
+				t.Fatalf("enable work leaf: %+v", l)
+			}
+		case 9:
+			if l.Commands == nil || *l.Commands != 7 || *l.Toggles != 4 || *l.Errors != 4 {
+				t.Fatalf("stats: %+v", l)
+			}
+		case 10:
+			if l.Changed != 4 {
+				t.Fatalf("disable *: %+v", l)
+			}
+		}
+	}
+	ss.in.Close()
+	ss.wait(t)
+	if tp := tracerOf(s.Pid); tp != 0 {
+		t.Fatalf("after the session, TracerPid is %d", tp)
+	}
+	s.expectFrozen(t, "every probe off after the session")
+	s.hotpatch(t, "--enable", "leaf") // the lock is free again
+	s.expectMoving(t, "leaf on, by a single call after the session", true, true)
+	s.finish(t)
+}
+
+// TestSessionInterrupt: SIGINT ends a session that is waiting for input:
+// exit 0, tracer detached, the probes as its commands left them.
+func TestSessionInterrupt(t *testing.T) {
+	testutil.RequirePtrace(t)
+	s := startMT(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "flip", true)
+	ss := startSession(t, s)
+	ss.send(t, "enable leaf")
+	if l := ss.read(t); !l.OK || l.Changed != 2 {
+		t.Fatalf("enable leaf: %+v", l)
+	}
+	// TracerPid names the tracing thread: one of the session's.
+	if tp := tracerOf(s.Pid); tp == 0 || !exists(fmt.Sprintf("/proc/%d/task/%d", ss.cmd.Process.Pid, tp)) {
+		t.Fatalf("during the session, TracerPid is %d, not a thread of the session (pid %d)", tp, ss.cmd.Process.Pid)
+	}
+	if err := ss.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { ss.wait(t); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the session did not end within 30 s of SIGINT")
+	}
+	if tp := tracerOf(s.Pid); tp != 0 {
+		t.Fatalf("after SIGINT, TracerPid is %d", tp)
+	}
+	s.expectMoving(t, "leaf stays on after the session", true, true)
+	s.hotpatch(t, "--disable", "leaf")
+	s.finish(t)
+}
+
+// TestSessionStorm: a script streams 20,000 toggles of two functions'
+// probes through one session while the workers check every result they
+// compute; every toggle succeeds, the program never computes a wrong
+// value, and the probes end as the last command left them.
+func TestSessionStorm(t *testing.T) {
+	testutil.RequirePtrace(t)
+	s := startMT(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "flip", true)
+	ss := startSession(t, s)
+	const n = 20000
+	var script strings.Builder
+	for i := 0; i < n/2; i++ {
+		script.WriteString("enable leaf work\ndisable leaf work\n")
+	}
+	script.WriteString("stats\n")
+	go func() {
+		io.WriteString(ss.in, script.String())
+		ss.in.Close()
+	}()
+	for i := 1; i <= n; i++ {
+		l := ss.read(t)
+		if !l.OK || l.Line != i || l.Changed != 4 {
+			t.Fatalf("toggle %d: %+v", i, l)
+		}
+	}
+	if l := ss.read(t); l.Toggles == nil || *l.Toggles != 4*n || *l.Errors != 0 {
+		t.Fatalf("stats: %+v", l)
+	}
+	ss.wait(t)
+	s.expectFrozen(t, "after the storm, every probe off")
+	s.finish(t) // wrong=0: no toggle ever showed a thread a torn or wrong instruction
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}

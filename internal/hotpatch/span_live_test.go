@@ -1,0 +1,146 @@
+package hotpatch
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgeprobe/edgeprobe/internal/ptrace"
+	"github.com/edgeprobe/edgeprobe/internal/testutil"
+	"github.com/edgeprobe/edgeprobe/internal/xmod"
+)
+
+// TestSpanWrites: a flip batch over a real program's 800 probes is written
+// as checked spans, and one beside a thread that rewrites its own text (a
+// JIT-like area sharing a page with probe sites, made writable with
+// mprotect for each store) leaves that page to one-byte writes: the writer
+// never finds its byte undone, the workers never compute a wrong result,
+// and every site ends in the asked state.
+//
+// The program links counting hooks (hooks.c), so enabling loads no runtime.
+func TestSpanWrites(t *testing.T) {
+	testutil.RequirePtrace(t)
+	fx := testutil.Build(t, testutil.Spec{Sources: []string{"jitpage.c", "hooks.c"}, Flags: []string{"-fno-toplevel-reorder"}})
+	for _, mode := range []string{"plain", "jit"} {
+		t.Run(mode, func(t *testing.T) {
+			p := testutil.Start(t, nil, fx.Path, mode)
+			progress := p.Symbol(fx.Path, "progress")
+			// 6 rounds; under EDGEPROBE_SOAK, as many as fit in it.
+			end := time.Now()
+			if v := os.Getenv("EDGEPROBE_SOAK"); v != "" {
+				d, err := time.ParseDuration(v)
+				if err != nil {
+					t.Fatalf("EDGEPROBE_SOAK=%q: %v", v, err)
+				}
+				end = end.Add(d)
+			}
+			rounds := 0
+			for round := 0; round < 6 || time.Now().Before(end); round++ {
+				rounds++
+				verb, want := "--disable", "off"
+				if round%2 == 1 {
+					verb, want = "--enable", "on"
+				}
+				r := hotpatchOK(t, "--pid", fmt.Sprint(p.Pid), verb, "f*", "--json")
+				var res Result
+				if err := json.Unmarshal([]byte(r.Stdout), &res); err != nil {
+					t.Fatalf("--json: %v\n%s", err, r.Stdout)
+				}
+				if !res.OK || len(res.Sites) != 800 || res.Changed != 800 {
+					t.Fatalf("round %d: ok=%v, %d sites, %d changed; want 800 changed", round, res.OK, len(res.Sites), res.Changed)
+				}
+				for _, s := range res.Sites {
+					if s.After != want || s.Before == want {
+						t.Fatalf("round %d: site %s %s: %s -> %s, want -> %s", round, s.Function, s.Kind, s.Before, s.After, want)
+					}
+				}
+				sp := res.Spans
+				if sp == nil || len(sp.Raced) != 0 || sp.SpanSites+sp.OneByte != res.Changed {
+					t.Fatalf("round %d: spans %+v for %d changed sites", round, sp, res.Changed)
+				}
+				switch mode {
+				case "plain":
+					if sp.Spans == 0 || sp.OneByte != 0 || len(sp.Fallbacks) != 0 || len(res.Warnings) != 0 {
+						t.Fatalf("round %d: untouched text not written as spans: %+v, warnings %q", round, sp, res.Warnings)
+					}
+				case "jit":
+					// The JIT page's sites: one byte each, whether the page
+					// was writable when the maps were read (not r-x) or not
+					// (its bytes differ from the file).
+					if sp.Spans == 0 || sp.OneByte == 0 {
+						t.Fatalf("round %d: the writer's page was not left to one-byte writes: %+v", round, sp)
+					}
+					for _, f := range sp.Fallbacks {
+						if !strings.Contains(f, "differs from the file") {
+							t.Fatalf("round %d: unexpected fallback %q", round, f)
+						}
+					}
+				}
+				p.AwaitProgress(progress, 3) // every function ran in its new form
+			}
+			out, _ := p.Finish()
+			if !strings.Contains(out, "wrong=0 reverted=0") || (mode == "jit" && strings.Contains(out, "writes=0")) {
+				t.Fatalf("the program saw a wrong result or an undone store: %q", out)
+			}
+			t.Logf("%s, %d batches: %s", mode, rounds, strings.TrimSpace(out))
+		})
+	}
+}
+
+// TestSpanHazardUnchecked is the control for TestSpanWrites (an opt-in
+// soak, EDGEPROBE_SOAK): the same program and writer, batches written as
+// spans without the pristine check and read-back (xmod's plain Coalesce
+// option), until the writer finds one of its stores undone. It passes when
+// that happens within the soak: the hazard the checks exist for is real.
+func TestSpanHazardUnchecked(t *testing.T) {
+	d, err := time.ParseDuration(testutil.OptIn(t, "EDGEPROBE_SOAK", "unchecked span-write hazard"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.RequirePtrace(t)
+	fx := testutil.Build(t, testutil.Spec{Sources: []string{"jitpage.c", "hooks.c"}, Flags: []string{"-fno-toplevel-reorder"}})
+	p := testutil.Start(t, nil, fx.Path, "jit")
+	reverted := p.Symbol(fx.Path, "reverted")
+	targets, err := LoadTargets(p.Pid, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sites []xmod.Site
+	for _, tg := range targets {
+		if !strings.Contains(tg.Object.Path, "jitpage") {
+			continue
+		}
+		for i := 0; i < tg.List.Len(); i++ {
+			pr, err := tg.Probe(i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sites = append(sites, xmod.Site{Addr: tg.Object.Runtime(uint64(pr.Address)), Active: pr.Active, Inert: pr.Inert})
+		}
+	}
+	mem, err := ptrace.OpenMem(p.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	batches := 0
+	for end := time.Now().Add(d); time.Now().Before(end) && p.Read64(reverted) == 0; batches++ {
+		cs := make([]xmod.Change, len(sites))
+		for i, s := range sites {
+			cs[i] = xmod.Change{Site: s, On: batches%2 == 0}
+		}
+		if _, err := xmod.Flip(context.Background(), mem, cs, xmod.FlipOptions{Coalesce: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := p.Read64(reverted)
+	out, _ := p.Finish()
+	t.Logf("%d unchecked span batches of %d sites: %s", batches, len(sites), strings.TrimSpace(out))
+	if n == 0 {
+		t.Fatalf("no store of the writer was undone in %d unchecked batches (%v): the control did not reproduce the hazard", batches, d)
+	}
+}

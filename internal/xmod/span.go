@@ -1,0 +1,326 @@
+package xmod
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+)
+
+// DefaultMaxSpan bounds one grouped read and one coalesced write: long
+// enough that a 40,000-site text is a few dozen system calls, short enough
+// that the time between the check of a span and its write stays a few
+// microseconds (docs/protocols.md, "Batches at page speed").
+const DefaultMaxSpan = 64 << 10
+
+// Pristine is what makes a coalesced write safe: it knows which mappings a
+// span write may rewrite and what their bytes must be. A span write
+// rewrites every byte between the sites it changes with the value just
+// read; that is harmless (each byte holds one value throughout, each site
+// changes in one byte) unless something else writes those bytes between
+// our read and our write, whose change we would then undo. Only pages that
+// nothing has ever modified but at probe sites qualify.
+type Pristine interface {
+	// Extent returns the end of the mapping that holds addr when that
+	// mapping may be span-written (private, file-backed, r-x: never made
+	// writable), and ok=false otherwise.
+	Extent(addr uint64) (end uint64, ok bool)
+	// Check returns nil when cur, the memory at [addr, addr+len(cur)),
+	// equals the mapped file's bytes except inside known probe sites that
+	// each hold one of their two forms; otherwise an error saying where it
+	// differs. ours are the batch's sites in the span (sorted): the caller
+	// has checked that each holds one of its forms.
+	Check(addr uint64, cur []byte, ours []Extent) error
+}
+
+// Extent is a site's place: what Pristine.Check needs of the batch's own
+// sites (no pointers, so a 40,000-site batch copies no heap references).
+type Extent struct {
+	Addr uint64
+	Len  int
+}
+
+// SpanStats says how a flip batch with a Pristine was written.
+type SpanStats struct {
+	Spans     int      // coalesced writes
+	SpanSites int      // sites written by them
+	OneByte   int      // sites written one byte at a time
+	Fallbacks []string // why a run of sites was written one byte at a time
+	// Raced lists spans whose read-back after the write differed from what
+	// was written: something in the target wrote the same page meanwhile.
+	// The rest of the batch is then written one byte at a time.
+	Raced []string
+}
+
+// ErrRaced wraps the note about a span that changed while it was written.
+var ErrRaced = errors.New("a span changed while it was written")
+
+// readRuns reads the current bytes of every site (sorted by address): one
+// read per run of sites spanning at most maxSpan bytes and one mapping
+// (sites of different mappings are never in one read; a run that fails is
+// read again site by site, so a gap between mappings costs only time).
+func readRuns(m Mem, sites []Site, maxSpan uint64, extent func(uint64) (uint64, bool)) ([][]byte, error) {
+	return readRunsOf(m, len(sites), func(i int) *Site { return &sites[i] }, maxSpan, extent)
+}
+
+func readRunsOf(m Mem, n int, site func(int) *Site, maxSpan uint64, extent func(uint64) (uint64, bool)) ([][]byte, error) {
+	out := make([][]byte, n)
+	for i := 0; i < n; {
+		start := site(i).Addr
+		limit := start + maxSpan
+		if extent != nil {
+			if e, ok := extent(start); ok && e < limit {
+				limit = e
+			} else if !ok {
+				limit = (start/pageSize + 1) * pageSize
+			}
+		}
+		j, end := i+1, start+uint64(site(i).Len())
+		for j < n {
+			e := site(j).Addr + uint64(site(j).Len())
+			if e > limit {
+				break
+			}
+			end = e
+			j++
+		}
+		buf := make([]byte, end-start)
+		if err := m.ReadMem(start, buf); err != nil {
+			if j == i+1 {
+				return nil, err
+			}
+			// A run across a gap: read each site alone.
+			for k := i; k < j; k++ {
+				b := make([]byte, site(k).Len())
+				if err := m.ReadMem(site(k).Addr, b); err != nil {
+					return nil, err
+				}
+				out[k] = b
+			}
+			i = j
+			continue
+		}
+		for k := i; k < j; k++ {
+			s := site(k)
+			off := s.Addr - start
+			out[k] = buf[off : off+uint64(s.Len()) : off+uint64(s.Len())]
+		}
+		i = j
+	}
+	return out, nil
+}
+
+// ClassifyRuns is Classify with the reads grouped: one read per run of
+// sites within maxSpan bytes (DefaultMaxSpan if 0), whatever their order.
+func ClassifyRuns(m Mem, sites []Site, maxSpan uint64) ([]State, error) {
+	if maxSpan == 0 {
+		maxSpan = DefaultMaxSpan
+	}
+	order := make([]int, len(sites))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return sites[order[a]].Addr < sites[order[b]].Addr })
+	sorted := make([]Site, len(sites))
+	for k, i := range order {
+		sorted[k] = sites[i]
+	}
+	cur, err := readRuns(m, sorted, maxSpan, nil)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]State, len(sites))
+	for k, i := range order {
+		out[i] = classify(sites[i], cur[k])
+	}
+	return out, nil
+}
+
+// flipSpans is Flip with a Pristine: every site is read (grouped) and
+// checked first, all or nothing, as in Flip; then each run of sites to
+// change within one span-writable mapping and maxSpan bytes is re-read,
+// checked against the file (Pristine.Check), written with one pwrite and
+// read back. A run that fails the check is written one byte per site; a
+// read-back that differs from what was written means a writer shares the
+// page: the run's sites are finished one byte at a time and so is the rest
+// of the batch.
+func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptions) (Result, error) {
+	var res Result
+	w := &spanWriter{m: m, pr: opts.Pristine, st: opts.Stats, cs: cs, at: at}
+	if w.st == nil {
+		w.st = &SpanStats{}
+	}
+	maxSpan := opts.MaxSpan
+	if maxSpan == 0 {
+		maxSpan = DefaultMaxSpan
+	}
+	cur, err := readRunsOf(m, len(cs), func(i int) *Site { return &cs[i].Site }, maxSpan, w.pr.Extent)
+	if err != nil {
+		return res, err
+	}
+	todo := make([]int, 0, len(cs)) // indices into cs
+	var bad []error
+	for i, c := range cs {
+		switch classify(c.Site, cur[i]) {
+		case StateActive:
+			if c.On {
+				res.Unchanged++
+				continue
+			}
+			todo = append(todo, i)
+		case StateInert:
+			if !c.On {
+				res.Unchanged++
+				continue
+			}
+			todo = append(todo, i)
+		default: // neither form, or torn (an int3 left mid-patch): refuse the batch
+			bad = append(bad, &SiteError{Site: c.Site, Seen: append([]byte(nil), cur[i]...)})
+		}
+	}
+	if len(bad) > 0 {
+		return res, errors.Join(bad...)
+	}
+	w.buf = make([]byte, 3*(maxSpan+16))
+	raced := false
+	for i := 0; i < len(todo); {
+		if err := ctx.Err(); err != nil {
+			res.Changed = w.changed
+			return res, err
+		}
+		start := cs[todo[i]].Site.Addr
+		end, ok := w.pr.Extent(start)
+		j := i + 1
+		if ok && !raced {
+			for j < len(todo) {
+				s := cs[todo[j]].Site
+				e := s.Addr + uint64(s.Len())
+				if e > end || e-start > maxSpan {
+					break
+				}
+				j++
+			}
+		}
+		if j == i+1 {
+			if err := w.oneByte(todo[i]); err != nil {
+				res.Changed = w.changed
+				return res, err
+			}
+			i = j
+			continue
+		}
+		err := w.span(todo[i:j])
+		if errors.Is(err, ErrRaced) {
+			raced = true
+			w.st.Raced = append(w.st.Raced, err.Error())
+		} else if err != nil {
+			res.Changed = w.changed
+			return res, err
+		}
+		i = j
+	}
+	res.Changed = w.changed
+	return res, nil
+}
+
+// spanWriter writes the runs of one flipSpans batch.
+type spanWriter struct {
+	m       Mem
+	pr      Pristine
+	st      *SpanStats
+	cs      []Change
+	at      []int  // each change's differing byte
+	buf     []byte // scratch: the span read, written and read back
+	changed int
+}
+
+func (w *spanWriter) oneByte(i int) error {
+	c, d := w.cs[i], w.at[i]
+	if err := w.m.WriteMem(c.Site.Addr+uint64(d), c.Site.form(c.On)[d:d+1]); err != nil {
+		return fmt.Errorf("%v: %w", c.Site, err)
+	}
+	w.changed++
+	w.st.OneByte++
+	return nil
+}
+
+// span writes one run of sites (indices into cs, sorted, in one
+// span-writable mapping) with one pwrite, after re-reading and checking
+// the span, and reads it back.
+func (w *spanWriter) span(run []int) error {
+	first, last := w.cs[run[0]].Site, w.cs[run[len(run)-1]].Site
+	start := first.Addr
+	n := int(last.Addr + uint64(last.Len()) - start)
+	cur, want, got := w.buf[:n], w.buf[n:2*n], w.buf[2*n:3*n]
+	if err := w.m.ReadMem(start, cur); err != nil {
+		return err
+	}
+	// The sites must still hold the forms the plan saw (nothing else of
+	// ours writes them: the per-process lock), and the span must be the
+	// file's bytes but at probe sites.
+	ours := make([]Extent, len(run))
+	for k, i := range run {
+		s, on := &w.cs[i].Site, w.cs[i].On
+		ours[k] = Extent{s.Addr, s.Len()}
+		off := s.Addr - start
+		if seen := cur[off : off+uint64(s.Len())]; !bytes.Equal(seen, s.form(!on)) {
+			return fmt.Errorf("%v changed under us (holds % x): %w", s, seen, ErrUnexpectedBytes)
+		}
+	}
+	if err := w.pr.Check(start, cur, ours); err != nil {
+		w.st.Fallbacks = append(w.st.Fallbacks, err.Error())
+		for _, i := range run {
+			if err := w.oneByte(i); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	copy(want, cur)
+	for _, i := range run {
+		s, d := &w.cs[i].Site, w.at[i]
+		want[s.Addr+uint64(d)-start] = s.form(w.cs[i].On)[d]
+	}
+	if err := w.m.WriteMem(start, want); err != nil {
+		return err
+	}
+	if err := w.m.ReadMem(start, got); err != nil {
+		return err
+	}
+	w.st.Spans++
+	if bytes.Equal(got, want) {
+		w.st.SpanSites += len(run)
+		w.changed += len(run)
+		return nil
+	}
+	// Something wrote the span between our read and the read-back. Each of
+	// our sites now holds its new form (done), its old one (something undid
+	// our byte: write it alone) or neither (not ours to fix: report).
+	diff := 0
+	for got[diff] == want[diff] {
+		diff++
+	}
+	var bad []error
+	for _, i := range run {
+		s, on := w.cs[i].Site, w.cs[i].On
+		off := s.Addr - start
+		seen := got[off : off+uint64(s.Len())]
+		switch {
+		case bytes.Equal(seen, s.form(on)):
+			w.changed++
+			w.st.SpanSites++
+		case bytes.Equal(seen, s.form(!on)):
+			if err := w.oneByte(i); err != nil {
+				return err
+			}
+		default:
+			bad = append(bad, &SiteError{Site: s, Seen: append([]byte(nil), seen...)})
+		}
+	}
+	if len(bad) > 0 {
+		return errors.Join(bad...)
+	}
+	return fmt.Errorf("span %#x-%#x: byte at %#x read back %#02x, written %#02x: %w",
+		start, start+uint64(n), start+uint64(diff), got[diff], want[diff], ErrRaced)
+}
