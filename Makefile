@@ -69,6 +69,7 @@ fuzz:
 	$(FUZZ) '^FuzzReader$$' ./internal/perfetto
 	$(FUZZ) '^FuzzParseObject$$' ./internal/inject
 	$(FUZZ) '^FuzzSessionLine$$' ./internal/cli
+	$(FUZZ) '^FuzzBuildID$$' ./internal/elfnote
 
 demo: build
 	./scripts/demo.sh
