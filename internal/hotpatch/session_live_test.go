@@ -223,3 +223,35 @@ func exists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
 }
+
+// TestSessionInt3: with nop placeholders every command needs the int3
+// protocol, hence every thread traced: the first runs outside the batch
+// (the session's tracer is upgraded), the rest inside it; each succeeds,
+// the workers never compute a wrong value, and the session ends detached.
+func TestSessionInt3(t *testing.T) {
+	testutil.RequirePtrace(t)
+	s := startMT(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "nop", true)
+	s.expectFrozen(t, "cold at start")
+	ss := startSession(t, s)
+	ss.send(t, "enable work", "disable work", "enable leaf", "stats")
+	for i, want := range []int{2, 2, 2} {
+		if l := ss.read(t); !l.OK || l.Changed != want {
+			t.Fatalf("command %d: %+v (stderr %q)", i+1, l, ss.stderr.String())
+		}
+	}
+	if l := ss.read(t); l.Toggles == nil || *l.Toggles != 6 || *l.Errors != 0 {
+		t.Fatalf("stats: %+v", l)
+	}
+	s.expectMoving(t, "leaf on through int3, from the session", true, true)
+	ss.send(t, "disable *")
+	if l := ss.read(t); !l.OK || l.Changed != 2 {
+		t.Fatalf("disable *: %+v", l)
+	}
+	ss.in.Close()
+	ss.wait(t)
+	if tp := tracerOf(s.Pid); tp != 0 {
+		t.Fatalf("after the session, TracerPid is %d", tp)
+	}
+	s.expectFrozen(t, "every probe off after the session")
+	s.finish(t)
+}
