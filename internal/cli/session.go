@@ -54,7 +54,8 @@ docs/injection.md). End of input, quit, SIGINT, SIGTERM, SIGHUP and SIGQUIT end 
 cleanly: the command in progress finishes (or rolls back, per its protocol), the tracer
 detaches, probes stay as the commands left them. Exit status: 0 if the session ran
 (whatever its commands' results), 1 if it could not start or stdout failed, 2 usage,
-4 the process does not exist.`,
+4 the process does not exist or exited (the command that found it gone gets its result
+line first).`,
 		Example: `  printf 'enable handle_*\nstats\ndisable *\n' | hotpatch session --pid 4242
   coproc hotpatch session --pid 4242; echo 'enable lookup' >&${COPROC[1]}; read -r r <&${COPROC[0]}`,
 		Args: cobra.NoArgs,
@@ -101,8 +102,11 @@ func runSession(tf targetFlags, protocol string, waitLock bool, inj *injectFlags
 	}
 	sess := &scriptSession{s: s, protocol: protocol, wait: wait, start: time.Now()}
 	err = sess.serve(ctx, in, stdout)
-	if cerr := s.Close(); cerr != nil && err == nil {
+	if cerr := s.Close(); cerr != nil && err == nil && sess.gone == nil {
 		err = cerr
+	}
+	if err == nil && sess.gone != nil {
+		err = classify(sess.gone)
 	}
 	return err
 }
@@ -118,6 +122,7 @@ type scriptSession struct {
 	toggles  int
 	errors   int
 	quit     bool
+	gone     error // the process exited: the session ends with hotpatch's exit status 4
 }
 
 type sessionResult struct {
@@ -252,6 +257,10 @@ func (ss *scriptSession) one(ctx context.Context, line string, inBatch bool) (r 
 	res := &sessionResult{Line: ss.line, Command: f[0]}
 	fail := func(err error) (*sessionResult, bool) {
 		ss.errors++
+		if hotpatch.Gone(err) {
+			// Nothing more can be done to this process: say so once, end.
+			ss.gone, ss.quit = err, true
+		}
 		res.OK, res.Error, res.Exit = false, oneLine(err), exitCode(classify(err))
 		return res, false
 	}

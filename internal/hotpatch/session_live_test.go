@@ -3,6 +3,7 @@ package hotpatch
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -254,4 +255,30 @@ func TestSessionInt3(t *testing.T) {
 	}
 	s.expectFrozen(t, "every probe off after the session")
 	s.finish(t)
+}
+
+// TestSessionTargetExits: when the process dies, the next command's result
+// says so (exit 4) and the session ends with hotpatch's exit status 4.
+func TestSessionTargetExits(t *testing.T) {
+	testutil.RequirePtrace(t)
+	s := startMT(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "flip", true)
+	ss := startSession(t, s)
+	ss.send(t, "enable leaf")
+	if l := ss.read(t); !l.OK {
+		t.Fatalf("enable leaf: %+v", l)
+	}
+	if err := s.Cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	s.Wait()
+	ss.send(t, "disable leaf", "stats")
+	if l := ss.read(t); l.OK || l.Exit != 4 || l.Line != 2 {
+		t.Fatalf("a command after the target died: %+v, want exit 4", l)
+	}
+	rest, _ := io.ReadAll(ss.out)
+	err := ss.cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 4 || len(rest) > 0 {
+		t.Fatalf("session: %v, then %q (stderr %q); want exit 4 and nothing more", err, rest, ss.stderr.String())
+	}
 }
