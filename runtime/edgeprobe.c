@@ -5,7 +5,7 @@
  * (__fentry__, in edgeprobe_fentry.S, whose exits are probed by hijacking the
  * return address; C halves in the "fentry provider" section) and records, per function
  * address, entries, exits and inclusive latency into a shared-memory region
- * (/dev/shm/edgeprobe.<pid>, layout in edgeprobe_shm.h, reader in
+ * (an anonymous memfd, "/memfd:edgeprobe" in /proc/<pid>/fd; layout in edgeprobe_shm.h, reader in
  * internal/shm, description in docs/runtime.md).
  *
  * Rules this file keeps (the host is a production process):
@@ -25,7 +25,7 @@
  *   - nothing here aborts the host;
  *   - nothing here is instrumented (no_instrument_function everywhere and the
  *     library is built without -finstrument-functions);
- *   - a failure to set up (no /dev/shm space, bad limits) disables recording,
+ *   - a failure to set up (no memory, no memfd_create, bad limits) disables recording,
  *     it never aborts the host.
  *
  * Build (see docs/runtime.md):
@@ -150,9 +150,11 @@ static int ep_clock_is_tsc;
 static pthread_key_t ep_key;
 static int ep_key_ok;
 static int ep_atfork_done;
-static int ep_keep;
+/* The region's memfd, kept open: hotpatch finds the region as the
+ * process's "/memfd:edgeprobe" descriptor (/proc/PID/fd), which takes the
+ * same rights as ptrace. -1 when there is none. */
+static int ep_fd = -1;
 static int ep_forked; /* this image is a fork child of the process that loaded us */
-static char ep_path[256];
 static char ep_out[4096];
 static int ep_region_pid;
 static uint32_t ep_fx_mode;  /* EP_FENTRY_* for this process, set with the region */
@@ -357,26 +359,20 @@ EP_STATIC int ep_make_region(void) {
 
 	ep_calibrate();
 
-	const char *dir = getenv("EDGEPROBE_DIR");
-	if (!dir || !*dir)
-		dir = "/dev/shm";
 	pid_t pid = getpid();
-	char tmp[300], *end;
-	end = ep_path + sizeof ep_path - 1;
-	*ep_append_u(ep_append(ep_append(ep_path, end, dir), end, "/edgeprobe."), end, (uint64_t)pid) = 0;
-	end = tmp + sizeof tmp - 1;
-	*ep_append_u(ep_append(ep_append(tmp, end, dir), end, "/.edgeprobe.init."), end, (uint64_t)pid) = 0;
-
-	int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+	/* An anonymous memory file (D16): no name anyone else can plant, read
+	 * or truncate; the kernel frees it with the last mapping and descriptor,
+	 * however the process ends (exit, _exit, SIGKILL, exec: MFD_CLOEXEC). */
+	int fd = (int)syscall(SYS_memfd_create, "edgeprobe", 1u /* MFD_CLOEXEC */);
 	if (fd < 0) {
-		ep_say("cannot create the shared-memory file", errno);
+		ep_say("cannot create the shared-memory file (memfd_create)", errno);
 		return -1;
 	}
 	if (ftruncate(fd, (off_t)size) != 0) {
 		ep_say("cannot size the shared-memory file", errno);
 		goto fail;
 	}
-	/* Reserve the pages now so a full /dev/shm fails here rather than with
+	/* Reserve the pages now so a lack of memory fails here rather than with
 	 * SIGBUS in a hook later. EDGEPROBE_RESERVE=0 keeps the file sparse. */
 	if (ep_env_u64("EDGEPROBE_RESERVE", 1, 1)) {
 		int e = posix_fallocate(fd, 0, (off_t)size);
@@ -390,7 +386,6 @@ EP_STATIC int ep_make_region(void) {
 		ep_say("cannot map the shared-memory file", errno);
 		goto fail;
 	}
-	close(fd);
 
 	struct ep_header *h = m;
 	h->version = EP_VERSION;
@@ -453,15 +448,10 @@ EP_STATIC int ep_make_region(void) {
 	ep.tsc = ep_clock_is_tsc;
 	ep.size = size;
 	ep_region_pid = pid;
-	ep_keep = (int)ep_env_u64("EDGEPROBE_KEEP", 0, 1);
 
-	/* Publish: magic last, then make the file visible under its name. */
+	/* Publish: magic last (a reader may find the descriptor before). */
 	__atomic_store_n(&h->magic, EP_MAGIC, __ATOMIC_RELEASE);
-	if (rename(tmp, ep_path) != 0) {
-		ep_say("cannot publish the shared-memory file", errno);
-		unlink(tmp);
-		/* keep recording: EDGEPROBE_OUTPUT still works */
-	}
+	ep_fd = fd;
 
 	const char *out = getenv("EDGEPROBE_OUTPUT");
 	ep_out[0] = 0;
@@ -490,7 +480,6 @@ EP_STATIC int ep_make_region(void) {
 	return 0;
 fail:
 	close(fd);
-	unlink(tmp);
 	return -1;
 }
 
@@ -711,7 +700,20 @@ EP_COLD int ep_busy_live(struct ep_thread *th, uint64_t here) {
 		got = *(volatile uint64_t *)(uintptr_t)(b + 8); /* above us on this stack: mapped */
 	else
 		got = ep_peek(b + 8);
-	if (got == ep_tls.busy_ret)
+	/* A hook that interrupts a live one on the same stack runs below it
+	 * (a signal frame is pushed under the interrupted one). At or above the
+	 * busy frame we can only be a later hook on a stack the abandoned one
+	 * left: a loop calling the same function from the same place rebuilds
+	 * that frame with the same return address, which alone would make a
+	 * stale word look live forever. A handler on an alternate signal stack
+	 * may run anywhere: there only the return address can tell. */
+	int above = here >= b;
+	if (above) {
+		stack_t ss;
+		if (sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_ONSTACK))
+			above = 0;
+	}
+	if (!above && got == ep_tls.busy_ret)
 		return 1;
 	/* A handler interrupting us here (the read above may be a system call)
 	 * can judge the same word: whoever clears it counts it, once. */
@@ -1672,6 +1674,11 @@ EP_STATIC void ep_atfork_child(void) {
 		munmap(ep.base, ep.size);
 		memset(&ep, 0, sizeof ep);
 	}
+	/* the parent's descriptor: the child's region gets its own */
+	if (ep_fd >= 0) {
+		close(ep_fd);
+		ep_fd = -1;
+	}
 	if (ep_key_ok)
 		pthread_setspecific(ep_key, NULL);
 	ep_tls.busy_ret = ep_tls.saved_ret;
@@ -1690,11 +1697,21 @@ EP_STATIC int ep_page_zero(const char *p, size_t n) {
 /* Write the region (zero pages as holes) and a copy of /proc/self/maps to
  * ep_out via a temporary file and rename. */
 EP_STATIC void ep_write_output(void) {
-	char tmp[sizeof ep_out + 32], *end = tmp + sizeof tmp - 1;
-	char *p = ep_append(tmp, end, ep_out);
-	p = ep_append(p, end, ".tmp.");
-	*ep_append_u(p, end, (uint64_t)getpid()) = 0;
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	/* A fresh temporary beside the output (O_EXCL | O_NOFOLLOW: never a file
+	 * or symlink someone planted), renamed over it: rename replaces a
+	 * planted symlink itself, it does not follow it. */
+	char tmp[sizeof ep_out + 64], *end = tmp + sizeof tmp - 1;
+	int fd = -1;
+	for (int attempt = 0; attempt < 16 && fd < 0; attempt++) {
+		char *p = ep_append(tmp, end, ep_out);
+		p = ep_append(p, end, ".tmp.");
+		p = ep_append_u(p, end, (uint64_t)getpid());
+		p = ep_append(p, end, ".");
+		*ep_append_u(p, end, (__rdtsc() >> 4) & 0xffffff) = 0;
+		fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (fd < 0 && errno != EEXIST)
+			break;
+	}
 	if (fd < 0) {
 		ep_say("cannot write EDGEPROBE_OUTPUT", errno);
 		return;
@@ -1761,8 +1778,9 @@ __attribute__((constructor, no_instrument_function)) static void ep_ctor(void) {
 }
 
 /* Runs on return from main and on exit(); not on _exit() or a fatal signal
- * (the region then stays in /dev/shm for a reader to collect). The mapping
- * stays: hooks that run later (other destructors) keep counting into it. */
+ * (the kernel frees the memfd then; only EDGEPROBE_OUTPUT is lost). The
+ * mapping stays: hooks that run later (other destructors) keep counting
+ * into it. */
 __attribute__((destructor, no_instrument_function)) static void ep_dtor(void) {
 	if (__atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) != 2 || ep_region_pid != getpid())
 		return;
@@ -1774,8 +1792,6 @@ __attribute__((destructor, no_instrument_function)) static void ep_dtor(void) {
 	__atomic_store_n(&ep.hdr->state, EP_STATE_EXITED, __ATOMIC_RELEASE);
 	if (ep_out[0])
 		ep_write_output();
-	if (!ep_keep)
-		unlink(ep_path);
 	SIGFENCE();
 	ep_tls.busy = saved;
 }

@@ -4,7 +4,8 @@
  * in Go and its tests compile internal/shm/testdata/layout.c against this file
  * to check that every offset and size agrees. Bump EP_VERSION on any change.
  *
- * The region is one file, /dev/shm/edgeprobe.<pid>, mapped MAP_SHARED:
+ * The region is one anonymous memfd ("/memfd:edgeprobe" in /proc/<pid>/fd),
+ * mapped MAP_SHARED:
  *
  *   [0, 4096)                       struct ep_header
  *   [func_off, +max_funcs*func_size)     struct ep_func[max_funcs]   (hash table)

@@ -271,3 +271,36 @@ func TestStaticRuntime(t *testing.T) {
 		t.Fatalf("program output %q", out)
 	}
 }
+
+// TestCapturesRestoreWhatTheyFound: trace and profile leave every probe in
+// the state they found it, including probes that were on before (issue 11:
+// profile turned them off, since its restore skipped the sites its first
+// enable had not changed).
+func TestCapturesRestoreWhatTheyFound(t *testing.T) {
+	p := startCold(t)
+	pid := fmt.Sprint(p.Pid)
+	run(t, "--pid", pid, "--enable", "work")
+	want := func(what string) {
+		t.Helper()
+		var states []struct{ State, Function, Kind string }
+		json.Unmarshal([]byte(run(t, "list", "--pid", pid, "--json").Stdout), &states)
+		if len(states) == 0 {
+			t.Fatal("list found no probes")
+		}
+		for _, s := range states {
+			if on := s.Function == "work"; (s.State == "on") != on || (s.State != "on" && s.State != "off") {
+				t.Errorf("after %s: %s %s is %s, want %s", what, s.Kind, s.Function, s.State, map[bool]string{true: "on", false: "off"}[on])
+			}
+		}
+	}
+	want("hotpatch --enable work")
+	// One epoch longer than the run: work reaches its quota and stays off
+	// until the end, where only the restore can turn it back on.
+	run(t, "profile", "--pid", pid, "--samples", "50", "--epoch", "1h", "--duration", "300ms", "-o", filepath.Join(t.TempDir(), "p.pprof"))
+	want("profile")
+	run(t, "trace", "--pid", pid, "--enable", "work", "--enable", "leaf", "--duration", "100ms", "-o", filepath.Join(t.TempDir(), "t.json"))
+	want("trace")
+	if out, _ := p.Finish(); !strings.Contains(out, "wrong=0") {
+		t.Fatalf("program output %q", out)
+	}
+}

@@ -94,6 +94,11 @@ for others (docs/probe-list.md); -v prints its hits and misses. Every site's liv
 are verified before anything is written; a site holding anything but its active or inert
 form refuses the whole request.
 
+A process started without the runtime (no LD_PRELOAD=libedgeprobe.so) gets it loaded by the
+first --enable (and by stats, trace, profile, top): one line on stderr says so. --no-inject
+refuses instead; --runtime FILE or $EDGEPROBE_RUNTIME names the runtime, else libedgeprobe.so
+next to hotpatch. See docs/injection.md.
+
 Protocols: flip (one atomic byte store, no stop; the default wherever a site allows it),
 int3 and int3-async (multi-byte sites: int3 first, threads that hit it are held by
 hotpatch as tracer), stop (stop the world; the iProbe/Dyninst baseline). See

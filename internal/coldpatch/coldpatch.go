@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"github.com/edgeprobe/edgeprobe/internal/elfscan"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
@@ -43,14 +44,12 @@ func Run(path string, opts Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := os.Stat(abs)
-	if err != nil {
-		return nil, err
+	// A symlink is followed: the file it names is read and, in place, is
+	// the one rewritten (the link stays a link), as strip does.
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
 	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: not a regular file", path)
-	}
-	image, err := os.ReadFile(abs)
+	image, st, err := readChecked(abs)
 	if err != nil {
 		return nil, err
 	}
@@ -59,6 +58,22 @@ func Run(path string, opts Options) (*Result, error) {
 		if out, err = filepath.Abs(opts.Output); err != nil {
 			return nil, err
 		}
+		if real, err := filepath.EvalSymlinks(out); err == nil {
+			out = real
+		}
+	}
+	// Rewriting in place replaces the file (temp + rename): its other hard
+	// links would keep the old, hot binary. Refuse and say so (decision
+	// D21) rather than patch one name of several.
+	var like os.FileInfo
+	if out == abs {
+		like = st
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok && sys.Nlink > 1 && !opts.DryRun {
+			return nil, fmt.Errorf("%s has %d links: rewriting it would leave the other %d with the old binary; patch a copy (-o) or remove the other links: %w",
+				path, sys.Nlink, sys.Nlink-1, ErrHardLinks)
+		}
+	} else if ost, err := os.Stat(out); err == nil {
+		like = ost // an existing output keeps its owner and mode
 	}
 	list, report, err := elfscan.ScanReader(bytes.NewReader(image), int64(len(image)), abs, elfscan.Options{Placeholder: opts.Placeholder})
 	if err != nil {
@@ -85,7 +100,11 @@ func Run(path string, opts Options) (*Result, error) {
 	if opts.DryRun || (res.Patched == 0 && out == abs) {
 		return res, nil
 	}
-	if err := probelist.WriteFileAtomic(out, patched, st.Mode().Perm()); err != nil {
+	keepOwner := like != nil
+	if like == nil {
+		like = st // a new output file gets the input's mode, not its owner
+	}
+	if err := writeLike(out, patched, like, keepOwner); err != nil {
 		return nil, err
 	}
 	res.Written = true

@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
-	"github.com/edgeprobe/edgeprobe/internal/procmaps"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"github.com/edgeprobe/edgeprobe/internal/xmod"
@@ -356,7 +355,7 @@ func (s *Session) newGeneration(sel []selected, before []string) {
 // Gone reports whether err says the target process does not exist or
 // exited while we worked on it (the CLI's exit status 4).
 func Gone(err error) bool {
-	return errors.Is(err, ptrace.ErrExited) || errors.Is(err, ptrace.ErrNoProcess) || errors.Is(err, procmaps.ErrNoProcess)
+	return errors.Is(err, ptrace.ErrExited) || errors.Is(err, procfs.ErrNoProcess)
 }
 
 // exitedErr is the one-line error for a target that went away mid-run.
@@ -368,14 +367,7 @@ func exitedErr(pid int, cause error) error {
 }
 
 // processGone reports whether pid no longer runs (absent, or a zombie).
-func processGone(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X'
-}
+func processGone(pid int) bool { return procfs.Gone(pid, 0) }
 
 // Tally summarises where sites ended, e.g. "3 on, 5 off", for one-line errors.
 func Tally(sites []SiteResult) string {
@@ -616,12 +608,15 @@ func kindOrBoth(k string) string {
 	return k
 }
 
-// Restore puts every site a result changed back into the state it held
-// before, so a capture (trace, profile) leaves the probes as it found them.
+// Restore puts every site of a result back into the state it held before
+// it, so a capture (trace, profile) leaves the probes as it found them. It
+// does not skip the sites the result did not change: a profile toggles them
+// per epoch after that result (issue 11: probes that were on came back off).
+// Sites already in their old state cost a read.
 func (s *Session) Restore(ctx context.Context, res *Result) error {
 	var actions []Action
 	for _, r := range res.Sites {
-		if r.Before == r.After || (r.Before != "on" && r.Before != "off") {
+		if r.Before != "on" && r.Before != "off" {
 			continue
 		}
 		sel, err := probelist.ParseSelector(fmt.Sprintf("id:%d", r.ID), "")

@@ -160,7 +160,7 @@ func TestFentryLive(t *testing.T) {
 // which then takes the GOT slot (docs/injection.md).
 func TestFentryGlibc(t *testing.T) {
 	testutil.RequirePtrace(t)
-	useRuntime(t)
+	t.Setenv(EnvRuntime, testutil.Runtime(t, "gcc"))
 	s := startFentry(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", PIE: testutil.Bool(true)}, false, false, false)
 	for _, p := range []string{"--enable", "--disable"} {
 		s.hotpatch(t, p, "*")

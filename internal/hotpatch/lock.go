@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 )
 
@@ -72,30 +72,14 @@ func (l *Lock) Release() {
 }
 
 // tracerOf returns the TracerPid of pid (a thread id of the tracer), or 0.
-func tracerOf(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "TracerPid:"); ok {
-			n, _ := strconv.Atoi(strings.TrimSpace(v))
-			return n
-		}
-	}
-	return 0
-}
+func tracerOf(pid int) int { return max(procfs.TracerPid(pid, 0), 0) }
 
 // describeTracer names a tracer thread by its process: "pid 4242 (hotpatch)".
 func describeTracer(tid int) string {
 	pid := tid
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid)); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
-				if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
-					pid = n
-				}
-			}
+	if st, err := procfs.ReadStatus(tid, 0); err == nil {
+		if n := st.Int("Tgid"); n > 0 {
+			pid = n
 		}
 	}
 	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))

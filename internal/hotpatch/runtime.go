@@ -10,7 +10,6 @@ import (
 
 	"github.com/edgeprobe/edgeprobe/internal/inject"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
-	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 )
 
@@ -59,6 +58,9 @@ func EnsureRuntime(ctx context.Context, pid int, opts RuntimeOptions) (*RuntimeS
 	// changing anything does, and looks again under it.
 	p, err := inject.Inspect(pid)
 	if err != nil {
+		if errors.Is(err, os.ErrPermission) {
+			return nil, fmt.Errorf("pid %d: reading its memory map needs ptrace rights (the same user, or CAP_SYS_PTRACE): %w", pid, err)
+		}
 		return nil, err
 	}
 	st := &RuntimeStatus{Foreign: p.Foreign(), Static: p.Static}
@@ -69,14 +71,22 @@ func EnsureRuntime(ctx context.Context, pid int, opts RuntimeOptions) (*RuntimeS
 		st.Present = p.Runtime != nil
 		return st, nil
 	}
-	var tracer *ptrace.Tracer
+	// A descriptor named like the runtime's region that is not a region of
+	// this process (planted, or inherited from another) means something we
+	// cannot vouch for runs there: refuse rather than load beside it.
+	if p.Runtime == nil {
+		if r, err := shm.OpenPID(pid); err == nil {
+			r.Close()
+		} else if errors.Is(err, shm.ErrUntrusted) {
+			return st, err
+		}
+	}
+	var lock *Lock
 	if !opts.NoInject {
-		lock, err := AcquireLock(pid, opts.WaitLock)
-		if err != nil {
+		if lock, err = AcquireLockContext(ctx, pid, opts.WaitLock); err != nil {
 			return st, err
 		}
 		defer lock.Release()
-		tracer = lock.Tracer() // the lock is an attach: the load works through it
 		if p, err = inject.Inspect(pid); err != nil {
 			return st, err
 		}
@@ -108,7 +118,7 @@ func EnsureRuntime(ctx context.Context, pid int, opts RuntimeOptions) (*RuntimeS
 	// Round 1 loads (or routes); a slot that the lazy binder was filling in
 	// at the same moment can end up pointing to glibc again: route again.
 	for round := 0; round < 3 && len(need) > 0; round++ {
-		res, err := inject.Load(ctx, p, inject.Options{Runtime: runtime, Prefer: os.Getenv(EnvInjectThread), Tracer: tracer})
+		res, err := inject.Load(ctx, p, inject.Options{Runtime: runtime, Prefer: os.Getenv(EnvInjectThread), Tracer: lock.Tracer()})
 		if st.Load == nil {
 			st.Load = res
 		}

@@ -32,17 +32,15 @@ type Options struct {
 	// point, so tests can make a given thread's system call the one
 	// interrupted and restarted ($EDGEPROBE_INJECT_THREAD in hotpatch).
 	Prefer string
+	// Tracer, when set, is an attached tracer to use (hotpatch's lock is a
+	// leader-only attach): Load upgrades it to every thread and leaves it
+	// attached. Without it Load attaches and detaches itself.
+	Tracer *ptrace.Tracer
 	// Direct runs the loader on the borrowed thread itself (dlopen, the
 	// constructor and the stores all before it resumes) instead of on a new
 	// thread: the alternative docs/decisions.md (D22) measured and did not
 	// choose. For measurements only.
 	Direct bool
-	// Tracer is the caller's own attach to the process, when it holds one
-	// as its lock (hotpatch does: a second PTRACE_SEIZE would fail). Load
-	// upgrades it to every thread, uses it, and leaves it attached and
-	// serving (a loader thread born traced is resumed by it); nil: Load
-	// attaches and detaches by itself.
-	Tracer *ptrace.Tracer
 }
 
 // Result says what Load did.
@@ -103,16 +101,18 @@ func Load(ctx context.Context, p *Process, opts Options) (*Result, error) {
 		values = p.runtimeHooks
 	}
 	start := time.Now()
-	tr, own := opts.Tracer, opts.Tracer == nil
-	if own {
+	tr := opts.Tracer
+	detached := tr != nil // a caller's tracer is the caller's to detach
+	if tr != nil {
+		if err := tr.Upgrade(); err != nil {
+			return nil, err
+		}
+	} else {
 		var err error
 		if tr, err = ptrace.Attach(p.Pid, ptrace.Options{}); err != nil {
 			return nil, err
 		}
-	} else if err := tr.Upgrade(); err != nil {
-		return nil, err
 	}
-	detached := !own // a borrowed tracer is the caller's to release
 	defer func() {
 		if !detached {
 			_ = tr.Detach()
@@ -148,11 +148,9 @@ func Load(ctx context.Context, p *Process, opts Options) (*Result, error) {
 		return p.prepare(ctx, b, opts, entries, values, res, &data)
 	})
 	var derr error
-	if own {
+	if !detached {
 		derr = tr.Detach()
 		detached = true
-	} else {
-		derr = tr.ResumeAll()
 	}
 	if err != nil {
 		return res, err
@@ -211,11 +209,6 @@ func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, opts Options,
 		le.PutUint64(block[offHandle:], 1) // route only: skip dlopen and dlsym
 	}
 	copy(block[offMemfdName:], memfdName)
-	// The loader thread starts with every signal blocked, so no handler of
-	// the program runs on it and no process-directed signal is taken by it,
-	// except glibc's SIGCANCEL (32) and SIGSETXID (33): setuid() in another
-	// thread waits for every thread to take SIGSETXID.
-	le.PutUint64(block[offMask:], ^uint64(0)&^(1<<31|1<<32))
 	le.PutUint64(block[offCount:], uint64(len(entries)))
 	for i, e := range entries {
 		o := offEntries + entrySize*i
@@ -266,13 +259,9 @@ func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, opts Options,
 		_, err := call("the loader", area, data)
 		return err
 	}
-	if _, err := call("rt_sigprocmask", f["syscall"], unix.SYS_RT_SIGPROCMASK, unix.SIG_SETMASK, data+offMask, data+offOldMask, 8); err != nil {
-		return err
-	}
+	// The borrowed thread runs with ptrace.BorrowMask, which the loader
+	// thread inherits from it.
 	rc, err := call("pthread_create", f["pthread_create"], data+offThread, 0, area, data)
-	if _, merr := call("rt_sigprocmask", f["syscall"], unix.SYS_RT_SIGPROCMASK, unix.SIG_SETMASK, data+offOldMask, 0, 8); merr != nil && err == nil {
-		err = merr
-	}
 	if err == nil && rc != 0 {
 		err = fmt.Errorf("pthread_create in pid %d: %v: %w", p.Pid, unix.Errno(rc), ErrLoad)
 		if fd >= 0 {

@@ -48,8 +48,6 @@ const (
 	offPath      = 0x100 // "/proc/self/fd/N"
 	offNames     = 0x140 // hook names, 32 bytes each
 	offMemfdName = 0x1c0 // memfd_create's name
-	offMask      = 0x1e0 // the signal mask the new thread starts with
-	offOldMask   = 0x1e8 // the borrowed thread's mask, saved
 	offThread    = 0x1f0 // pthread_t out
 	offEntries   = 0x400 // entries: {slot, hook index, page, prot or -1}
 	entrySize    = 32

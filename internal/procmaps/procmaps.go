@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"io"
 	"os"
 	"strconv"
@@ -17,7 +18,7 @@ import (
 // Sentinel errors.
 var (
 	// ErrNoProcess: /proc/PID/maps does not exist.
-	ErrNoProcess = errors.New("no such process")
+	ErrNoProcess = procfs.ErrNoProcess // the one every package wraps
 	// ErrNotELF: a mapped object's file is not an ELF file we can read.
 	ErrNotELF = errors.New("not a readable ELF object")
 	// ErrNoObject: no mapped object matched.

@@ -28,6 +28,10 @@ const (
 	callReturnAddr   = 0     // the return address we push: returning there faults at rip 0
 )
 
+// BorrowMask is the blocked-signal mask of a borrowed thread: everything
+// but signals 32 and 33 (glibc's SIGCANCEL and SIGSETXID).
+const BorrowMask = ^uint64(0) &^ (1<<31 | 1<<32)
+
 // InSyscall reports whether a stopped thread's registers show it inside a
 // system call (orig_rax >= 0), which one, and whether the call will be
 // restarted when the thread resumes (rax holds an -ERESTART* code).
@@ -51,6 +55,7 @@ type Borrowed struct {
 	regs     Regs
 	xstate   []byte
 	deferred []siginfo // signals that arrived for the thread meanwhile
+	sigmask  uint64    // its blocked-signal mask, restored at the end
 	sigStop  bool      // the thread is in a signal-delivery-stop (a signal can be injected)
 	// Limit bounds each Call (zero: 5s).
 	Limit time.Duration
@@ -97,6 +102,20 @@ func (t *Tracer) Borrow(tid int, fn func(b *Borrowed) error) error {
 			return fmt.Errorf("borrow thread %d: xstate: %w", tid, mapErrno(err))
 		}
 		b.xstate = xs
+		// Block every signal for the thread while it is borrowed (but
+		// glibc's SIGCANCEL and SIGSETXID: setuid() in another thread waits
+		// for every thread to take SIGSETXID): a signal for it stays pending
+		// and is delivered when its own mask is back, with its own siginfo,
+		// where its code was stopped; none runs a handler on top of our
+		// frames, and a stream of them cannot keep a call from ending. A
+		// thread it creates inherits the mask (the loader thread runs with
+		// it).
+		if b.sigmask, err = getSigmask(tid); err != nil {
+			return fmt.Errorf("borrow thread %d: signal mask: %w", tid, mapErrno(err))
+		}
+		if err := setSigmask(tid, BorrowMask); err != nil {
+			return fmt.Errorf("borrow thread %d: signal mask: %w", tid, mapErrno(err))
+		}
 		if th.kind == stopSignal {
 			// A signal was about to be delivered: deliver it after the restore.
 			if si, err := getSiginfo(tid); err == nil {
@@ -214,9 +233,10 @@ func (b *Borrowed) Call(ctx context.Context, fn uint64, args ...uint64) (uint64,
 			}
 			return got.Rax, nil
 		default:
-			// A signal for the borrowed thread: keep it for after the restore,
-			// so no handler runs on top of our call (a handler that longjmps
-			// would never let the call end).
+			// A signal the mask lets through (SIGCANCEL, SIGSETXID) or one
+			// that cannot be blocked: keep it for after the restore, so no
+			// handler runs on top of our call (a handler that longjmps would
+			// never let the call end).
 			if si, err := getSiginfo(tid); err == nil {
 				b.deferred = append(b.deferred, si)
 			}
@@ -274,6 +294,9 @@ func (b *Borrowed) restore() error {
 	}
 	if err := setXstate(tid, b.xstate); err != nil {
 		return fmt.Errorf("restore thread %d: xstate: %w", tid, mapErrno(err))
+	}
+	if err := setSigmask(tid, b.sigmask); err != nil {
+		return fmt.Errorf("restore thread %d: signal mask: %w", tid, mapErrno(err))
 	}
 	// A signal can be injected only from a signal-delivery-stop (from an
 	// interrupt stop it would be ignored): the first deferred signal goes

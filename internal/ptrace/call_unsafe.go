@@ -45,3 +45,27 @@ func setSiginfo(tid int, si *siginfo) error {
 	}
 	return nil
 }
+
+// PTRACE_GETSIGMASK / PTRACE_SETSIGMASK (Linux 3.11): a stopped tracee's
+// blocked-signal mask.
+const (
+	ptraceGetSigmask = 0x420a
+	ptraceSetSigmask = 0x420b
+)
+
+func getSigmask(tid int) (uint64, error) {
+	var m uint64
+	_, _, e := unix.Syscall6(unix.SYS_PTRACE, ptraceGetSigmask, uintptr(tid), 8, uintptr(unsafe.Pointer(&m)), 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return m, nil
+}
+
+func setSigmask(tid int, m uint64) error {
+	_, _, e := unix.Syscall6(unix.SYS_PTRACE, ptraceSetSigmask, uintptr(tid), 8, uintptr(unsafe.Pointer(&m)), 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}

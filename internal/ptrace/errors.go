@@ -1,10 +1,15 @@
 package ptrace
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
+)
 
 var (
-	// ErrNoProcess: the pid names no process (or a kernel thread).
-	ErrNoProcess = errors.New("no such process")
+	// ErrNoProcess: the pid names no process (or a kernel thread). It is
+	// procfs.ErrNoProcess, the one every package wraps.
+	ErrNoProcess = procfs.ErrNoProcess
 	// ErrPermission: the kernel refused to let us trace or write the target.
 	ErrPermission = errors.New("permission denied")
 	// ErrExited: the target exited while we worked on it.

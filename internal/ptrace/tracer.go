@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 )
 
 // Options configure Attach.
@@ -331,22 +333,7 @@ func listThreads(pid int) ([]int, error) {
 }
 
 // tracerOf returns the TracerPid of a thread, or -1.
-func tracerOf(tid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
-	if err != nil {
-		return -1
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "TracerPid:"); ok {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil {
-				return -1
-			}
-			return n
-		}
-	}
-	return -1
-}
+func tracerOf(tid int) int { return procfs.TracerPid(tid, 0) }
 
 func attachErr(tid int, err error) error {
 	switch err {
@@ -522,6 +509,11 @@ func (t *Tracer) handle(wpid int, ws unix.WaitStatus) {
 		th = &thread{tid: wpid}
 		t.threads[wpid] = th
 		t.stats.Clones++
+	}
+	if th.syncWant {
+		// Stopped for our Sync: make sure its way back to user mode
+		// serialises (see forceIRET).
+		t.forceIRET(th.tid)
 	}
 	th.syncWant = false // any ptrace-stop is a kernel entry and exit
 	sig := int(ws.StopSignal())
@@ -720,20 +712,11 @@ func (t *Tracer) repairChild(kid int) (int, error) {
 
 // tgidOf returns the thread group of a task, or -1.
 func tgidOf(tid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", tid))
+	st, err := procfs.ReadStatus(tid, 0)
 	if err != nil {
 		return -1
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
-			n, err := strconv.Atoi(strings.TrimSpace(v))
-			if err != nil {
-				return -1
-			}
-			return n
-		}
-	}
-	return -1
+	return st.Int("Tgid")
 }
 
 // dispose resumes a stopped thread unless we hold every thread.
@@ -869,6 +852,9 @@ func (t *Tracer) Sync(ctx context.Context) error {
 		}
 		t.pump()
 		for _, th := range t.threads {
+			if th.kind != running {
+				t.forceIRET(th.tid) // already stopped: counts, and returns through IRET
+			}
 			if th.kind == running && !th.inVfork && !th.moving {
 				th.syncWant = true
 				if err := unix.PtraceInterrupt(th.tid); err != nil {
@@ -920,6 +906,7 @@ func (t *Tracer) StopAll(ctx context.Context) ([]ThreadState, error) {
 			return err
 		}
 		for _, th := range t.threads {
+			t.forceIRET(th.tid)
 			var r Regs
 			if err := unix.PtraceGetRegs(th.tid, &r); err != nil {
 				continue // it died while stopped (SIGKILL)
@@ -1112,14 +1099,12 @@ func (t *Tracer) awaitRelease() error {
 
 // tracedBy reports whether any thread of pid is traced by thread tracer.
 func tracedBy(pid, tracer int) bool {
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	tids, err := listThreads(pid)
 	if err != nil {
 		return false // the process is gone: nothing is traced
 	}
-	want := fmt.Sprintf("TracerPid:\t%d\n", tracer)
-	for _, task := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, task.Name()))
-		if err == nil && strings.Contains(string(b), want) {
+	for _, tid := range tids {
+		if procfs.TracerPid(pid, tid) == tracer {
 			return true
 		}
 	}
@@ -1147,7 +1132,35 @@ func (t *Tracer) stopAllLocked() (int, error) {
 	if errors.Is(err, ErrExited) {
 		err = nil
 	}
+	for _, th := range t.threads {
+		if th.kind != running {
+			t.forceIRET(th.tid)
+		}
+	}
 	return len(t.threads), err
+}
+
+// forceIRET makes a stopped thread's return to user mode take the kernel's
+// IRET path, which is serialising, instead of SYSRET, which is not (issue
+// 11: "every thread passes through an IRET" did not hold for a thread that
+// was in a system call). Linux returns from a 64-bit syscall by SYSRET only
+// when the saved rcx equals the saved rip (and r11 the flags): SYSRET
+// reloads rip from rcx. A thread stopped inside a syscall (orig_rax >= 0)
+// with rcx == rip gets rcx = rip+1, which is harmless: the SYSCALL
+// instruction clobbers rcx and r11 by definition of the ABI, so no program
+// reads them after a syscall; a restarted syscall executes SYSCALL again,
+// which rewrites rcx. A thread that entered the kernel by an interrupt or
+// exception (orig_rax = -1) returns through IRET anyway and is not touched.
+func (t *Tracer) forceIRET(tid int) {
+	var r Regs
+	if err := unix.PtraceGetRegs(tid, &r); err != nil {
+		return
+	}
+	if int64(r.Orig_rax) < 0 || r.Rcx != r.Rip {
+		return
+	}
+	r.Rcx = r.Rip + 1
+	_ = unix.PtraceSetRegs(tid, &r)
 }
 
 // describe lists the threads that are not in a known stop, for errors.
@@ -1158,10 +1171,8 @@ func (t *Tracer) describe() string {
 			continue
 		}
 		state := "gone"
-		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", t.pid, th.tid)); err == nil {
-			if i := strings.LastIndexByte(string(b), ')'); i > 0 && i+2 < len(b) {
-				state = string(b[i+2 : i+3])
-			}
+		if st, err := procfs.ReadStat(t.pid, th.tid); err == nil {
+			state = string(st.State)
 		}
 		parts = append(parts, fmt.Sprintf("thread %d state %s", th.tid, state))
 	}
@@ -1173,14 +1184,7 @@ func (t *Tracer) describe() string {
 }
 
 // threadGone reports whether a thread has exited or is exiting.
-func threadGone(pid, tid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", pid, tid))
-	if err != nil {
-		return true
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	return i > 0 && i+2 < len(b) && (b[i+2] == 'Z' || b[i+2] == 'X')
-}
+func threadGone(pid, tid int) bool { return procfs.Gone(pid, tid) }
 
 // flushTraps runs, before detaching, every stopped thread that still has a
 // SIGTRAP pending: an int3 it executed can be reported after the
@@ -1220,19 +1224,13 @@ func (t *Tracer) flushTraps() error {
 // sigPending reports whether sig is pending for the thread itself (SigPnd)
 // or its process (ShdPnd).
 func sigPending(pid, tid int, sig unix.Signal) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/status", pid, tid))
+	st, err := procfs.ReadStatus(pid, tid)
 	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		for _, key := range []string{"SigPnd:", "ShdPnd:"} {
-			if v, ok := strings.CutPrefix(line, key); ok {
-				mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-				if err == nil && mask&(1<<(uint(sig)-1)) != 0 {
-					return true
-				}
-			}
+		// A vfork child traced like a thread is not under pid's task/.
+		if st, err = procfs.ReadStatus(tid, 0); err != nil {
+			return false
 		}
 	}
-	return false
+	bit := uint64(1) << (uint(sig) - 1)
+	return (st.SigMask("SigPnd")|st.SigMask("ShdPnd"))&bit != 0
 }

@@ -1,8 +1,9 @@
 // Package shm reads the shared-memory region the edgeprobe runtime
 // (runtime/edgeprobe.c, preloaded as bin/libedgeprobe.so) keeps per process:
-// /dev/shm/edgeprobe.<pid> while the process runs, or the file named by
-// EDGEPROBE_OUTPUT after it exits. Both have the same bytes, so one reader
-// serves `hotpatch stats` live and offline.
+// an anonymous memfd while the process runs (OpenPID finds it through
+// /proc/PID/fd and checks whom it belongs to: ErrNoRuntime, ErrUntrusted),
+// or the file named by EDGEPROBE_OUTPUT after it exits. Both have the same
+// bytes, so one reader serves `hotpatch stats` live and offline.
 //
 // The layout is defined once, in runtime/edgeprobe_shm.h; the Go structs in
 // layout.go mirror it field for field and TestLayoutMatchesC compiles a C

@@ -1,21 +1,21 @@
 package shm
 
 import (
+	"errors"
 	"fmt"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"math/bits"
 	"os"
-	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
 )
 
-// Dir is where the runtime puts live regions (EDGEPROBE_DIR overrides it in
-// the runtime; pass the same path to Open then).
-const Dir = "/dev/shm"
-
-// Path is the live region of process pid.
-func Path(pid int) string { return Dir + "/edgeprobe." + strconv.Itoa(pid) }
+// MemfdName is how /proc/PID/fd shows the runtime's region: an anonymous
+// memory file (memfd_create "edgeprobe"), which nobody else can name, plant
+// or truncate, and which the kernel frees with the process (decision D16).
+const MemfdName = "/memfd:edgeprobe"
 
 // Region is an open region: a live process's mapping or an output file.
 type Region struct {
@@ -25,8 +25,87 @@ type Region struct {
 	writable bool
 }
 
-// OpenPID opens the live region of process pid.
-func OpenPID(pid int) (*Region, error) { return Open(Path(pid)) }
+// Errors of OpenPID; test with errors.Is. ErrNoRuntime also matches
+// os.ErrNotExist.
+var (
+	ErrNoRuntime = errors.New("no edgeprobe runtime region in the process")
+	ErrUntrusted = errors.New("region not trusted")
+)
+
+// OpenPID opens the live region of process pid: the runtime's memfd, found
+// among the process's descriptors (/proc/PID/fd, which needs the rights of
+// ptrace: the same user, or CAP_SYS_PTRACE) and opened through /proc. It is
+// trusted only if the file belongs to the process's owner and its header
+// names pid (a fork child's inherited descriptor names the parent).
+func OpenPID(pid int) (*Region, error) {
+	if pid <= 0 {
+		return nil, fmt.Errorf("shm: pid %d: %w", pid, ErrNoRuntime)
+	}
+	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
+	var st syscall.Stat_t
+	if err := syscall.Stat(fmt.Sprintf("/proc/%d", pid), &st); err != nil {
+		return nil, fmt.Errorf("shm: pid %d: no such process: %w (%w)", pid, ErrNoRuntime, os.ErrNotExist)
+	}
+	owner := st.Uid
+	ents, err := os.ReadDir(fdDir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("shm: pid %d: no such process: %w (%w)", pid, ErrNoRuntime, os.ErrNotExist)
+		}
+		return nil, fmt.Errorf("shm: pid %d: listing its descriptors needs ptrace rights (same user or CAP_SYS_PTRACE): %w", pid, err)
+	}
+	var firstErr error
+	for _, e := range ents {
+		path := fdDir + "/" + e.Name()
+		link, err := os.Readlink(path)
+		if err != nil || !strings.HasPrefix(link, MemfdName+" ") && link != MemfdName {
+			continue
+		}
+		r, err := openTrusted(path, pid, owner)
+		if err == nil {
+			return r, nil
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	return nil, fmt.Errorf("shm: pid %d: %w (%w)", pid, ErrNoRuntime, os.ErrNotExist)
+}
+
+// openTrusted opens a candidate region and checks who owns it and whom it
+// describes before trusting any other byte.
+func openTrusted(path string, pid int, owner uint32) (*Region, error) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	writable := err == nil
+	if err != nil {
+		f, err = os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("shm: pid %d: %w", pid, err)
+		}
+	}
+	defer f.Close()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, fmt.Errorf("shm: pid %d: %w", pid, err)
+	}
+	if st.Uid != owner {
+		return nil, fmt.Errorf("shm: pid %d: its %s is owned by uid %d, the process by uid %d: %w", pid, MemfdName, st.Uid, owner, ErrUntrusted)
+	}
+	// The same open file: the descriptor number may be reused meanwhile.
+	r, err := mapFile(f, path, writable)
+	if err != nil {
+		return nil, fmt.Errorf("shm: pid %d: %w: %w", pid, ErrUntrusted, err)
+	}
+	// The runtime records getpid(): in another pid namespace, the pid there.
+	if got, want := int(r.hdr.Pid), procfs.InnerPid(pid); got != want {
+		r.Close()
+		return nil, fmt.Errorf("shm: pid %d: its %s describes pid %d: %w", pid, MemfdName, got, ErrUntrusted)
+	}
+	return r, nil
+}
 
 // Open maps the region file at path, read-write when permitted (needed for
 // SetControl and Consume), else read-only, and validates its header.
@@ -40,6 +119,11 @@ func Open(path string) (*Region, error) {
 		}
 	}
 	defer f.Close()
+	return mapFile(f, path, writable)
+}
+
+// mapFile maps the open region file f and validates its header.
+func mapFile(f *os.File, path string, writable bool) (*Region, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("shm: %w", err)

@@ -41,7 +41,7 @@ const int3 = 0xcc
 // barrier ends a phase: wait, then (unless NoSync) make every thread pass
 // through the kernel. The wait is always served in full; only the Sync can
 // fail (ctx, timeout, exit).
-func barrier(ctx context.Context, t *ptrace.Tracer, o Int3Options) error {
+func barrier(ctx context.Context, t Tracer, o Int3Options) error {
 	if d := o.wait(); d > 0 {
 		t.Pause(d)
 	} else {
@@ -56,7 +56,7 @@ func barrier(ctx context.Context, t *ptrace.Tracer, o Int3Options) error {
 // mustBarrier is the barrier of a phase that cannot be abandoned (the back
 // bytes are already written): a cancelled ctx does not cut the Sync short;
 // the Sync gets its own timeout instead.
-func mustBarrier(t *ptrace.Tracer, o Int3Options) error {
+func mustBarrier(t Tracer, o Int3Options) error {
 	return barrier(context.Background(), t, o)
 }
 
@@ -75,7 +75,7 @@ func gone(err error) bool {
 // the rest of each site was never touched). Once back bytes are written the
 // batch is completed whatever ctx says. If the target exits, the error wraps
 // ptrace.ErrExited. On return every site holds its old or its new form.
-func Int3(ctx context.Context, t *ptrace.Tracer, changes []Change, opts Int3Options) (Result, error) {
+func Int3(ctx context.Context, t Tracer, changes []Change, opts Int3Options) (Result, error) {
 	var res Result
 	cs, err := validate(changes)
 	if err != nil {
@@ -100,7 +100,7 @@ func Int3(ctx context.Context, t *ptrace.Tracer, changes []Change, opts Int3Opti
 	return res, err
 }
 
-func int3Batch(ctx context.Context, t *ptrace.Tracer, todo []Change, old [][]byte, o Int3Options) (held int, err error) {
+func int3Batch(ctx context.Context, t Tracer, todo []Change, old [][]byte, o Int3Options) (held int, err error) {
 	release := func() {
 		for _, c := range todo {
 			n, _ := t.ReleaseTrap(c.Site.Addr)
@@ -167,14 +167,24 @@ func int3Batch(ctx context.Context, t *ptrace.Tracer, todo []Change, old [][]byt
 		// A Sync that timed out still had its full time wait; complete the
 		// batch (the alternative, restoring, needs the same barrier).
 	}
-	// Phase 3: byte 0.
+	// Phase 3: byte 0. Every site gets its write even if one fails (a
+	// failed write is retried once): stopping at the first failure would
+	// release the traps with int3s still in the text (found by the fake
+	// tracer's failure injection, fake_test.go).
+	var werrs []error
 	for _, c := range todo {
-		if err := t.WriteMem(c.Site.Addr, c.Site.form(c.On)[:1]); err != nil {
-			release()
-			return held, fmt.Errorf("%v: writing byte 0: %w", c.Site, err)
+		err := t.WriteMem(c.Site.Addr, c.Site.form(c.On)[:1])
+		if err != nil && !gone(err) {
+			err = t.WriteMem(c.Site.Addr, c.Site.form(c.On)[:1])
+		}
+		if err != nil {
+			werrs = append(werrs, fmt.Errorf("%v: writing byte 0: %w", c.Site, err))
 		}
 	}
 	release()
+	if len(werrs) > 0 {
+		return held, errors.Join(werrs...)
+	}
 	if syncErr != nil {
 		return held, fmt.Errorf("batch completed, but serialisation before the last write failed (time wait only): %w", syncErr)
 	}
@@ -182,7 +192,7 @@ func int3Batch(ctx context.Context, t *ptrace.Tracer, todo []Change, old [][]byt
 }
 
 // restoreFront writes each site's old byte 0 (over the int3).
-func restoreFront(t *ptrace.Tracer, todo []Change, old [][]byte) {
+func restoreFront(t Tracer, todo []Change, old [][]byte) {
 	for i, c := range todo {
 		_ = t.WriteMem(c.Site.Addr, old[i][:1])
 	}
@@ -190,7 +200,7 @@ func restoreFront(t *ptrace.Tracer, todo []Change, old [][]byte) {
 
 // restoreAll puts the old back bytes back behind the int3s, waits, and
 // restores byte 0: the same protocol towards the old form.
-func restoreAll(t *ptrace.Tracer, todo []Change, old [][]byte, o Int3Options) {
+func restoreAll(t Tracer, todo []Change, old [][]byte, o Int3Options) {
 	for i, c := range todo {
 		_ = t.WriteMem(c.Site.Addr+1, old[i][1:])
 	}
@@ -221,14 +231,14 @@ type patch struct {
 // only one. All methods are safe to call from any goroutine (they run on the
 // tracer thread). Call Drain or Abort before detaching.
 type Async struct {
-	t       *ptrace.Tracer
+	t       Tracer
 	opts    Int3Options
 	pending []*patch
 	held    int
 }
 
 // NewAsync returns an asynchronous patcher on t.
-func NewAsync(t *ptrace.Tracer, opts Int3Options) *Async { return &Async{t: t, opts: opts} }
+func NewAsync(t Tracer, opts Int3Options) *Async { return &Async{t: t, opts: opts} }
 
 // Pending returns the number of outstanding patches.
 func (a *Async) Pending() int {

@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-
-	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 )
 
 // Repaired is one torn site that Repair made whole.
@@ -44,7 +42,7 @@ func repairForm(s Site, seen []byte) bool {
 // even when only byte 0 changes: the interrupted patch may have died right
 // after writing the back bytes, before its own barrier. Like the int3
 // protocol's second half, it completes whatever ctx says.
-func Repair(ctx context.Context, t *ptrace.Tracer, sites []Site, o Int3Options) ([]Repaired, error) {
+func Repair(ctx context.Context, t Tracer, sites []Site, o Int3Options) ([]Repaired, error) {
 	cs := make([]Change, len(sites))
 	for i, s := range sites {
 		cs[i] = Change{Site: s}
@@ -80,7 +78,7 @@ func Repair(ctx context.Context, t *ptrace.Tracer, sites []Site, o Int3Options) 
 	return out, err
 }
 
-func repairBatch(t *ptrace.Tracer, rs []Repaired, o Int3Options) error {
+func repairBatch(t Tracer, rs []Repaired, o Int3Options) error {
 	release := func() {
 		for _, r := range rs {
 			_, _ = t.ReleaseTrap(r.Site.Addr)
@@ -88,6 +86,7 @@ func repairBatch(t *ptrace.Tracer, rs []Repaired, o Int3Options) error {
 	}
 	for _, r := range rs {
 		if err := t.ForkForm(r.Site.Addr, r.Site.form(r.On)); err != nil {
+			release()
 			return err
 		}
 		if err := t.ArmTrap(r.Site.Addr); err != nil {

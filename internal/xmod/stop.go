@@ -27,7 +27,7 @@ type StopOptions struct {
 // are read and checked while the world is stopped; a site in neither form
 // fails the batch before any write. A cancelled ctx before the writes leaves
 // everything as it was; the writes themselves are not interrupted.
-func Stop(ctx context.Context, t *ptrace.Tracer, changes []Change, opts StopOptions) (Result, error) {
+func Stop(ctx context.Context, t Tracer, changes []Change, opts StopOptions) (Result, error) {
 	var res Result
 	cs, err := validate(changes)
 	if err != nil {
@@ -65,7 +65,7 @@ func Stop(ctx context.Context, t *ptrace.Tracer, changes []Change, opts StopOpti
 	return res, err
 }
 
-func stopWrite(t *ptrace.Tracer, cs []Change, res *Result) error {
+func stopWrite(t Tracer, cs []Change, res *Result) error {
 	todo, _, unchanged, err := plan(t, cs)
 	res.Unchanged = unchanged
 	if err != nil {

@@ -1,0 +1,168 @@
+package coldpatch
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/edgeprobe/edgeprobe/internal/elfscan"
+	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/testutil"
+)
+
+// allocated runs fn and returns how many bytes the Go heap allocated meanwhile.
+func allocated(fn func()) uint64 {
+	var a, b runtime.MemStats
+	runtime.ReadMemStats(&a)
+	fn()
+	runtime.ReadMemStats(&b)
+	return b.TotalAlloc - a.TotalAlloc
+}
+
+// TestLargeNonELF: a 3 GB file that is not an x86-64 ELF object (sparse,
+// so it costs no disk) is refused from its header, without reading the
+// rest: the run allocates kilobytes, not the file's size (issue 11: 6.3 GB
+// and 394 s before "no ELF magic"). Also a valid header whose section
+// table lies past the end of the file.
+func TestLargeNonELF(t *testing.T) {
+	const size = 3 << 30
+	real := testutil.Build(t, testutil.Spec{Sources: []string{"basic.c"}})
+	head := mustRead(t, real.Path)[:64]
+	badTable := append([]byte(nil), head...)
+	badTable[40+7] = 0x40 // e_shoff far beyond the end of the file
+	cases := []struct {
+		name string
+		head []byte
+		want error
+	}{
+		{"text", []byte("#!/bin/sh\n# not a binary\n"), elfscan.ErrNotELF},
+		{"aarch64 header", append(append([]byte(nil), head[:18]...), append([]byte{183, 0}, head[20:]...)...), elfscan.ErrNotX86_64},
+		{"section table past the end", badTable, elfscan.ErrTruncated},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "big")
+			f, err := os.Create(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.Write(c.head); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Truncate(size); err != nil {
+				testutil.Unavailable(t, "sparse 3 GB file: %v", err)
+			}
+			f.Close()
+			var runErr error
+			n := allocated(func() { _, runErr = Run(p, Options{}) })
+			if !errors.Is(runErr, c.want) {
+				t.Fatalf("Run = %v, want %v", runErr, c.want)
+			}
+			if n > 16<<20 {
+				t.Errorf("refusing a %d-byte file allocated %d bytes: it was read", size, n)
+			}
+			if st, _ := os.Stat(p); st.Size() != size {
+				t.Error("the file changed")
+			}
+		})
+	}
+}
+
+// TestOwnerSymlinkHardLink: in place, coldpatch behaves like a careful
+// strip: a file owned by another user keeps its owner, group and mode
+// (set-id bit included) when root rewrites it; a symlink is followed and
+// its target patched while the link stays a link; a file with other hard
+// links is refused, naming the link count, untouched.
+func TestOwnerSymlinkHardLink(t *testing.T) {
+	other := testutil.OtherUser(t)
+	build := func() string {
+		fx := testutil.Build(t, testutil.Spec{Sources: []string{"basic.c"}})
+		dir := t.TempDir()
+		p := filepath.Join(dir, "bin")
+		if err := os.WriteFile(p, mustRead(t, fx.Path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cold := func(t *testing.T, p string) {
+		t.Helper()
+		res, _, err := elfscan.ScanReader(bytes.NewReader(mustRead(t, p)), int64(len(mustRead(t, p))), p, elfscan.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, pr := range res.Probes {
+			if pr.Placeholder != probelist.PlaceholderFlip || !bytes.Equal(mustRead(t, p)[pr.Offset:int(pr.Offset)+len(pr.Inert)], pr.Inert) {
+				t.Fatalf("%s: probe %d is not inert", p, pr.ID)
+			}
+		}
+	}
+
+	t.Run("owner", func(t *testing.T) {
+		p := build()
+		if err := os.Chown(p, int(other.UID), int(other.GID)); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, 0o751|os.ModeSetgid); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Run(p, Options{}); err != nil {
+			t.Fatal(err)
+		}
+		st, _ := os.Stat(p)
+		sys := st.Sys().(*syscall.Stat_t)
+		if sys.Uid != other.UID || sys.Gid != other.GID {
+			t.Errorf("owner %d:%d after the rewrite, want %d:%d", sys.Uid, sys.Gid, other.UID, other.GID)
+		}
+		if st.Mode()&(os.ModePerm|os.ModeSetgid) != 0o751|os.ModeSetgid {
+			t.Errorf("mode %v after the rewrite, want %v", st.Mode(), 0o751|os.ModeSetgid)
+		}
+		cold(t, p)
+	})
+	t.Run("symlink", func(t *testing.T) {
+		p := build()
+		link := filepath.Join(t.TempDir(), "link")
+		if err := os.Symlink(p, link); err != nil {
+			t.Fatal(err)
+		}
+		res, err := Run(link, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lst, _ := os.Lstat(link); lst.Mode()&os.ModeSymlink == 0 {
+			t.Error("the symlink was replaced by a regular file")
+		}
+		cold(t, p)
+		if res.List.Binary.Path != p {
+			t.Errorf("the list names %s, want the file patched, %s", res.List.Binary.Path, p)
+		}
+	})
+	t.Run("hard link", func(t *testing.T) {
+		p := build()
+		other := filepath.Join(filepath.Dir(p), "other-name")
+		if err := os.Link(p, other); err != nil {
+			t.Fatal(err)
+		}
+		before := mustRead(t, p)
+		_, err := Run(p, Options{})
+		if !errors.Is(err, ErrHardLinks) || !strings.Contains(err.Error(), "has 2 links") {
+			t.Fatalf("Run = %v, want ErrHardLinks naming 2 links", err)
+		}
+		if !bytes.Equal(mustRead(t, p), before) {
+			t.Error("a refused run changed the file")
+		}
+		if ents, _ := os.ReadDir(filepath.Dir(p)); len(ents) != 2 {
+			t.Errorf("files left behind: %v", ents)
+		}
+		// A copy is the way out.
+		out := filepath.Join(t.TempDir(), "cold")
+		if _, err := Run(p, Options{Output: out}); err != nil {
+			t.Fatal(err)
+		}
+		cold(t, out)
+	})
+}

@@ -1,0 +1,135 @@
+package procfs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// ErrNoProcess: the pid (or thread id) names no process, or a kernel thread.
+var ErrNoProcess = errors.New("no such process")
+
+// path is /proc/PID/NAME, or /proc/PID/task/TID/NAME when tid > 0.
+func path(pid, tid int, name string) string {
+	if tid > 0 {
+		return fmt.Sprintf("/proc/%d/task/%d/%s", pid, tid, name)
+	}
+	return fmt.Sprintf("/proc/%d/%s", pid, name)
+}
+
+func read(pid, tid int, name string) ([]byte, error) {
+	b, err := os.ReadFile(path(pid, tid, name))
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, os.ErrPermission) && !exists(pid) {
+		return nil, fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
+	}
+	return b, err
+}
+
+func exists(pid int) bool {
+	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+	return err == nil
+}
+
+// Stat is the part of /proc/PID/stat edgeprobe reads.
+type Stat struct {
+	State     byte   // R, S, D, T, t, Z, X, ...
+	Utime     uint64 // clock ticks
+	Stime     uint64 // clock ticks
+	StartTime uint64 // clock ticks since boot: with the pid, a process's identity
+}
+
+// ReadStat parses /proc/PID/stat (tid 0) or /proc/PID/task/TID/stat. The
+// command name (field 2) may hold spaces and parentheses: fields are split
+// after its last ')'.
+func ReadStat(pid, tid int) (Stat, error) {
+	b, err := read(pid, tid, "stat")
+	if err != nil {
+		return Stat{}, err
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return Stat{}, fmt.Errorf("%s: unexpected format", path(pid, tid, "stat"))
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 || len(f[0]) != 1 {
+		return Stat{}, fmt.Errorf("%s: unexpected format", path(pid, tid, "stat"))
+	}
+	// f[0] is field 3 (state); utime, stime and starttime are 14, 15, 22.
+	st := Stat{State: f[0][0]}
+	st.Utime, _ = strconv.ParseUint(f[11], 10, 64)
+	st.Stime, _ = strconv.ParseUint(f[12], 10, 64)
+	st.StartTime, _ = strconv.ParseUint(f[19], 10, 64)
+	return st, nil
+}
+
+// Gone reports whether the process (or thread) no longer runs: absent, or
+// a zombie.
+func Gone(pid, tid int) bool {
+	st, err := ReadStat(pid, tid)
+	return err != nil || st.State == 'Z' || st.State == 'X'
+}
+
+// Status is /proc/PID/status as its "Key:\tvalue" lines.
+type Status map[string]string
+
+// ReadStatus parses /proc/PID/status (tid 0) or /proc/PID/task/TID/status.
+func ReadStatus(pid, tid int) (Status, error) {
+	b, err := read(pid, tid, "status")
+	if err != nil {
+		return nil, err
+	}
+	st := Status{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			st[k] = strings.TrimSpace(v)
+		}
+	}
+	return st, nil
+}
+
+// Int returns a decimal field (TracerPid, Tgid, ...), or -1.
+func (s Status) Int(key string) int {
+	n, err := strconv.Atoi(s[key])
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// SigMask returns a hexadecimal signal mask field (SigPnd, ShdPnd, ...).
+func (s Status) SigMask(key string) uint64 {
+	n, _ := strconv.ParseUint(s[key], 16, 64)
+	return n
+}
+
+// TracerPid returns the thread id tracing tid of pid (0: none), or -1 when
+// it cannot be read. /proc/TID works for any thread id, so pid may be tid.
+func TracerPid(pid, tid int) int {
+	st, err := ReadStatus(pid, tid)
+	if err != nil {
+		return -1
+	}
+	return st.Int("TracerPid")
+}
+
+// InnerPid is the process's pid in its own (innermost) pid namespace, the
+// number getpid() returns inside it: the last field of NSpid, or pid itself
+// when the kernel does not say.
+func InnerPid(pid int) int {
+	st, err := ReadStatus(pid, 0)
+	if err != nil {
+		return pid
+	}
+	f := strings.Fields(st["NSpid"])
+	if len(f) == 0 {
+		return pid
+	}
+	n, err := strconv.Atoi(f[len(f)-1])
+	if err != nil {
+		return pid
+	}
+	return n
+}

@@ -1,0 +1,206 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edgeprobe/edgeprobe/internal/testutil"
+)
+
+// The region is an anonymous memfd (decision D16): nobody can plant, read or
+// truncate it by name, hotpatch finds it through /proc/PID/fd and checks
+// whom it belongs to, and nothing outlives the process.
+
+// TestRegionHostileNeighbour: another user pre-creates, for the next few
+// hundred pids, every file name the runtime ever used in /dev/shm (files and
+// symlinks to a file of theirs) before the target starts. The target runs,
+// its region is its own (the planted files stay empty), OpenPID finds the
+// real region, and the other user cannot open it.
+func TestRegionHostileNeighbour(t *testing.T) {
+	other := testutil.OtherUser(t)
+	testutil.RequirePtrace(t)
+	lib := buildRuntime(t, "gcc")
+	bin := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c"}}).Path
+	last, err := os.ReadFile("/proc/sys/kernel/ns_last_pid")
+	if err != nil {
+		testutil.Unavailable(t, "cannot predict pids: %v", err)
+	}
+	next, _ := strconv.Atoi(strings.TrimSpace(string(last)))
+	// A directory the other user can reach (t.TempDir's parents are 0700).
+	dir, err := os.MkdirTemp("/tmp", "edgeprobe-other-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o777)
+	bait := filepath.Join(dir, "bait")
+	// One process plants them all: every fork would use up a pid.
+	const span = 2000
+	planter := filepath.Join(dir, "plant")
+	if b, err := os.ReadFile(testutil.Build(t, testutil.Spec{Sources: []string{"plant.c"}, NoInstr: true}).Path); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(planter, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := other.Command(planter, bait, strconv.Itoa(next), strconv.Itoa(span)).CombinedOutput(); err != nil {
+		t.Fatalf("planting as %s: %v: %s", other.Name, err, out)
+	}
+	t.Cleanup(func() {
+		for p := next; p < next+span; p++ {
+			os.Remove(fmt.Sprintf("/dev/shm/edgeprobe.%d", p))
+			os.Remove(fmt.Sprintf("/dev/shm/.edgeprobe.init.%d", p))
+		}
+	})
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, bin)
+	if p.Pid < next || p.Pid >= next+span {
+		t.Logf("target pid %d outside the planted range %d..%d (busy machine): the planted names were not its own", p.Pid, next, next+span-1)
+	}
+	r, err := OpenPID(p.Pid)
+	if err != nil {
+		t.Fatalf("OpenPID of the target: %v", err)
+	}
+	defer r.Close()
+	progress := p.Symbol(bin, "progress")
+	p.AwaitProgress(progress, 10000)
+	if fs := byName(t, r, mustMaps(t, p.Pid)); fs["work"].Entries == 0 {
+		t.Errorf("the region records nothing: %v", fs)
+	}
+	for _, name := range []string{bait, fmt.Sprintf("/dev/shm/edgeprobe.%d", p.Pid)} {
+		if st, err := os.Stat(name); err == nil && st.Size() != 0 {
+			t.Errorf("%s: %d bytes written into a planted file", name, st.Size())
+		}
+	}
+	// The other user cannot list the target's descriptors, let alone open
+	// the region.
+	hp := testutil.Command(t, "hotpatch")
+	pub := filepath.Join(dir, "hotpatch")
+	if b, err := os.ReadFile(hp); err == nil {
+		os.WriteFile(pub, b, 0o755)
+	}
+	out, err := other.Command(pub, "stats", "--pid", strconv.Itoa(p.Pid)).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "ptrace rights") {
+		t.Errorf("hotpatch stats as %s: %v: %q; want a refusal naming ptrace rights", other.Name, err, out)
+	}
+	if out, _ := p.Finish(); !strings.Contains(out, "wrong=0") {
+		t.Fatalf("target output %q", out)
+	}
+}
+
+func mustMaps(t testing.TB, pid int) []byte {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestRegionUntrusted: a process holding a memfd named like the region but
+// describing another process (a copy of another run's output file) is
+// refused, by OpenPID and by hotpatch, with a message that says why.
+func TestRegionUntrusted(t *testing.T) {
+	lib := buildRuntime(t, "gcc")
+	bin := testutil.Build(t, testutil.Spec{Sources: []string{"region.c"}}).Path
+	out := filepath.Join(t.TempDir(), "out")
+	mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + out}, "exit")
+	if _, err := os.Stat(out); err == nil {
+		t.Fatalf("_exit wrote %s: the destructor ran", out)
+	}
+	// A valid region of another process: an output file of a normal run.
+	valid := filepath.Join(t.TempDir(), "valid")
+	counts, libdir := buildCounts(t, "gcc", "-O2")
+	mustRun(t, lib, counts, []string{"LD_LIBRARY_PATH=" + libdir, "EDGEPROBE_OUTPUT=" + valid}, "10")
+	p := testutil.Start(t, nil, bin, "fake", valid)
+	_, err := OpenPID(p.Pid)
+	if !errors.Is(err, ErrUntrusted) || !strings.Contains(err.Error(), "describes pid") {
+		t.Errorf("OpenPID of a process holding another's region: %v, want ErrUntrusted naming the pid", err)
+	}
+	r := testutil.Run(t, "hotpatch", "stats", "--pid", strconv.Itoa(p.Pid))
+	if r.Code == 0 || !strings.Contains(r.Stderr, "not trusted") || strings.Count(strings.TrimSpace(r.Stderr), "\n") != 0 {
+		t.Errorf("hotpatch stats: exit %d, stderr %q; want one line saying the region is not trusted", r.Code, r.Stderr)
+	}
+	p.Finish()
+}
+
+// TestRegionLeavesNothing: processes that end by SIGKILL, by _exit, or by a
+// daemonising fork (parent and child _exit) leave nothing in /dev/shm, and
+// a memfd of theirs is gone with them.
+func TestRegionLeavesNothing(t *testing.T) {
+	lib := buildRuntime(t, "gcc")
+	bin := testutil.Build(t, testutil.Spec{Sources: []string{"region.c"}}).Path
+	mt := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c"}}).Path
+
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, mt)
+	if r, err := OpenPID(p.Pid); err != nil {
+		t.Fatalf("live region: %v", err)
+	} else {
+		r.Close()
+	}
+	p.Cmd.Process.Signal(syscall.SIGKILL)
+	p.Wait()
+	noShm(t, p.Pid)
+	if _, err := OpenPID(p.Pid); !errors.Is(err, ErrNoRuntime) {
+		t.Errorf("OpenPID after SIGKILL: %v", err)
+	}
+
+	cmd := exec.Command(bin, "exit")
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib)
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	noShm(t, cmd.Process.Pid)
+
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	cmd = exec.Command(bin, "daemon", pidFile)
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib)
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	noShm(t, cmd.Process.Pid)
+	// The child writes its pid last, then _exits: wait for the file, then
+	// for the process to be gone (it is not ours to wait for).
+	var child int
+	waitFor(t, "the daemon's pid file", func() bool {
+		b, err := os.ReadFile(pidFile)
+		if err == nil && strings.HasSuffix(string(b), "\n") {
+			child, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+			return true
+		}
+		return false
+	})
+	waitFor(t, "the daemon's exit", func() bool { return !alive(child) })
+	noShm(t, child)
+}
+
+// alive reports whether pid runs (a zombie has released its files: dead).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
+}
+
+// waitFor polls cond, a state another process advances, failing after a
+// minute.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within a minute", what)
+		}
+		runtime.Gosched()
+	}
+}
