@@ -68,6 +68,7 @@ fuzz:
 	$(FUZZ) '^FuzzSignatures$$' ./internal/dwarfargs
 	$(FUZZ) '^FuzzReader$$' ./internal/perfetto
 	$(FUZZ) '^FuzzSessionLine$$' ./internal/cli
+	$(FUZZ) '^FuzzBuildID$$' ./internal/elfnote
 
 demo: build
 	./scripts/demo.sh

@@ -372,9 +372,11 @@ EP_STATIC int ep_make_region(void) {
 		ep_say("cannot size the shared-memory file", errno);
 		goto fail;
 	}
-	/* Reserve the pages now so a lack of memory fails here rather than with
-	 * SIGBUS in a hook later. EDGEPROBE_RESERVE=0 keeps the file sparse. */
-	if (ep_env_u64("EDGEPROBE_RESERVE", 1, 1)) {
+	/* Pay for what is used: a memfd has no size limit of its own, so its
+	 * untouched pages cost nothing and a later page fault can only meet
+	 * the memory limits any allocation meets (no SIGBUS from a full
+	 * /dev/shm any more). EDGEPROBE_RESERVE=1 allocates every page now. */
+	if (ep_env_u64("EDGEPROBE_RESERVE", 0, 1)) {
 		int e = posix_fallocate(fd, 0, (off_t)size);
 		if (e != 0 && e != EOPNOTSUPP && e != ENOSYS && e != EINVAL) {
 			ep_say("cannot reserve the shared-memory file", e);

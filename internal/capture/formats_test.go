@@ -154,7 +154,7 @@ func TestTraceTextCallTree(t *testing.T) {
 			}
 			// Rings big enough that nothing is dropped at this rate.
 			p := testutil.Start(t, []string{"LD_PRELOAD=" + lib, "EDGEPROBE_RING_EVENTS=65536"}, fx.Path, fmt.Sprint(n))
-			r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "fib", "--duration", "300ms", "--format", "text", "--json")
+			r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "fib", "--duration", "60s", "--max-calls", "1000", "--format", "text", "--json")
 			var sum struct {
 				Dropped uint64 `json:"dropped_events"`
 			}

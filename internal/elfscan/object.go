@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"debug/elf"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"sort"
 	"strings"
 
+	"github.com/edgeprobe/edgeprobe/internal/elfnote"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/x86dec"
 )
@@ -474,21 +474,8 @@ func (o *object) buildID() string {
 		if s.Type != elf.SHT_NOTE {
 			continue
 		}
-		d := o.sectionData(s)
-		for len(d) >= 12 {
-			namesz := uint64(binary.LittleEndian.Uint32(d))
-			descsz := uint64(binary.LittleEndian.Uint32(d[4:]))
-			typ := binary.LittleEndian.Uint32(d[8:])
-			d = d[12:]
-			nameEnd := (namesz + 3) &^ 3
-			descEnd := (descsz + 3) &^ 3
-			if nameEnd > uint64(len(d)) || descEnd > uint64(len(d))-nameEnd {
-				break
-			}
-			if typ == 3 && namesz == 4 && string(d[:4]) == "GNU\x00" && descsz > 0 {
-				return hex.EncodeToString(d[nameEnd : nameEnd+descsz])
-			}
-			d = d[nameEnd+descEnd:]
+		if id := elfnote.BuildID(o.sectionData(s), binary.LittleEndian); id != "" {
+			return id
 		}
 	}
 	return ""

@@ -55,14 +55,28 @@ func (s *subject) settle(n uint64) (uint64, uint64) {
 	return s.counts()
 }
 
-// expectFrozen asserts no hook runs while the workers make progress.
+// expectFrozen asserts no hook runs while the workers make progress. The
+// progress counter is shared by the workers, so one worker descheduled
+// inside a hook (a call that entered before the probes went off; a loaded
+// machine can hold it for many milliseconds) may finish it during the first
+// window: at most one count per worker is allowed there, and then a second
+// window must show none at all.
 func (s *subject) expectFrozen(t *testing.T, what string) {
 	t.Helper()
+	const workers = 4 // NTHREADS in mt.c
 	e0, x0 := s.settle(2000)
 	e1, x1 := s.settle(20000)
-	if e1 != e0 || x1 != x0 {
-		t.Fatalf("%s: hooks ran while they should be off: enters %d->%d, exits %d->%d", what, e0, e1, x0, x1)
+	if e1 == e0 && x1 == x0 {
+		return
 	}
+	if e1-e0 <= workers && x1-x0 <= workers {
+		e2, x2 := s.settle(20000)
+		if e2 == e1 && x2 == x1 {
+			return
+		}
+		e0, x0, e1, x1 = e1, x1, e2, x2
+	}
+	t.Fatalf("%s: hooks ran while they should be off: enters %d->%d, exits %d->%d", what, e0, e1, x0, x1)
 }
 
 // expectMoving asserts the selected hooks run and the others do not.

@@ -7,6 +7,7 @@ package inject_test
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
 	"github.com/edgeprobe/edgeprobe/internal/inject"
 	"github.com/edgeprobe/edgeprobe/internal/report"
+	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
 
@@ -232,11 +234,22 @@ func syscallName(nr string) string {
 	return "system call " + nr
 }
 
+// hasRegion reports whether pid holds a runtime region (the runtime's memfd;
+// any error but "no runtime" counts as one, to fail loudly).
+func hasRegion(pid int) bool {
+	r, err := shm.OpenPID(pid)
+	if err == nil {
+		r.Close()
+		return true
+	}
+	return !errors.Is(err, shm.ErrNoRuntime)
+}
+
 // untouched asserts a refused load changed nothing: no runtime region, every
 // probe in the state it had.
 func untouched(t *testing.T, pid int, before []hotpatch.ProbeState, what string) {
 	t.Helper()
-	if _, err := os.Stat(fmt.Sprintf("/dev/shm/edgeprobe.%d", pid)); err == nil {
+	if hasRegion(pid) {
 		t.Errorf("%s: the process has a runtime region", what)
 	}
 	after := probeStates(t, pid)
@@ -311,7 +324,7 @@ func TestInjectRefusals(t *testing.T) {
 		fx := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c"}, Static: true, PIE: testutil.Bool(false)})
 		p := testutil.Start(t, nil, fx.Path)
 		refused(t, nil, []string{"--pid", fmt.Sprint(p.Pid), "--enable", "work"}, "statically linked", "libedgeprobe.a", "--whole-archive")
-		if _, err := os.Stat(fmt.Sprintf("/dev/shm/edgeprobe.%d", p.Pid)); err == nil {
+		if hasRegion(p.Pid) {
 			t.Error("a runtime region appeared")
 		}
 		p.Finish()
@@ -357,7 +370,7 @@ func TestInjectRefusals(t *testing.T) {
 		if p.Read64(enters) == e0 {
 			t.Fatal("the program's own hooks stopped receiving calls")
 		}
-		if _, err := os.Stat(fmt.Sprintf("/dev/shm/edgeprobe.%d", p.Pid)); err == nil {
+		if hasRegion(p.Pid) {
 			t.Error("a runtime region appeared")
 		}
 		p.Finish()

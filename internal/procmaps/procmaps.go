@@ -2,17 +2,16 @@ package procmaps
 
 import (
 	"bufio"
-	"bytes"
 	"debug/elf"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"io"
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/edgeprobe/edgeprobe/internal/elfnote"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 )
 
 // Sentinel errors.
@@ -353,26 +352,8 @@ func buildID(ef *elf.File) string {
 		if err != nil {
 			continue
 		}
-		if id := findNote(data, ef.ByteOrder); id != "" {
+		if id := elfnote.BuildID(data, ef.ByteOrder); id != "" {
 			return id
-		}
-	}
-	return ""
-}
-
-func findNote(data []byte, bo binary.ByteOrder) string {
-	align := func(n uint32) uint32 { return (n + 3) &^ 3 }
-	for len(data) >= 12 {
-		namesz, descsz, typ := bo.Uint32(data), bo.Uint32(data[4:]), bo.Uint32(data[8:])
-		data = data[12:]
-		if uint64(align(namesz))+uint64(align(descsz)) > uint64(len(data)) {
-			return ""
-		}
-		name := data[:namesz]
-		desc := data[align(namesz) : align(namesz)+descsz]
-		data = data[align(namesz)+align(descsz):]
-		if typ == 3 /* NT_GNU_BUILD_ID */ && bytes.Equal(bytes.TrimRight(name, "\x00"), []byte("GNU")) {
-			return hex.EncodeToString(desc)
 		}
 	}
 	return ""

@@ -36,7 +36,8 @@ var (
 // among the process's descriptors (/proc/PID/fd, which needs the rights of
 // ptrace: the same user, or CAP_SYS_PTRACE) and opened through /proc. It is
 // trusted only if the file belongs to the process's owner and its header
-// names pid (a fork child's inherited descriptor names the parent).
+// names pid as the process sees itself (its pid namespace's number; a fork
+// child's inherited descriptor would name the parent).
 func OpenPID(pid int) (*Region, error) {
 	if pid <= 0 {
 		return nil, fmt.Errorf("shm: pid %d: %w", pid, ErrNoRuntime)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -35,6 +36,10 @@ func Start(t testing.TB, env []string, bin string, args ...string) *Process {
 	stop := filepath.Join(t.TempDir(), "stop")
 	cmd := exec.Command(bin, append([]string{stop}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
+	// A test binary killed by its timeout (or by a developer) runs no
+	// cleanup: without this its targets live on, orphaned, spinning on the
+	// machine's two cores and slowing every later test.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	// Our own pipe, not StdoutPipe: Wait (running from the start, below)
 	// closes a StdoutPipe as soon as the process exits, which can lose the
 	// last lines it wrote before we read them.
