@@ -5,11 +5,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"os"
 	"path"
 	"strconv"
 	"strings"
 
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 )
@@ -92,22 +92,13 @@ func (p *Process) Foreign() []Slot {
 // with its current value. It attaches to nothing.
 func Inspect(pid int) (*Process, error) {
 	p := &Process{Pid: pid, funcs: map[string]uint64{}}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	status, err := procfs.ReadStatus(pid, 0)
 	if err != nil {
-		return nil, fmt.Errorf("pid %d: %w", pid, ptrace.ErrNoProcess)
+		return nil, err
 	}
-	for _, line := range strings.Split(string(status), "\n") {
-		k, v, _ := strings.Cut(line, ":")
-		f := strings.Fields(v)
-		if len(f) == 0 {
-			continue
-		}
-		switch k {
-		case "Seccomp":
-			p.Seccomp, _ = strconv.Atoi(f[0])
-		case "Uid":
-			p.UID, _ = strconv.Atoi(f[0])
-		}
+	p.Seccomp = max(status.Int("Seccomp"), 0)
+	if uid := strings.Fields(status["Uid"]); len(uid) > 0 {
+		p.UID, _ = strconv.Atoi(uid[0]) // the real uid, the first of four
 	}
 	if p.maps, err = procmaps.Read(pid); err != nil {
 		return nil, err
