@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 )
 
@@ -52,7 +53,12 @@ runs each row in a tiny configuration and checks only its counts.
 		"so that a regenerated report cannot lose it.\n")
 	b.WriteString("\n### Build commands of this run\n\n")
 	for _, c := range r.Commands {
-		b.WriteString("    " + c + "\n")
+		b.WriteString("    " + machinePath.ReplaceAllString(c, "out/bench/") + "\n")
 	}
 	return b.String()
 }
+
+// machinePath matches the absolute path of the output directory in a build
+// command (generated sources live there): the report names it relative to
+// the repository, so that it says nothing about the machine it ran on.
+var machinePath = regexp.MustCompile(`/\S*/out/bench/`)
