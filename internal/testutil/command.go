@@ -2,7 +2,9 @@ package testutil
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,17 +29,27 @@ func Command(t testing.TB, name string) string {
 	v, _ := commands.LoadOrStore(name, &commandBuild{})
 	c := v.(*commandBuild)
 	c.once.Do(func() {
-		dir, err := os.MkdirTemp("", "edgeprobe-cmd-")
-		if err != nil {
+		// One directory per checkout in the fixture cache, not a fresh temp
+		// directory per test binary (a run left one per package behind).
+		// Each binary builds afresh and renames into place: test binaries
+		// of one run build the same source, and a rename never shows a
+		// half-written file to one that is starting it.
+		root := RepoRoot(t)
+		dir := filepath.Join(cacheDir(t), fmt.Sprintf("cmd-%x", sha256.Sum256([]byte(root)))[:len("cmd-")+16])
+		if err := os.MkdirAll(dir, 0o755); err != nil {
 			c.err = err
 			return
 		}
 		c.path = filepath.Join(dir, name)
-		cmd := exec.Command("go", "build", "-o", c.path, "./cmd/"+name)
-		cmd.Dir = RepoRoot(t)
+		tmp := fmt.Sprintf("%s.%d.tmp", c.path, os.Getpid())
+		cmd := exec.Command("go", "build", "-o", tmp, "./cmd/"+name)
+		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
+			os.Remove(tmp)
 			c.err = errors.New("go build ./cmd/" + name + ": " + err.Error() + "\n" + string(out))
+			return
 		}
+		c.err = os.Rename(tmp, c.path)
 	})
 	if c.err != nil {
 		t.Fatal(c.err)
