@@ -70,6 +70,7 @@ fuzz:
 	$(FUZZ) '^FuzzParse$$' ./internal/calibrate
 	$(FUZZ) '^FuzzSignatures$$' ./internal/dwarfargs
 	$(FUZZ) '^FuzzReader$$' ./internal/perfetto
+	$(FUZZ) '^FuzzParseObject$$' ./internal/inject
 	$(FUZZ) '^FuzzSessionLine$$' ./internal/cli
 	$(FUZZ) '^FuzzBuildID$$' ./internal/elfnote
 

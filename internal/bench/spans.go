@@ -16,7 +16,7 @@ import (
 // pass runs them: the primitive (xmod.Flip on /proc/PID/mem) one byte per
 // site and as checked spans, then the command's path (a hotpatch.Session:
 // select '*', read every site, flip, read back) both ways.
-var spanVariants = []string{"flip_onebyte", "flip_spans", "session_onebyte", "session_spans"}
+var spanVariants = []string{"flip_onebyte", "flip_unchecked", "flip_spans_page", "flip_spans", "session_onebyte", "session_spans"}
 
 // measureSpans is row 2b: the batch row's flip program, all probes enabled
 // then disabled, each variant once per pass, interleaved, BatchReps passes.
@@ -70,6 +70,19 @@ func (h *Harness) measureSpans(ctx context.Context, bin string, l *probelist.Lis
 	set := map[string]func(on bool) error{
 		"flip_onebyte": func(on bool) error {
 			_, err := xmod.Flip(ctx, mem, changes(sites, on), xmod.FlipOptions{})
+			return err
+		},
+		"flip_unchecked": func(on bool) error {
+			_, err := xmod.Flip(ctx, mem, changes(sites, on), xmod.FlipOptions{Coalesce: true})
+			return err
+		},
+		"flip_spans_page": func(on bool) error {
+			pr, done, err := hotpatch.NewPristine(t.Pid, []*hotpatch.Target{target})
+			if err != nil {
+				return err
+			}
+			defer done()
+			_, err = xmod.Flip(ctx, mem, changes(sites, on), xmod.FlipOptions{Pristine: pr, MaxSpan: 4096})
 			return err
 		},
 		"flip_spans": func(on bool) error {
@@ -146,7 +159,9 @@ func (h *Harness) reportSpans(probes int, m map[string][]float64, st *xmod.SpanS
 	sbase := Summarize(m["session_onebyte"], h.TSC).Scale(k)
 	names := map[string]string{
 		"flip_onebyte":    "flip, one byte per site (xmod.Flip; same run as the rows below)",
-		"flip_spans":      fmt.Sprintf("flip, checked spans (xmod.Flip + pristine; %d spans, %d sites one byte)", st.Spans, st.OneByte),
+		"flip_unchecked":  "flip, unchecked page spans (FlipOptions.Coalesce: no file check, no read-back; unsafe beside a writer, the control)",
+		"flip_spans_page": "flip, checked spans of at most one page (MaxSpan 4 KiB)",
+		"flip_spans":      fmt.Sprintf("flip, checked spans of at most 64 KiB, the default (%d spans, %d sites one byte)", st.Spans, st.OneByte),
 		"session_onebyte": "hotpatch session `--enable/--disable '*'`, one byte per site",
 		"session_spans":   "hotpatch session `--enable/--disable '*'`, checked spans",
 	}

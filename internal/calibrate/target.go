@@ -2,7 +2,6 @@ package calibrate
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"debug/elf"
 	_ "embed"
@@ -19,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 	"github.com/edgeprobe/edgeprobe/internal/xmod"
@@ -409,10 +409,5 @@ func dead(err error) bool {
 
 // alive reports whether the target process still runs (not a zombie).
 func (t *target) alive() bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", t.pid))
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	return i > 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
+	return !procfs.Gone(t.pid, 0)
 }

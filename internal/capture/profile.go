@@ -3,12 +3,11 @@ package capture
 import (
 	"context"
 	"fmt"
-	"os"
-	"strings"
 	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/report"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 )
@@ -204,19 +203,11 @@ func deltas(now []shm.Func, before map[uint64]shm.Func) []shm.Func {
 
 // cpuTime is the user+system time of every thread of pid so far.
 func cpuTime(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := procfs.ReadStat(pid, 0)
 	if err != nil {
 		return 0, err
 	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
-	}
-	var utime, stime int64
-	fmt.Sscan(f[11], &utime)
-	fmt.Sscan(f[12], &stime)
-	return time.Duration(utime+stime) * (time.Second / clockTicks), nil
+	return time.Duration(st.Utime+st.Stime) * (time.Second / clockTicks), nil
 }
 
 // clockTicks is USER_HZ, the unit of /proc/PID/stat times: 100 on every

@@ -47,13 +47,15 @@ Commands already waiting on stdin are carried out together, each exactly as a se
 hotpatch call would (the same checks, all or nothing per command), and their results
 written together: stream commands for throughput, or wait for each result.
 
-The per-process lock is held for the whole session, so no other hotpatch interleaves.
-Like an enabling hotpatch call, the session first makes sure the process runs the
-runtime, loading it if need be (--no-inject refuses instead; docs/injection.md).
-End of input, quit, SIGINT, SIGTERM, SIGHUP and SIGQUIT end the session cleanly: the command in progress
-finishes (or rolls back, per its protocol), the tracer detaches, probes stay as the
-commands left them. Exit status: 0 if the session ran (whatever its commands' results),
-1 if it could not start or stdout failed, 2 usage.`,
+The session holds the process (its attach is the per-process lock) from start to end, so
+no other hotpatch interleaves. Like an enabling hotpatch call, it first makes sure the
+process runs the runtime, loading it if need be (--no-inject refuses instead;
+docs/injection.md). End of input, quit, SIGINT, SIGTERM, SIGHUP and SIGQUIT end it
+cleanly: the command in progress finishes (or rolls back, per its protocol), the tracer
+detaches, probes stay as the commands left them. Exit status: 0 if the session ran
+(whatever its commands' results), 1 if it could not start or stdout failed, 2 usage,
+4 the process does not exist or exited (the command that found it gone gets its result
+line first).`,
 		Example: `  printf 'enable handle_*\nstats\ndisable *\n' | hotpatch session --pid 4242
   coproc hotpatch session --pid 4242; echo 'enable lookup' >&${COPROC[1]}; read -r r <&${COPROC[0]}`,
 		Args: cobra.NoArgs,
@@ -65,6 +67,7 @@ commands left them. Exit status: 0 if the session ran (whatever its commands' re
 		},
 	}
 	tf.register(cmd)
+	_ = cmd.Flags().MarkHidden("json") // the results are JSON lines whatever it says
 	cmd.Flags().StringVar(&protocol, "protocol", hotpatch.ProtoAuto, "auto, flip, int3, int3-async or stop, for every command")
 	cmd.Flags().BoolVar(&waitLock, "wait", false, "if another hotpatch works on the process, wait for it instead of failing")
 	return cmd
@@ -99,8 +102,11 @@ func runSession(tf targetFlags, protocol string, waitLock bool, inj *injectFlags
 	}
 	sess := &scriptSession{s: s, protocol: protocol, wait: wait, start: time.Now()}
 	err = sess.serve(ctx, in, stdout)
-	if cerr := s.Close(); cerr != nil && err == nil {
+	if cerr := s.Close(); cerr != nil && err == nil && sess.gone == nil {
 		err = cerr
+	}
+	if err == nil && sess.gone != nil {
+		err = classify(sess.gone)
 	}
 	return err
 }
@@ -116,6 +122,7 @@ type scriptSession struct {
 	toggles  int
 	errors   int
 	quit     bool
+	gone     error // the process exited: the session ends with hotpatch's exit status 4
 }
 
 type sessionResult struct {
@@ -250,6 +257,10 @@ func (ss *scriptSession) one(ctx context.Context, line string, inBatch bool) (r 
 	res := &sessionResult{Line: ss.line, Command: f[0]}
 	fail := func(err error) (*sessionResult, bool) {
 		ss.errors++
+		if hotpatch.Gone(err) {
+			// Nothing more can be done to this process: say so once, end.
+			ss.gone, ss.quit = err, true
+		}
 		res.OK, res.Error, res.Exit = false, oneLine(err), exitCode(classify(err))
 		return res, false
 	}

@@ -13,6 +13,7 @@ func TestSessionUsage(t *testing.T) {
 	oneLineError(t, runHotpatch("session", "--pid", "1", "--protocol", "teleport"), ExitUsage, "hotpatch", "--protocol must be")
 	oneLineError(t, runHotpatch("--pid", "1", "--commands", "-", "--enable", "f"), ExitUsage, "hotpatch", "--commands takes its enables")
 	oneLineError(t, runHotpatch("--pid", "999999999", "--commands", "/nonexistent/commands"), ExitFailure, "hotpatch", "no such file")
+	oneLineError(t, runHotpatch("session", "--pid", "999999999"), ExitGone, "hotpatch", "no such process")
 }
 
 // TestParseActions: a command line's selectors and options, as hotpatch's

@@ -3,6 +3,7 @@ package hotpatch
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -222,4 +223,62 @@ func TestSessionStorm(t *testing.T) {
 func exists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
+}
+
+// TestSessionInt3: with nop placeholders every command needs the int3
+// protocol, hence every thread traced: the first runs outside the batch
+// (the session's tracer is upgraded), the rest inside it; each succeeds,
+// the workers never compute a wrong value, and the session ends detached.
+func TestSessionInt3(t *testing.T) {
+	testutil.RequirePtrace(t)
+	s := startMT(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "nop", true)
+	s.expectFrozen(t, "cold at start")
+	ss := startSession(t, s)
+	ss.send(t, "enable work", "disable work", "enable leaf", "stats")
+	for i, want := range []int{2, 2, 2} {
+		if l := ss.read(t); !l.OK || l.Changed != want {
+			t.Fatalf("command %d: %+v (stderr %q)", i+1, l, ss.stderr.String())
+		}
+	}
+	if l := ss.read(t); l.Toggles == nil || *l.Toggles != 6 || *l.Errors != 0 {
+		t.Fatalf("stats: %+v", l)
+	}
+	s.expectMoving(t, "leaf on through int3, from the session", true, true)
+	ss.send(t, "disable *")
+	if l := ss.read(t); !l.OK || l.Changed != 2 {
+		t.Fatalf("disable *: %+v", l)
+	}
+	ss.in.Close()
+	ss.wait(t)
+	if tp := tracerOf(s.Pid); tp != 0 {
+		t.Fatalf("after the session, TracerPid is %d", tp)
+	}
+	s.expectFrozen(t, "every probe off after the session")
+	s.finish(t)
+}
+
+// TestSessionTargetExits: when the process dies, the next command's result
+// says so (exit 4) and the session ends with hotpatch's exit status 4.
+func TestSessionTargetExits(t *testing.T) {
+	testutil.RequirePtrace(t)
+	s := startMT(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "flip", true)
+	ss := startSession(t, s)
+	ss.send(t, "enable leaf")
+	if l := ss.read(t); !l.OK {
+		t.Fatalf("enable leaf: %+v", l)
+	}
+	if err := s.Cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	s.Wait()
+	ss.send(t, "disable leaf", "stats")
+	if l := ss.read(t); l.OK || l.Exit != 4 || l.Line != 2 {
+		t.Fatalf("a command after the target died: %+v, want exit 4", l)
+	}
+	rest, _ := io.ReadAll(ss.out)
+	err := ss.cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 4 || len(rest) > 0 {
+		t.Fatalf("session: %v, then %q (stderr %q); want exit 4 and nothing more", err, rest, ss.stderr.String())
+	}
 }

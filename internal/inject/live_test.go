@@ -560,3 +560,76 @@ func TestInjectFork(t *testing.T) {
 		t.Fatalf("the child's work: %+v; want 1000 entries and exits", w)
 	}
 }
+
+// TestInjectLateLibrary: an instrumented library the program dlopens after
+// the runtime was loaded binds its hooks to glibc; the next hotpatch command
+// that needs the runtime routes them (one stderr line saying so) and its
+// calls are recorded.
+func TestInjectLateLibrary(t *testing.T) {
+	testutil.RequirePtrace(t)
+	useRuntime(t)
+	bin := attachFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
+	late := testutil.Build(t, testutil.Spec{Sources: []string{"lib.c"}, Shared: true, Name: "liblate.so", Flags: []string{"-Wl,-soname,liblate.so"}}).Path
+	p := testutil.Start(t, nil, bin, "late", late)
+	pid := fmt.Sprint(p.Pid)
+	if r := hotpatchOK(t, "--pid", pid, "--enable", "work"); !loadedNote.MatchString(r.Stderr) {
+		t.Fatalf("no load note: %q", r.Stderr)
+	}
+	if err := os.WriteFile(p.StopFile+".release", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the late library is mapped and its slots bound (to glibc).
+	deadline := time.Now().Add(time.Minute)
+	for {
+		insp, err := inject.Inspect(p.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, s := range insp.Slots {
+			if filepath.Base(s.Object) == "liblate.so" && s.State == inject.SlotGlibc {
+				n++
+			}
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("liblate.so's slots never bound to glibc: %+v", insp.Slots)
+		}
+	}
+	r := hotpatchOK(t, "--pid", pid, "--enable", "lib_entry")
+	if !regexp.MustCompile(`^routed \d+ hook slots of pid ` + pid + ` to its edgeprobe runtime\n$`).MatchString(r.Stderr) {
+		t.Fatalf("second enable: stderr %q", r.Stderr)
+	}
+	insp, err := inject.Inspect(p.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range insp.Slots {
+		if s.State != inject.SlotRouted {
+			t.Errorf("slot %s %s is %s", filepath.Base(s.Object), s.Hook, s.State)
+		}
+	}
+	deadline = time.Now().Add(time.Minute)
+	for {
+		// lib_hidden: liblate.so's lib_entry hands its hooks the address
+		// of the lib_entry that interposes it (libfix.so's, loaded first),
+		// as default-visibility symbols are bound; a hidden one is its own.
+		var late uint64
+		for _, f := range statsOf(t, p.Pid).Functions {
+			if f.Name == "lib_hidden" && filepath.Base(f.Object) == "liblate.so" {
+				late += f.Entries
+			}
+		}
+		if late > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no call of liblate.so's lib_hidden recorded in a minute")
+		}
+	}
+	if out, _ := p.Finish(); !strings.Contains(out, "wrong=0") {
+		t.Fatalf("output %q", out)
+	}
+}

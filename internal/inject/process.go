@@ -4,11 +4,12 @@ import (
 	"debug/elf"
 	"encoding/binary"
 	"fmt"
-	"os"
+	"io"
 	"path"
 	"strconv"
 	"strings"
 
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 )
@@ -91,22 +92,13 @@ func (p *Process) Foreign() []Slot {
 // with its current value. It attaches to nothing.
 func Inspect(pid int) (*Process, error) {
 	p := &Process{Pid: pid, funcs: map[string]uint64{}}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	status, err := procfs.ReadStatus(pid, 0)
 	if err != nil {
-		return nil, fmt.Errorf("pid %d: %w", pid, ptrace.ErrNoProcess)
+		return nil, err
 	}
-	for _, line := range strings.Split(string(status), "\n") {
-		k, v, _ := strings.Cut(line, ":")
-		f := strings.Fields(v)
-		if len(f) == 0 {
-			continue
-		}
-		switch k {
-		case "Seccomp":
-			p.Seccomp, _ = strconv.Atoi(f[0])
-		case "Uid":
-			p.UID, _ = strconv.Atoi(f[0])
-		}
+	p.Seccomp = max(status.Int("Seccomp"), 0)
+	if uid := strings.Fields(status["Uid"]); len(uid) > 0 {
+		p.UID, _ = strconv.Atoi(uid[0]) // the real uid, the first of four
 	}
 	if p.maps, err = procmaps.Read(pid); err != nil {
 		return nil, err
@@ -294,9 +286,16 @@ func readObject(pid int, o *procmaps.Object) (map[string]uint64, []Slot, bool, e
 		return nil, nil, false, fmt.Errorf("%s: %w", o.Path, err)
 	}
 	defer f.Close()
-	ef, err := elf.NewFile(f)
+	return parseObject(f, o.Path, o.Bias)
+}
+
+// parseObject is readObject on the object's file contents: every value
+// it reads comes from the file, so a hand-edited file must give an error or
+// fewer slots, never a panic (FuzzParseObject).
+func parseObject(r io.ReaderAt, name string, bias uint64) (map[string]uint64, []Slot, bool, error) {
+	ef, err := elf.NewFile(r)
 	if err != nil {
-		return nil, nil, false, fmt.Errorf("%s: %v: %w", o.Path, err, procmaps.ErrNotELF)
+		return nil, nil, false, fmt.Errorf("%s: %v: %w", name, err, procmaps.ErrNotELF)
 	}
 	interp := false
 	for _, prog := range ef.Progs {
@@ -321,7 +320,7 @@ func readObject(pid int, o *procmaps.Object) (map[string]uint64, []Slot, bool, e
 			continue
 		}
 		if _, ok := defs[s.Name]; !ok {
-			defs[s.Name] = o.Runtime(s.Value)
+			defs[s.Name] = s.Value + bias
 		}
 	}
 	var slots []Slot
@@ -346,15 +345,15 @@ func readObject(pid int, o *procmaps.Object) (map[string]uint64, []Slot, bool, e
 			if si == 0 || si > len(syms) {
 				continue
 			}
-			name := syms[si-1].Name
-			if hookIndex(name) < 0 {
+			hname := syms[si-1].Name
+			if hookIndex(hname) < 0 {
 				continue
 			}
 			kind := "JUMP_SLOT"
 			if typ == elf.R_X86_64_GLOB_DAT {
 				kind = "GLOB_DAT"
 			}
-			slots = append(slots, Slot{Object: o.Path, Hook: name, Reloc: kind, Addr: o.Runtime(r.Off)})
+			slots = append(slots, Slot{Object: name, Hook: hname, Reloc: kind, Addr: r.Off + bias})
 		}
 	}
 	return defs, slots, interp, nil

@@ -3,13 +3,14 @@ package shm
 import (
 	"errors"
 	"fmt"
-	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"math/bits"
 	"os"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
+
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 )
 
 // MemfdName is how /proc/PID/fd shows the runtime's region: an anonymous

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 )
 
 // Process is a fixture program running under a test. It follows the
@@ -75,13 +77,7 @@ func Start(t testing.TB, env []string, bin string, args ...string) *Process {
 // Alive reports whether the process still runs (it may be a zombie waiting
 // for us, which counts as dead).
 func (p *Process) Alive() bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid))
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i > 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
+	return !procfs.Gone(p.Pid, 0)
 }
 
 // Finish creates the stop file and waits for the program to exit, failing

@@ -5,6 +5,8 @@
 //
 //   - Flip: sites whose forms differ in exactly one byte; one atomic byte
 //     store each, no stop, no wait. Works on a plain Mem (ptrace.OpenMem).
+//     With FlipOptions.Pristine, runs of sites in text nobody else has
+//     written are written as checked spans, read back (span.go).
 //   - Int3: any sites; the text_poke_bp order (int3 on byte 0, barrier,
 //     bytes 1..n-1, barrier, byte 0), threads that trap are held by the
 //     tracer. Each barrier is a time wait plus a per-thread serialisation
