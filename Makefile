@@ -20,13 +20,16 @@ bin/libedgeprobe.so: $(RUNTIME_SRC)
 	@mkdir -p bin
 	$(CC) $(RUNTIME_CFLAGS) $(filter %.c %.S,$^) -o $@
 
+# Every .c and .S file under runtime/ is the runtime (internal/testutil and
+# internal/bench list them the same way). Objects are named after the whole
+# file name: edgeprobe_fentry.c and edgeprobe_fentry.S both exist.
 # The runtime for static programs: link it whole (-Wl,--whole-archive), so its
 # hooks, not glibc's (one aliased no-op for enter and exit), are the ones called.
 bin/libedgeprobe.a: $(RUNTIME_SRC)
 	@mkdir -p bin/obj
-	$(CC) $(filter-out -shared,$(RUNTIME_CFLAGS)) -c runtime/edgeprobe.c -o bin/obj/edgeprobe.o
-	$(CC) $(filter-out -shared,$(RUNTIME_CFLAGS)) -c runtime/edgeprobe_fentry.S -o bin/obj/edgeprobe_fentry.o
-	rm -f $@ && ar rcs $@ bin/obj/edgeprobe.o bin/obj/edgeprobe_fentry.o
+	rm -f bin/obj/*.o
+	$(foreach f,$(filter %.c %.S,$^),$(CC) $(filter-out -shared,$(RUNTIME_CFLAGS)) -c $(f) -o bin/obj/$(notdir $(f)).o &&) true
+	rm -f $@ && ar rcs $@ $(patsubst runtime/%,bin/obj/%.o,$(filter %.c %.S,$^))
 
 vet:
 	$(GO) vet ./...

@@ -1,6 +1,6 @@
 /* edgeprobe_fentry.S: the fentry provider's entry (__fentry__) and its return
- * trampoline (ep_fentry_return). The C halves are in edgeprobe.c (section
- * "fentry provider"); docs/runtime.md describes the design.
+ * trampoline (ep_fentry_return). The C halves are in edgeprobe_fentry.c;
+ * docs/runtime.md describes the design.
  *
  * __fentry__ is called by the first instruction of every function built with
  * -pg -mfentry (after endbr64 under -fcf-protection), before the prologue:
@@ -10,7 +10,7 @@
  * Every argument register is live: rdi rsi rdx rcx r8 r9, rax (al = vector
  * count of a varargs call), r10 (static chain), xmm0-7 and the upper halves of
  * ymm/zmm0-7 (__m256/__m512 arguments). The fast path saves the integer ones
- * only: edgeprobe.c is compiled general-regs-only (the compiler never emits
+ * only: the runtime's C is compiled general-regs-only (the compiler never emits
  * an xmm instruction there), and the fast path calls nothing in libc except
  * the vDSO clock_gettime (general registers only too). When the C fast path
  * cannot finish (first hook of a thread: the slot claim and region set-up

@@ -114,7 +114,8 @@ func New(root, outDir string, cfg Config) (*Harness, error) {
 }
 
 // runtimeSources are the runtime's C and assembly files, as the Makefile
-// builds bin/libedgeprobe.so (runtime/*.c and runtime/*.S), relative to root.
+// builds bin/libedgeprobe.so (runtime/*.c and runtime/*.S), relative to root;
+// none when root has no runtime (the build then fails and says so).
 func runtimeSources(root string) []string {
 	var srcs []string
 	for _, pat := range []string{"runtime/*.c", "runtime/*.S"} {
@@ -126,9 +127,6 @@ func runtimeSources(root string) []string {
 			}
 			srcs = append(srcs, rel)
 		}
-	}
-	if len(srcs) == 0 {
-		srcs = []string{"runtime/edgeprobe.c"}
 	}
 	return srcs
 }

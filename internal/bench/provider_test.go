@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"sort"
 	"strings"
 	"testing"
 
@@ -76,8 +77,22 @@ func TestProviderRowMissingSource(t *testing.T) {
 }
 
 func TestRuntimeSources(t *testing.T) {
-	srcs := runtimeSources(t.TempDir())
-	if len(srcs) != 1 || srcs[0] != "runtime/edgeprobe.c" {
-		t.Errorf("runtimeSources(empty dir) = %v", srcs)
+	if srcs := runtimeSources(t.TempDir()); len(srcs) != 0 {
+		t.Errorf("runtimeSources(empty dir) = %v, want none", srcs)
+	}
+	// The repository's runtime: every .c and .S file, the same list the
+	// tests build from (testutil.RuntimeFiles) and the Makefile compiles.
+	root := testutil.RepoRoot(t)
+	want, _ := testutil.RuntimeFiles(t)
+	var got []string
+	for _, s := range runtimeSources(root) {
+		if !strings.HasPrefix(s, "runtime/") {
+			t.Errorf("runtimeSources: %q is not under runtime/", s)
+		}
+		got = append(got, strings.TrimPrefix(s, "runtime/"))
+	}
+	sort.Strings(got)
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("runtimeSources(repo) = %v, want %v", got, want)
 	}
 }

@@ -1,5 +1,5 @@
 // Package shm reads the shared-memory region the edgeprobe runtime
-// (runtime/edgeprobe.c, preloaded as bin/libedgeprobe.so) keeps per process:
+// (runtime/*.c, preloaded as bin/libedgeprobe.so) keeps per process:
 // an anonymous memfd while the process runs (OpenPID finds it through
 // /proc/PID/fd and checks whom it belongs to: ErrNoRuntime, ErrUntrusted),
 // or the file named by EDGEPROBE_OUTPUT after it exits. Both have the same

@@ -28,6 +28,7 @@ type Spec struct {
 	Flags    []string // extra compiler flags
 	LDFlags  []string // extra link flags, after the sources
 	Name     string   // output file name; default derived from the spec
+	Deps     []string // files the sources include (same base as Sources): not compiled, part of the cache key
 	// Profile compiles with -pg: ProfileFentry (-pg -mfentry) or
 	// ProfileMcount (-pg alone). Each source is compiled with -c and the
 	// objects linked without -pg, which would link gcrt1.o and gmon's
@@ -179,7 +180,7 @@ func Build(t testing.TB, spec Spec) Fixture {
 	}
 	h := sha256.New()
 	fmt.Fprintln(h, cmdline, compilerVersion(t, spec.compiler()))
-	for _, src := range spec.Sources {
+	for _, src := range append(append([]string(nil), spec.Sources...), spec.Deps...) {
 		b, err := os.ReadFile(filepath.Join(dir, src))
 		if err != nil {
 			t.Fatalf("fixture source: %v", err)

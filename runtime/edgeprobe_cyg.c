@@ -1,0 +1,66 @@
+/* edgeprobe_cyg.c: the -finstrument-functions hooks.
+ *
+ * Owns __cyg_profile_func_enter / _exit (gcc and clang) and clang's
+ * __cyg_profile_func_enter_bare: each claims the thread's slot on its first
+ * hit, sets the busy word (its frame address and return address), records
+ * through the shadow stack (edgeprobe_internal.h) and clears the word.
+ *
+ * Locking: none; async-signal-safe: a hook that finds the busy word of a live
+ * hook on its thread is dropped and counted (reentrant_drops); a stale word
+ * is cleared and counted (ep_busy_live).
+ */
+#include "edgeprobe_internal.h"
+
+/* What a cyg hook does once it may record. */
+enum { EP_HOOK_ENTER, EP_HOOK_EXIT, EP_HOOK_COUNT };
+
+/* The body of every cyg hook; inlined into each with what a constant, here
+ * its frame address and ret its return address. */
+EP_INLINE void ep_cyg_hook(uint64_t key, int what, uint64_t here, uint64_t ret) {
+	struct ep_thread *th = ep_tls.slot;
+	if (unlikely((uintptr_t)th < EP_SLOT_MIN) && !(th = ep_claim()))
+		return;
+	if (unlikely(ep_tls.busy) && ep_busy_live(th, here)) {
+		OWN_ADD(&th->reentrant_drops, 1);
+		return;
+	}
+	uint32_t ctl = LOAD(&ep.hdr->control);
+	if (unlikely(ctl & EP_CTL_PAUSE))
+		return;
+	ep_tls.busy_ret = ret;
+	SIGFENCE();
+	ep_tls.busy = here;
+	SIGFENCE();
+	if (what == EP_HOOK_EXIT)
+		ep_exit(th, key, ctl, here);
+	else if (what == EP_HOOK_ENTER)
+		ep_enter(th, key, ctl, here, ret);
+	else
+		ep_count_entry(th, key, ctl, 0);
+	SIGFENCE();
+	ep_tls.busy = 0;
+}
+
+EP_EXPORT void __cyg_profile_func_enter(void *fn, void *site) {
+	(void)site;
+	ep_cyg_hook((uint64_t)(uintptr_t)fn, EP_HOOK_ENTER, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0));
+}
+
+EP_EXPORT void __cyg_profile_func_exit(void *fn, void *site) {
+	(void)site;
+	ep_cyg_hook((uint64_t)(uintptr_t)fn, EP_HOOK_EXIT, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0));
+}
+
+/* clang -finstrument-function-entry-bare: no address and no exit. Counted as
+ * an entry keyed by the return address (inside the instrumented function)
+ * with EP_KEY_BARE set; the reader resolves it by containment. */
+EP_EXPORT void __cyg_profile_func_enter_bare(void) {
+	uint64_t ret = (uint64_t)(uintptr_t)__builtin_return_address(0);
+	ep_cyg_hook(ret | EP_KEY_BARE, EP_HOOK_COUNT, EP_HERE(), ret);
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif

@@ -1,0 +1,635 @@
+/* edgeprobe_fentry.c: the C side of the fentry provider.
+ *
+ * Owns ep_fentry_enter / _slow (called by __fentry__ in edgeprobe_fentry.S),
+ * ep_fentry_exit / _slow (called by the return trampoline ep_fentry_return),
+ * the site table (return address of a __fentry__ call -> function key), the
+ * per-thread return-address stack of hijacked frames and its healing, the
+ * vector-save size for the assembly's slow paths, and the unwinder
+ * personality that restores hijacked return addresses during unwinding.
+ *
+ * Locking: none. The site table is shared (insert by CAS, key published
+ * with release order); the return-address stack is the thread's own. The
+ * fast paths run with only the argument (or return-value) registers saved:
+ * no libc, general registers only; the _slow entries run behind a full
+ * xsave and may call libc (slot claim, mmap of the return-address stack).
+ */
+#include "edgeprobe_internal.h"
+
+/* ---- fentry provider (-pg -mfentry) ----
+ *
+ * __fentry__ (edgeprobe_fentry.S) saves the argument registers and calls
+ * ep_fentry_enter with the return address into the probed function and the
+ * address of that function's own return slot. Entries are keyed, like cyg
+ * probes, by the function's start address, found from the call's return
+ * address by a per-site table (built at a site's first hit by decoding the
+ * call: e8 rel32 or ff 15 rel32, optionally after endbr64).
+ *
+ * Exits (unless off) the LOPI way: the slot's return address is saved on a
+ * per-thread return-address stack (a private mapping, pointer in TLS, so fork
+ * copies it) together with the slot address, and replaced by ep_fentry_return.
+ * The trampoline finds its frame by slot address (rsp - 8 when it runs),
+ * records the exit into the same shadow stack / counters / histogram / ring
+ * as a cyg exit, and returns to the saved address; it never looks at the
+ * site, so a probe switched off meanwhile still returns correctly.
+ *
+ * Frames that die without returning (longjmp, exceptions, pthread_exit, a
+ * signal handler longjmping out) leave dead entries on the stack. They are
+ * dropped, and their shadow frames counted unmatched, when a frame below them
+ * returns, and when a new entry finds frames at or below its own slot (the
+ * stack has been popped past them). The unwinder walks through hijacked
+ * frames via the trampoline's FDE and ep_fentry_personality. */
+
+#define EP_RS_UNSET 0u
+#define EP_RS_ON 1u
+#define EP_RS_OFF 2u
+#define EP_SITES 16384u /* power of two */
+/* Site-table key flag (never in a recorded key): the call is wrapped in
+ * push %r10 / pop %r10 (gcc, functions with a static chain), so the return
+ * slot is 8 bytes further up. User-space addresses leave bit 62 free. */
+#define EP_SITE_R10 (1ull << 62)
+#define EP_SITE_PROBES 8u
+
+struct ep_rframe {
+	uint64_t slot;  /* address of the hijacked return slot */
+	uint64_t ret;   /* the original return address */
+	uint64_t key;   /* function key */
+	uint32_t d;     /* shadow-stack depth of the function's frame */
+	uint32_t epoch; /* ep_epoch when pushed */
+};
+
+/* Site table: return address of the __fentry__ call -> function key. */
+struct ep_site {
+	uint64_t ret;
+	uint64_t key;
+};
+static struct ep_site ep_sites[EP_SITES] __attribute__((aligned(64)));
+
+extern char ep_fentry_return[] __attribute__((visibility("hidden")));
+#define EP_TRAMP ((uint64_t)(uintptr_t)ep_fentry_return)
+
+/* xsave area for the slow paths (read by edgeprobe_fentry.S). */
+__attribute__((visibility("hidden"))) uint32_t ep_vsave_size;
+__attribute__((visibility("hidden"))) uint32_t ep_vsave_xsave;
+
+/* Size of the (f)xsave area for components 0xe7 (x87, SSE, AVX, opmask,
+ * ZMM_Hi256, Hi16_ZMM), a multiple of 64. No libc: called from assembly with
+ * only xmm0-7 saved. */
+__attribute__((visibility("hidden"), no_instrument_function)) uint32_t ep_vsave_init(void) {
+	unsigned a, b, c, d;
+	uint32_t size = 512, xs = 0;
+	if (__get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 27))) { /* OSXSAVE */
+		uint32_t lo, hi;
+		__asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+		(void)hi;
+		xs = 1;
+		size = 576;
+		for (unsigned i = 2; i < 8; i++) {
+			if (!((0xe7u >> i) & 1) || !((lo >> i) & 1))
+				continue;
+			__cpuid_count(0xd, i, a, b, c, d);
+			if (b + a > size)
+				size = b + a;
+		}
+	}
+	size = (size + 63) & ~63u;
+	STORE(&ep_vsave_xsave, xs);
+	STORE(&ep_vsave_size, size);
+	return size;
+}
+
+EP_STATIC int ep_shstk_on(void) {
+	if (ep_env_u64("EDGEPROBE_FENTRY_ASSUME_SHSTK", 0, 1)) /* tests of the refusal */
+		return 1;
+	unsigned long features = 0;
+	/* ARCH_SHSTK_STATUS (Linux 6.6+); older kernels fail: no user shadow stacks */
+	if (syscall(SYS_arch_prctl, 0x5005, &features) == 0)
+		return (features & 1) != 0; /* ARCH_SHSTK_SHSTK */
+	return 0;
+}
+
+EP_SHARED uint32_t ep_fentry_mode(void) {
+	uint32_t m = LOAD(&ep_fx_mode) & EP_FENTRY_USED;
+	if (!ep_env_u64("EDGEPROBE_FENTRY_EXITS", 1, 1))
+		m |= EP_FENTRY_EXITS_OFF;
+	if (ep_shstk_on())
+		m |= EP_FENTRY_SHSTK;
+	if (!(m & (EP_FENTRY_EXITS_OFF | EP_FENTRY_SHSTK)))
+		m |= EP_FENTRY_EXITS;
+	return m;
+}
+
+EP_STATIC void ep_say_line(const char *msg) {
+	if (getenv("EDGEPROBE_QUIET"))
+		return;
+	char buf[256], *p = buf, *end = buf + sizeof buf - 2;
+	p = ep_append(p, end, "edgeprobe: ");
+	p = ep_append(p, end, msg);
+	*p++ = '\n';
+	ssize_t r = write(2, buf, (size_t)(p - buf));
+	(void)r;
+}
+
+/* Set up this thread's return-address stack (slow path, slot claimed). */
+EP_COLD void ep_rs_init(void) {
+	static int said;
+	uint32_t m = LOAD(&ep_fx_mode);
+	ep_tls.rs_state = EP_RS_OFF;
+	if ((m & EP_FENTRY_SHSTK) || ((m & EP_FENTRY_EXITS) && ep_shstk_on())) {
+		/* A return-address swap would fault on the shadow stack's check. */
+		__atomic_fetch_or(&ep.hdr->fentry_mode, EP_FENTRY_SHSTK, __ATOMIC_RELAXED);
+		if (!(m & EP_FENTRY_EXITS_OFF) && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+			ep_say_line("CET user shadow stack is on: fentry exit probes refused, counting entries only");
+		return;
+	}
+	if (!(m & EP_FENTRY_EXITS))
+		return;
+	size_t bytes = ((size_t)ep.stack_depth * sizeof(struct ep_rframe) + 4095) & ~(size_t)4095;
+	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return;
+	ep_tls.rs = p;
+	ep_tls.rs_cap = ep.stack_depth;
+	ep_tls.rs_n = 0;
+	ep_tls.rs_state = EP_RS_ON;
+}
+
+EP_SHARED void ep_rs_free(void) {
+	struct ep_rframe *rs = ep_tls.rs;
+	uint32_t cap = ep_tls.rs_cap;
+	ep_tls.rs_state = EP_RS_OFF;
+	ep_tls.rs_n = 0;
+	ep_tls.rs = NULL;
+	SIGFENCE();
+	if (rs)
+		munmap(rs, ((size_t)cap * sizeof(struct ep_rframe) + 4095) & ~(size_t)4095);
+}
+
+/* ---- sites ---- */
+
+/* Whether [a, a+n) is readable: the bytes before a function may lie on an
+ * unmapped page (only checked when they are on another page than the call). */
+EP_STATIC int ep_readable(uint64_t a, uint64_t call) {
+	if ((a >> 12) == (call >> 12))
+		return 1;
+	char buf[16];
+	struct iovec l = {buf, (size_t)(call - a)}, r = {(void *)(uintptr_t)a, (size_t)(call - a)};
+	return syscall(SYS_process_vm_readv, (long)getpid(), &l, 1L, &r, 1L, 0L) == (long)(call - a);
+}
+
+EP_INLINE int ep_is_endbr64(const uint8_t *p) {
+	return p[0] == 0xf3 && p[1] == 0x0f && p[2] == 0x1e && p[3] == 0xfa;
+}
+
+/* The function key of the __fentry__ call returning to ret: the function's
+ * start address. The call is the function's first instruction, or follows
+ * endbr64: e8 rel32 (3d rel32 when a probe toggle made it inert meanwhile),
+ * ff 15 rel32 (call through the GOT: gcc -fPIE/-fPIC, -fno-plt), or 67 e8
+ * rel32 (a relaxed GOT call; recognised after endbr64 only, where it cannot
+ * be confused with a previous function's last byte). gcc wraps the call in
+ * push %r10 / pop %r10 (41 52 .. 41 5a) in functions with a static chain
+ * (nested functions): recognised when both are there, and flagged
+ * EP_SITE_R10. Anything else is keyed by the return address with
+ * EP_KEY_BARE and gets no exit probe. */
+EP_STATIC uint64_t ep_fentry_decode(uint64_t ret) {
+	const uint8_t *p = (const uint8_t *)(uintptr_t)ret;
+	uint64_t call;
+	if (p[-5] == 0xe8 || p[-5] == 0x3d) {
+		call = ret - 5;
+		if (ep_readable(ret - 10, call) && p[-6] == 0x67 && ep_is_endbr64(p - 10))
+			return ret - 10;
+	} else if (p[-6] == 0xff && p[-5] == 0x15) {
+		call = ret - 6;
+	} else {
+		return ret | EP_KEY_BARE;
+	}
+	uint64_t flag = 0;
+	if (ep_readable(call - 6, call)) {
+		const uint8_t *c = (const uint8_t *)(uintptr_t)call;
+		if (c[-2] == 0x41 && c[-1] == 0x52 && p[0] == 0x41 && p[1] == 0x5a) {
+			call -= 2;
+			flag = EP_SITE_R10;
+		}
+	}
+	if (ep_readable(call - 4, call) && ep_is_endbr64((const uint8_t *)(uintptr_t)(call - 4)))
+		return (call - 4) | flag;
+	return call | flag;
+}
+
+EP_COLD uint64_t ep_site_slow(uint64_t ret, uint32_t home) {
+	for (uint32_t p = 0; p < EP_SITE_PROBES; p++) {
+		struct ep_site *s = &ep_sites[(home + p) & (EP_SITES - 1)];
+		uint64_t r = LOAD(&s->ret);
+		if (r == ret) {
+			uint64_t k = __atomic_load_n(&s->key, __ATOMIC_ACQUIRE);
+			if (k)
+				return k;
+			break; /* being published by another thread */
+		}
+		if (r == 0) {
+			uint64_t key = ep_fentry_decode(ret);
+			if (__atomic_compare_exchange_n(&s->ret, &r, ret, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+				__atomic_store_n(&s->key, key, __ATOMIC_RELEASE);
+				ADD(&ep.hdr->fentry_sites, 1);
+				if (key & EP_KEY_BARE)
+					ADD(&ep.hdr->fentry_bad_sites, 1);
+				if (!(LOAD(&ep.hdr->fentry_mode) & EP_FENTRY_USED)) {
+					__atomic_fetch_or(&ep.hdr->fentry_mode, EP_FENTRY_USED, __ATOMIC_RELAXED);
+					__atomic_fetch_or(&ep_fx_mode, EP_FENTRY_USED, __ATOMIC_RELAXED); /* kept by fork children */
+				}
+				return key;
+			}
+			if (r == ret)
+				break;
+		}
+	}
+	return ep_fentry_decode(ret); /* table full around home: decode every time */
+}
+
+EP_INLINE uint64_t ep_site_key(uint64_t ret) {
+	uint32_t home = (uint32_t)((ret * 0x9E3779B97F4A7C15ull) >> 50) & (EP_SITES - 1);
+	struct ep_site *s = &ep_sites[home];
+	if (likely(LOAD(&s->ret) == ret)) {
+		uint64_t k = __atomic_load_n(&s->key, __ATOMIC_ACQUIRE);
+		if (likely(k))
+			return k;
+	}
+	return ep_site_slow(ret, home);
+}
+
+/* ---- recording ---- */
+
+/* The exit of the function whose frame was pushed at depth d. Frames above
+ * it died without an exit (longjmp, exceptions): counted unmatched. */
+EP_STATIC void ep_exit_at(struct ep_thread *th, uint64_t key, uint32_t d, uint32_t ctl) {
+	uint64_t now = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
+	if (unlikely(th->depth <= d)) {
+		/* its frame was popped already (as unmatched): an orphan exit */
+		ep_exit_unframed(th, key, EP_UNFRAMED_ORPHAN);
+		goto trace;
+	}
+	if (unlikely(th->depth > d + 1))
+		ep_pop_to(th, d + 1);
+	STORE(&th->depth, d);
+	if (unlikely(d >= ep.stack_depth)) {
+		ep_exit_unframed(th, key, EP_UNFRAMED_DEEP); /* not stored: untimed */
+		goto trace;
+	}
+	struct ep_frame *fr = ep_frames(th) + d;
+	if (unlikely(fr->fn != key)) {
+		ep_exit_unframed(th, key, EP_UNFRAMED_ORPHAN);
+		goto trace;
+	}
+	if (unlikely(fr->gen != (uint32_t)LOAD(&ep.funcs[fr->gidx].gen))) {
+		ep_pop_unmatched(th, d + 1, d);
+		ep_exit_unframed(th, key, EP_UNFRAMED_ORPHAN);
+		goto trace;
+	}
+	ep_exit_frame(th, fr, now);
+trace:
+	if (unlikely(ctl & EP_CTL_TRACE))
+		ep_trace(th, EP_EV_EXIT, key);
+}
+
+EP_INLINE void ep_fentry_record_exit(struct ep_thread *th, const struct ep_rframe *f, uint32_t ctl) {
+	if (likely(f->epoch == ep_epoch)) {
+		ep_exit_at(th, f->key, f->d, ctl);
+	} else {
+		/* pushed before fork, in the parent's region */
+		ep_exit_unframed(th, f->key, EP_UNFRAMED_ORPHAN);
+		if (ctl & EP_CTL_TRACE)
+			ep_trace(th, EP_EV_EXIT, f->key);
+	}
+}
+
+/* Forget return-stack entry f, whose frame is dead. If its slot lies below
+ * our own stack pointer (free stack, or another stack) and still holds the
+ * trampoline, give the original return address back: should the frame be
+ * alive after all (a coroutine's stack), it returns normally, unmeasured.
+ * Slots between our stack pointer and the current slot hold our own frames
+ * now: that frame is certainly dead. */
+EP_STATIC void ep_rs_forget(struct ep_thread *th, const struct ep_rframe *f, uint64_t mysp) {
+	uint64_t *slot = (uint64_t *)(uintptr_t)f->slot;
+	if (f->slot < mysp && LOAD(slot) == EP_TRAMP) {
+		STORE(slot, f->ret);
+		OWN_ADD(&th->fentry_restored, 1);
+	}
+}
+
+/* Count the shadow frames of dead return-stack entries [n, old_n) unmatched. */
+EP_STATIC void ep_rs_drop(struct ep_thread *th, uint32_t n, uint32_t old_n, uint64_t mysp) {
+	uint32_t dmin = EP_NONE;
+	for (uint32_t i = n; i < old_n; i++) {
+		if (ep_tls.rs[i].epoch == ep_epoch && ep_tls.rs[i].d < dmin)
+			dmin = ep_tls.rs[i].d;
+		ep_rs_forget(th, &ep_tls.rs[i], mysp);
+	}
+	ep_tls.rs_n = n;
+	if (dmin != EP_NONE)
+		ep_pop_to(th, dmin);
+}
+
+/* An entry at slot found return-stack entries at or below its own slot: the
+ * stack was popped past them without their returns (longjmp, exceptions), or
+ * the entry's caller tail-called it (same slot, still hijacked: the caller's
+ * exit happens now). Sets *orig to the return address to save for the new
+ * frame, 0 when it cannot be known. Returns the new depth of the stack. */
+EP_COLD uint32_t ep_fentry_resync(struct ep_thread *th, uint64_t slot, uint64_t *orig, uint32_t ctl) {
+	uint64_t mysp = EP_HERE();
+	struct ep_rframe *rs = ep_tls.rs;
+	uint32_t n = ep_tls.rs_n, old = n;
+	uint64_t lo = 0, hi = ~0ull;
+	if (n && rs[n - 1].slot < slot) {
+		/* On a signal stack the frames below us on the thread's stack are
+		 * alive: only frames on the signal stack itself can be dead. */
+		stack_t ss;
+		if (sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_ONSTACK)) {
+			lo = (uint64_t)(uintptr_t)ss.ss_sp;
+			hi = lo + ss.ss_size;
+		}
+	}
+	while (n && rs[n - 1].slot < slot && rs[n - 1].slot >= lo && rs[n - 1].slot < hi)
+		n--;
+	if (n != old)
+		ep_rs_drop(th, n, old, mysp);
+	if (n && rs[n - 1].slot == slot) {
+		struct ep_rframe f = rs[n - 1];
+		n--;
+		ep_tls.rs_n = n;
+		if (*orig == EP_TRAMP) {
+			/* tail call: the caller's frame ends here */
+			ep_fentry_record_exit(th, &f, ctl);
+			*orig = f.ret;
+		} else if (f.epoch == ep_epoch) {
+			ep_rs_drop(th, n, n + 1, mysp);
+		}
+	} else if (*orig == EP_TRAMP) {
+		*orig = 0;
+	}
+	return n;
+}
+
+EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow, uint64_t here, uint64_t hret) {
+	struct ep_thread *th = ep_tls.slot;
+	if (unlikely((uintptr_t)th < EP_SLOT_MIN)) {
+		if (th == EP_TS_NONE && may_slow && !ep_tls.busy && __atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) != 3)
+			return 1;
+		if (!(th = ep_claim())) /* counts the drop; no libc unless claiming */
+			return 0;
+	}
+	if (unlikely(ep_tls.busy) && ep_busy_live(th, here)) {
+		OWN_ADD(&th->reentrant_drops, 1);
+		return 0;
+	}
+	uint32_t ctl = LOAD(&ep.hdr->control);
+	if (unlikely(ctl & EP_CTL_PAUSE))
+		return 0;
+	if (unlikely(ep_tls.rs_state == EP_RS_UNSET)) {
+		if (may_slow)
+			return 1;
+		ep_tls.rs_state = EP_RS_OFF;
+	}
+	ep_tls.busy_ret = hret;
+	SIGFENCE();
+	ep_tls.busy = here;
+	SIGFENCE();
+	uint64_t key = ep_site_key(ret);
+	if (unlikely(key & EP_SITE_R10)) {
+		key &= ~EP_SITE_R10;
+		slotp++;
+	}
+	if (likely(ep_tls.rs_state == EP_RS_ON && !(key & EP_KEY_BARE))) {
+		uint64_t slot = (uint64_t)(uintptr_t)slotp;
+		uint64_t orig = *slotp;
+		uint32_t n = ep_tls.rs_n;
+		if (unlikely((n && ep_tls.rs[n - 1].slot <= slot) || orig == EP_TRAMP))
+			n = ep_fentry_resync(th, slot, &orig, ctl);
+		if (unlikely(n >= ep_tls.rs_cap || orig == 0)) {
+			OWN_ADD(&th->stack_overflows, 1);
+			ep_count_entry(th, key, ctl, 1);
+		} else {
+			uint32_t d = th->depth;
+			ep_enter(th, key, ctl, slot, ret);
+			if (likely(th->depth > 0)) { /* recorded: probe the exit */
+				struct ep_rframe *f = ep_tls.rs + n;
+				f->slot = slot;
+				f->ret = orig;
+				f->key = key;
+				f->d = th->depth - 1;
+				f->epoch = ep_epoch;
+				ep_tls.rs_n = n + 1;
+				SIGFENCE();
+				*slotp = EP_TRAMP;
+			}
+			(void)d;
+		}
+	} else {
+		ep_count_entry(th, key, ctl, 0);
+	}
+	SIGFENCE();
+	ep_tls.busy = 0;
+	return 0;
+}
+
+/* Called by __fentry__ with xmm0-7 saved: must not call into libc. Returns 1
+ * for the slow path (the caller saves the whole vector state first). */
+__attribute__((visibility("hidden"), no_instrument_function)) int ep_fentry_enter(uint64_t ret, uint64_t *slotp) {
+	return ep_fentry_enter_impl(ret, slotp, 1, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0));
+}
+
+__attribute__((visibility("hidden"), no_instrument_function, cold)) void ep_fentry_enter_slow(uint64_t ret, uint64_t *slotp) {
+	uint64_t here = EP_HERE(), hret = (uint64_t)(uintptr_t)__builtin_return_address(0);
+	if (ep_tls.slot == EP_TS_NONE)
+		ep_claim();
+	if ((uintptr_t)ep_tls.slot >= EP_SLOT_MIN && ep_tls.rs_state == EP_RS_UNSET &&
+	    !(ep_tls.busy && ep_busy_live(ep_tls.slot, here))) {
+		ep_tls.busy_ret = hret;
+		SIGFENCE();
+		ep_tls.busy = here;
+		SIGFENCE();
+		ep_rs_init();
+		SIGFENCE();
+		ep_tls.busy = 0;
+	}
+	ep_fentry_enter_impl(ret, slotp, 0, here, hret);
+}
+
+/* A return through a slot with no entry cannot happen: an entry leaves the
+ * stack only when its frame returns, when its slot is given back
+ * (ep_rs_forget), or when our own frames have overwritten the slot. Should
+ * it happen all the same there is no address to return to; say so and stop
+ * with a trap rather than jump anywhere. */
+EP_COLD void ep_fentry_lost(uint64_t slot) {
+	char buf[160], *p = buf, *end = buf + sizeof buf - 2;
+	p = ep_append(p, end, "edgeprobe: fentry return through an unknown frame (slot 0x");
+	for (int i = 60; i >= 0; i -= 4)
+		*p++ = "0123456789abcdef"[(slot >> i) & 15];
+	p = ep_append(p, end, "): the return address is lost\n");
+	ssize_t r = write(2, buf, (size_t)(p - buf));
+	(void)r;
+	__builtin_trap();
+}
+
+/* The return-stack entry of the frame returning through slot: the newest
+ * entry with that slot. */
+EP_COLD uint32_t ep_fentry_find(uint64_t slot) {
+	uint32_t n = ep_tls.rs_n;
+	for (uint32_t i = n; i > 0; i--)
+		if (ep_tls.rs[i - 1].slot == slot)
+			return i - 1;
+	ep_fentry_lost(slot);
+	return 0;
+}
+
+struct ep_ret2 {
+	uint64_t ret;
+	uint64_t slow;
+};
+
+/* Entries above i, the frame returning now: those below its slot on the
+ * stack are dead (counted, slots given back when free); those above it are
+ * on another stack (a coroutine) and stay, moved down over i. Returns the
+ * new stack size with i removed. */
+EP_COLD uint32_t ep_rs_unlink(struct ep_thread *th, uint32_t i, uint32_t n, uint64_t mysp) {
+	struct ep_rframe *rs = ep_tls.rs;
+	uint64_t slot = rs[i].slot;
+	uint32_t w = i;
+	uint32_t dmin = EP_NONE;
+	for (uint32_t j = i + 1; j < n; j++) {
+		if (rs[j].slot > slot) {
+			rs[w++] = rs[j];
+			continue;
+		}
+		if (th && rs[j].epoch == ep_epoch && rs[j].d < dmin)
+			dmin = rs[j].d;
+		if (th)
+			ep_rs_forget(th, &rs[j], mysp);
+		else if (rs[j].slot < mysp && LOAD((uint64_t *)(uintptr_t)rs[j].slot) == EP_TRAMP)
+			STORE((uint64_t *)(uintptr_t)rs[j].slot, rs[j].ret);
+	}
+	if (th && dmin != EP_NONE && dmin > rs[i].d)
+		ep_pop_to(th, dmin);
+	return w;
+}
+
+EP_INLINE struct ep_ret2 ep_fentry_exit_impl(uint64_t sp, int may_slow, uint64_t here, uint64_t hret) {
+	uint64_t slot = sp - 8;
+	struct ep_rframe *rs = ep_tls.rs;
+	uint32_t n = ep_tls.rs_n, i;
+	if (likely(n && rs && rs[n - 1].slot == slot))
+		i = n - 1;
+	else
+		i = ep_fentry_find(slot);
+	struct ep_rframe f = rs[i];
+	struct ep_ret2 r = {f.ret, 0};
+	struct ep_thread *th = ep_tls.slot;
+	if (unlikely((uintptr_t)th < EP_SLOT_MIN || (ep_tls.busy && ep_busy_live(th, here)))) {
+		if (th == EP_TS_NONE && may_slow && !ep_tls.busy && __atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) != 3) {
+			r.slow = 1; /* a fork child's first hook: claim a slot to count the exit */
+			return r;
+		}
+		/* the entry must go whatever is counted: its frame is returning */
+		ep_tls.rs_n = i + 1 == n ? i : ep_rs_unlink(NULL, i, n, here);
+		if ((uintptr_t)th >= EP_SLOT_MIN)
+			OWN_ADD(&th->reentrant_drops, 1);
+		return r;
+	}
+	ep_tls.busy_ret = hret;
+	SIGFENCE();
+	ep_tls.busy = here;
+	SIGFENCE();
+	uint32_t ctl = LOAD(&ep.hdr->control);
+	ep_tls.rs_n = likely(i + 1 == n) ? i : ep_rs_unlink(th, i, n, here);
+	if (likely(!(ctl & EP_CTL_PAUSE)))
+		ep_fentry_record_exit(th, &f, ctl);
+	SIGFENCE();
+	ep_tls.busy = 0;
+	return r;
+}
+
+/* Called by ep_fentry_return with rax, rdx, xmm0, xmm1 saved (no libc). */
+__attribute__((visibility("hidden"), no_instrument_function)) struct ep_ret2 ep_fentry_exit(uint64_t sp) {
+	return ep_fentry_exit_impl(sp, 1, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0));
+}
+
+__attribute__((visibility("hidden"), no_instrument_function, cold)) uint64_t ep_fentry_exit_slow(uint64_t sp) {
+	if (ep_tls.slot == EP_TS_NONE)
+		ep_claim();
+	return ep_fentry_exit_impl(sp, 0, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0)).ret;
+}
+
+/* ---- unwinding through hijacked frames ----
+ *
+ * The unwinder reaches ep_fentry_return as the return address of a hijacked
+ * frame, finds the trampoline's FDE and calls this personality for the
+ * trampoline's frame before it reads that frame's return address from
+ * CFA - 8, which is the hijacked slot: we write the original return address
+ * back there. Every frame the unwinder walks through is going to be unwound
+ * (phase 1 stops at the handler's frame, whose own slot it does not read),
+ * so the entry stays on the return-address stack as a dead frame: its exit is
+ * counted unmatched, like a longjmp's. */
+
+typedef uintptr_t (*ep_getcfa_fn)(void *);
+extern uintptr_t _Unwind_GetCFA(void *) __attribute__((weak));
+static ep_getcfa_fn ep_getcfa;
+
+/* _Unwind_GetCFA of the unwinder calling us: libgcc_s linked by the program,
+ * or the copy glibc dlopens privately for pthread_exit/cancel (found from our
+ * caller's address). */
+EP_STATIC uint64_t ep_unwind_cfa(void *ctx, void *caller) {
+	ep_getcfa_fn fn = __atomic_load_n(&ep_getcfa, __ATOMIC_ACQUIRE);
+	if (!fn) {
+		Dl_info di;
+		if (dladdr(caller, &di) && di.dli_fname) {
+			void *h = dlopen(di.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+			if (h) {
+				void *sym = dlsym(h, "_Unwind_GetCFA");
+				memcpy(&fn, &sym, sizeof fn);
+				dlclose(h);
+			}
+		}
+		if (!fn && _Unwind_GetCFA)
+			fn = _Unwind_GetCFA;
+		if (!fn)
+			return 0;
+		__atomic_store_n(&ep_getcfa, fn, __ATOMIC_RELEASE);
+	}
+	return (uint64_t)fn(ctx);
+}
+
+#define EP_URC_FATAL_PHASE2_ERROR 2
+#define EP_URC_FATAL_PHASE1_ERROR 3
+#define EP_URC_CONTINUE_UNWIND 8
+#define EP_UA_SEARCH_PHASE 1
+
+__attribute__((visibility("hidden"), no_instrument_function)) int ep_fentry_personality(int version, int actions,
+                                                                                     uint64_t cls, void *exc, void *ctx) {
+	(void)version, (void)cls, (void)exc;
+	int fatal = (actions & EP_UA_SEARCH_PHASE) ? EP_URC_FATAL_PHASE1_ERROR : EP_URC_FATAL_PHASE2_ERROR;
+	uint64_t cfa = ep_unwind_cfa(ctx, __builtin_return_address(0));
+	struct ep_rframe *rs = ep_tls.rs;
+	uint32_t n = ep_tls.rs_n;
+	uint64_t here = (uint64_t)(uintptr_t)__builtin_frame_address(0);
+	for (uint32_t i = n; i > 0 && rs; i--) {
+		uint64_t slot = rs[i - 1].slot;
+		uint64_t *sp = (uint64_t *)(uintptr_t)slot;
+		/* without the CFA: the innermost live hijacked frame above us, the
+		 * one the unwinder is at (it walks them innermost first) */
+		if (cfa ? slot == cfa - 8 : (slot > here && *sp == EP_TRAMP)) {
+			if (*sp == EP_TRAMP) {
+				*sp = rs[i - 1].ret;
+				if (__atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) == 2 && ep_region_pid == getpid())
+					ADD(&ep.hdr->fentry_unwound, 1);
+			}
+			return EP_URC_CONTINUE_UNWIND;
+		}
+	}
+	if (cfa && *(uint64_t *)(uintptr_t)(cfa - 8) != EP_TRAMP)
+		return EP_URC_CONTINUE_UNWIND; /* restored already */
+	return fatal;
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif

@@ -1,0 +1,180 @@
+/* edgeprobe_forkexit.c: process life cycle: fork, start, exit, dump.
+ *
+ * Owns the pthread_atfork handlers (hooks on the forking thread are dropped
+ * between prepare and parent/child; the child gets its own region at its
+ * first hook), the constructor (region set-up, handler registration) and the
+ * destructor (exit time stamps, the EDGEPROBE_OUTPUT dump: an O_EXCL
+ * temporary renamed over the output).
+ *
+ * Locking: none. Each handler sets the busy word (EP_BUSY_HARD) so that a
+ * hook interrupting it on this thread is dropped; the fork child handler
+ * forgets the slot and the region before unmapping it, for a signal arriving
+ * meanwhile. The destructor calls libc (open, pwrite, rename).
+ */
+#include "edgeprobe_internal.h"
+
+static int ep_atfork_done;
+
+/* Hooks on the forking thread between prepare and the child/parent handlers
+ * are dropped (counted as reentrant), so the child never writes the parent's
+ * region. */
+EP_STATIC void ep_atfork_prepare(void) {
+	ep_tls.saved_busy = ep_tls.busy;
+	ep_tls.saved_ret = ep_tls.busy_ret;
+	ep_tls.busy = EP_BUSY_HARD;
+	SIGFENCE();
+}
+
+EP_STATIC void ep_atfork_parent(void) {
+	ep_tls.busy_ret = ep_tls.saved_ret;
+	SIGFENCE();
+	ep_tls.busy = ep_tls.saved_busy;
+}
+
+/* The child gets its own region, made lazily at its first hook: drop the
+ * inherited mapping (it is the parent's), forget the parent's slot. Frames
+ * the thread was inside at fork() exit as orphans in the child. */
+EP_STATIC void ep_atfork_child(void) {
+	/* Order matters for a signal arriving here: forget the slot and the
+	 * region before unmapping it. */
+	ep_tls.slot = EP_TS_NONE;
+	SIGFENCE();
+	int had = __atomic_exchange_n(&ep_state, 0, __ATOMIC_ACQ_REL) == 2;
+	SIGFENCE();
+	ep_early_drops = 0;
+	ep_forked = 1;
+	/* The fentry return-address stack (TLS pointer, private mapping) is
+	 * copied with the process and stays valid: the child returns through its
+	 * inherited hijacked frames; their exits count as orphans in its region. */
+	ep_epoch++;
+	if (had) {
+		munmap(ep.base, ep.size);
+		memset(&ep, 0, sizeof ep);
+	}
+	/* the parent's descriptor: the child's region gets its own */
+	if (ep_fd >= 0) {
+		close(ep_fd);
+		ep_fd = -1;
+	}
+	if (ep_key_ok)
+		pthread_setspecific(ep_key, NULL);
+	ep_tls.busy_ret = ep_tls.saved_ret;
+	SIGFENCE();
+	ep_tls.busy = ep_tls.saved_busy;
+}
+
+EP_STATIC int ep_page_zero(const char *p, size_t n) {
+	const uint64_t *q = (const uint64_t *)p;
+	for (size_t i = 0; i < n / 8; i++)
+		if (q[i])
+			return 0;
+	return 1;
+}
+
+/* Write the region (zero pages as holes) and a copy of /proc/self/maps to
+ * ep_out via a temporary file and rename. */
+EP_STATIC void ep_write_output(void) {
+	/* A fresh temporary beside the output (O_EXCL | O_NOFOLLOW: never a file
+	 * or symlink someone planted), renamed over it: rename replaces a
+	 * planted symlink itself, it does not follow it. */
+	char tmp[sizeof ep_out + 64], *end = tmp + sizeof tmp - 1;
+	int fd = -1;
+	for (int attempt = 0; attempt < 16 && fd < 0; attempt++) {
+		char *p = ep_append(tmp, end, ep_out);
+		p = ep_append(p, end, ".tmp.");
+		p = ep_append_u(p, end, (uint64_t)getpid());
+		p = ep_append(p, end, ".");
+		*ep_append_u(p, end, (__rdtsc() >> 4) & 0xffffff) = 0;
+		fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (fd < 0 && errno != EEXIST)
+			break;
+	}
+	if (fd < 0) {
+		ep_say("cannot write EDGEPROBE_OUTPUT", errno);
+		return;
+	}
+	int ok = 1;
+	const size_t chunk = 4096;
+	for (uint64_t off = EP_HEADER_SIZE; off < ep.size && ok; off += chunk) {
+		size_t n = ep.size - off < chunk ? (size_t)(ep.size - off) : chunk;
+		if (ep_page_zero(ep.base + off, n))
+			continue;
+		for (size_t done = 0; done < n;) {
+			ssize_t w = pwrite(fd, ep.base + off + done, n - done, (off_t)(off + done));
+			if (w <= 0) {
+				if (w < 0 && errno == EINTR)
+					continue;
+				ok = 0;
+				break;
+			}
+			done += (size_t)w;
+		}
+	}
+	uint64_t mlen = 0;
+	int mfd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	if (mfd >= 0) {
+		char buf[4096];
+		for (;;) {
+			ssize_t r = read(mfd, buf, sizeof buf);
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0)
+				break;
+			if (pwrite(fd, buf, (size_t)r, (off_t)(ep.size + mlen)) != r) {
+				ok = 0;
+				break;
+			}
+			mlen += (uint64_t)r;
+		}
+		close(mfd);
+	}
+	if (ftruncate(fd, (off_t)(ep.size + mlen)) != 0)
+		ok = 0;
+	struct ep_header hcopy;
+	memcpy(&hcopy, ep.hdr, sizeof hcopy);
+	hcopy.maps_off = mlen ? ep.size : 0;
+	hcopy.maps_len = mlen;
+	if (pwrite(fd, &hcopy, sizeof hcopy, 0) != (ssize_t)sizeof hcopy)
+		ok = 0;
+	if (close(fd) != 0)
+		ok = 0;
+	if (!ok || rename(tmp, ep_out) != 0) {
+		ep_say("cannot write EDGEPROBE_OUTPUT", errno);
+		unlink(tmp);
+	}
+}
+
+__attribute__((constructor, no_instrument_function)) static void ep_ctor(void) {
+	ep_tls.busy = EP_BUSY_HARD;
+	SIGFENCE();
+	ep_ensure_init();
+	if (!ep_atfork_done && pthread_atfork(ep_atfork_prepare, ep_atfork_parent, ep_atfork_child) == 0)
+		ep_atfork_done = 1;
+	SIGFENCE();
+	ep_tls.busy = 0;
+}
+
+/* Runs on return from main and on exit(); not on _exit() or a fatal signal
+ * (the kernel frees the memfd then; only EDGEPROBE_OUTPUT is lost). The
+ * mapping stays: hooks that run later (other destructors) keep counting
+ * into it. */
+__attribute__((destructor, no_instrument_function)) static void ep_dtor(void) {
+	if (__atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) != 2 || ep_region_pid != getpid())
+		return;
+	uint64_t saved = ep_tls.busy;
+	ep_tls.busy = EP_BUSY_HARD;
+	SIGFENCE();
+	STORE(&ep.hdr->exit_tsc, ep.tsc ? __rdtsc() : ep_mono_ns());
+	STORE(&ep.hdr->exit_mono, ep_mono_ns());
+	__atomic_store_n(&ep.hdr->state, EP_STATE_EXITED, __ATOMIC_RELEASE);
+	if (ep_out[0])
+		ep_write_output();
+	SIGFENCE();
+	ep_tls.busy = saved;
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif

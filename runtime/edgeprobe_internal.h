@@ -1,0 +1,416 @@
+/* edgeprobe_internal.h: what the runtime's files share (private, never installed).
+ *
+ * The runtime is the LD_PRELOAD library behind edgeprobe's probes. It defines
+ * the -finstrument-functions hooks (__cyg_profile_func_enter/exit and clang's
+ * __cyg_profile_func_enter_bare) and the -pg -mfentry hook (__fentry__, in
+ * edgeprobe_fentry.S, whose exits are probed by hijacking the return address;
+ * C halves in edgeprobe_fentry.c) and records, per function address, entries,
+ * exits and inclusive latency into a shared-memory region (an anonymous memfd,
+ * "/memfd:edgeprobe" in /proc/<pid>/fd; layout in edgeprobe_shm.h, reader in
+ * internal/shm, description in docs/runtime.md). Its files, by concern:
+ *
+ *   edgeprobe_region.c    the region (memfd, header, limits, clock
+ *                         calibration) and the shared function table
+ *   edgeprobe_thread.c    per-thread state: slot claim, the busy word and its
+ *                         staleness, shadow-stack healing and slow exits,
+ *                         thread exit
+ *   edgeprobe_cyg.c       the -finstrument-functions hooks
+ *   edgeprobe_fentry.c    the C side of __fentry__ and of the return
+ *                         trampoline (site table, return-address stack,
+ *                         unwinder personality); edgeprobe_fentry.S the rest
+ *   edgeprobe_rings.c     per-thread event rings (EDGEPROBE_TRACE)
+ *   edgeprobe_forkexit.c  fork handlers, constructor, destructor and the
+ *                         EDGEPROBE_OUTPUT dump
+ *   this header           build attributes, limits, process-wide and
+ *                         per-thread state, and the hot-path helpers every
+ *                         hook inlines (clocks, slot addressing, function
+ *                         lookup, shadow-stack push and pop), static inline
+ *                         so that splitting the files changed no hook's code.
+ *
+ * Rules every file keeps (the host is a production process):
+ *   - no locks, no malloc, no syscalls on the hook path once the calling
+ *     thread has its slot (the first hit of a thread claims one: gettid and
+ *     pthread_setspecific, no locks);
+ *   - every hook is async-signal-safe: per-thread state carries a busy word
+ *     (the stack position and return address of the running hook); a hook
+ *     that interrupts another hook on the same thread is dropped and counted
+ *     (ep_thread.reentrant_drops), and a busy word left by a hook a signal
+ *     handler longjmp'd out of is recognised as stale and cleared
+ *     (ep_thread.abandoned_hooks), so nothing stays blocked;
+ *   - exits match entries by stack position (ep_frame.sp): frames a hook
+ *     finds at or below its own position cannot be live and are counted
+ *     unmatched (longjmp, exceptions, probes toggled mid-call), so the
+ *     shadow stack heals at the next hook;
+ *   - nothing here aborts the host;
+ *   - nothing here is instrumented (no_instrument_function everywhere and the
+ *     library is built without -finstrument-functions);
+ *   - a failure to set up (no memory, no memfd_create, bad limits) disables recording,
+ *     it never aborts the host;
+ *   - names shared between files are hidden (EP_HIDDEN, EP_SHARED*): the
+ *     library exports the hooks only.
+ *
+ * Every .c file includes this header first and ends by popping the
+ * general-regs-only pragma it pushes.
+ *
+ * Build (see docs/runtime.md):
+ *   cc -O2 -fPIC -shared -fno-plt -pthread -fvisibility=hidden \
+ *      -ftls-model=initial-exec -Wall -Wextra runtime/edgeprobe_*.c runtime/edgeprobe_fentry.S \
+ *      -o bin/libedgeprobe.so   (every .c and .S file under runtime/)
+ */
+#ifndef EDGEPROBE_INTERNAL_H
+#define EDGEPROBE_INTERNAL_H
+
+#define _GNU_SOURCE
+#include "edgeprobe_shm.h"
+
+#include <cpuid.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h> /* rename */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#include <x86intrin.h>
+
+/* Everything below is compiled for general-purpose registers only: the
+ * compiler rejects any floating point and never uses an xmm register, so the
+ * hooks leave the caller's vector registers alone. __fentry__ relies on it
+ * (it saves no vector register on its fast path: the probed function's
+ * xmm0-7 arguments are live), as does the return trampoline (xmm0/xmm1 hold
+ * return values). Only calls into libc can touch vector state; the fentry
+ * paths that make them (slot claim, region set-up) run behind a full xsave. */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("general-regs-only"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("general-regs-only")
+#endif
+
+#define EP_FN __attribute__((no_instrument_function))
+#define EP_INLINE static inline __attribute__((no_instrument_function, always_inline))
+#define EP_STATIC static __attribute__((no_instrument_function))
+#define EP_COLD static __attribute__((no_instrument_function, noinline, cold))
+#define EP_EXPORT __attribute__((visibility("default"), no_instrument_function))
+/* Shared between the runtime's files: global but hidden (never exported,
+ * whatever -fvisibility the library is built with). */
+#define EP_HIDDEN __attribute__((visibility("hidden")))
+#define EP_SHARED __attribute__((visibility("hidden"), no_instrument_function))
+#define EP_SHARED_COLD __attribute__((visibility("hidden"), no_instrument_function, noinline, cold))
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+
+#define LOAD(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+#define ADD(p, v) __atomic_fetch_add((p), (v), __ATOMIC_RELAXED)
+/* Single-writer increment: a plain load and store, atomic per access so a
+ * reader never sees a torn value, but no lock prefix. */
+#define OWN_ADD(p, v) STORE((p), LOAD(p) + (v))
+#define SIGFENCE() __atomic_signal_fence(__ATOMIC_SEQ_CST)
+
+#define EP_NONE 0xffffffffu
+
+/* ep_tls.busy outside hooks (constructor, fork handlers): never stale. */
+#define EP_BUSY_HARD (~0ull)
+/* Stack position of a hook: its frame address (using it makes the compiler
+ * keep a frame pointer), i.e. the caller's stack pointer at the call - 16,
+ * the same for the enter and the exit hook of one call; the hook's return
+ * address is at EP_HERE() + 8 while it runs. */
+#define EP_HERE() ((uint64_t)(uintptr_t)__builtin_frame_address(0))
+/* Frames this far below a hook are checked against sigaltstack before they
+ * are declared dead: a handler on an alternate stack above the thread's stack
+ * must not kill the frames it interrupted. */
+#define EP_NEAR_STACK (64u << 10)
+
+/* Defaults and bounds of the configurable limits (docs/runtime.md). */
+#define EP_DEF_FUNCS 16384u
+#define EP_MAX_FUNCS_CAP (1u << 22)
+#define EP_DEF_THREADS 1024u
+#define EP_MAX_THREADS_CAP 65536u
+#define EP_DEF_RING 512u
+#define EP_MAX_RING_CAP (1u << 20)
+#define EP_DEF_STACK 256u
+#define EP_MAX_STACK_CAP 65536u
+#define EP_DEF_LOCAL 64u
+#define EP_MAX_LOCAL_CAP 4096u
+#define EP_PROBE_LIMIT 32u
+#define EP_LOCAL_PROBES 4u
+#define EP_REGION_CAP (1ull << 36)
+
+/* Sentinel values of ep_tls.slot below EP_SLOT_MIN. */
+#define EP_TS_NONE ((struct ep_thread *)0)     /* not claimed yet */
+#define EP_TS_DEAD ((struct ep_thread *)1)     /* released at thread exit */
+#define EP_TS_OVERFLOW ((struct ep_thread *)2) /* no free slot */
+#define EP_SLOT_MIN 16u
+
+/* Process-wide state, read-only on the hook path after init. */
+struct ep_proc {
+	char *base;               /* region */
+	struct ep_header *hdr;
+	struct ep_func *funcs;
+	uint32_t fmask;           /* max_funcs - 1 */
+	uint32_t max_probe;
+	uint32_t lmask;           /* local_funcs - 1 */
+	uint32_t nlocal;          /* local_funcs */
+	uint32_t stack_depth;
+	uint32_t stack_off;
+	uint32_t thread_size;
+	uint32_t max_threads;
+	uint32_t ring_mask;       /* ring_events - 1 */
+	uint32_t ring_events;
+	uint64_t ring_off;
+	uint64_t ring_stride;
+	uint64_t tsc_mult;
+	int tsc;                  /* 1: rdtsc, 0: clock_gettime */
+	uint64_t size;
+};
+/* Its symbol is named for the library (a static program links
+ * libedgeprobe.a whole: a global of its own called "ep" must not clash). */
+EP_HIDDEN extern struct ep_proc ep __asm__("edgeprobe_proc") __attribute__((aligned(64)));
+
+/* Process-wide variables, defined in edgeprobe_region.c. */
+EP_HIDDEN extern int ep_state;            /* init state machine: 0 none, 1 initialising, 2 ready, 3 failed */
+EP_HIDDEN extern uint64_t ep_early_drops; /* drops before a header exists */
+EP_HIDDEN extern pthread_key_t ep_key;    /* thread-exit destructor (ep_thread_dtor) */
+EP_HIDDEN extern int ep_key_ok;
+EP_HIDDEN extern int ep_fd;               /* the region's memfd, kept open; -1 when there is none */
+EP_HIDDEN extern int ep_forked;           /* this image is a fork child of the process that loaded us */
+EP_HIDDEN extern char ep_out[4096];       /* EDGEPROBE_OUTPUT, %p expanded */
+EP_HIDDEN extern int ep_region_pid;
+EP_HIDDEN extern uint32_t ep_fx_mode;     /* EP_FENTRY_* for this process, set with the region */
+EP_HIDDEN extern uint32_t ep_epoch;       /* fork generation: shadow frames of another epoch are orphans */
+
+struct ep_rframe;
+struct ep_tls {
+	struct ep_thread *slot;
+	/* Stack position of the hook running on this thread (0: none;
+	 * EP_BUSY_HARD: constructor or fork handlers), and its return address,
+	 * found at busy + 8 as long as that hook runs (ep_busy_live). */
+	uint64_t busy;
+	uint64_t busy_ret;
+	uint64_t saved_busy, saved_ret; /* across fork */
+	/* fentry return-address stack (edgeprobe_fentry.c) */
+	struct ep_rframe *rs;
+	uint32_t rs_n;
+	uint32_t rs_cap;
+	uint32_t rs_state; /* EP_RS_*: 0 not set up yet, on, off */
+};
+/* Defined in edgeprobe_thread.c. */
+extern __thread struct ep_tls ep_tls __attribute__((tls_model("initial-exec"), visibility("hidden")));
+
+/* ---- functions shared between the files (definitions where named) ---- */
+
+/* edgeprobe_region.c */
+EP_SHARED uint64_t ep_env_u64(const char *name, uint64_t def, uint64_t max);
+EP_SHARED char *ep_append(char *p, char *end, const char *s);
+EP_SHARED char *ep_append_u(char *p, char *end, uint64_t v);
+EP_SHARED void ep_say(const char *msg, int err);
+EP_SHARED int ep_ensure_init(void);
+EP_SHARED_COLD void ep_count_early_drop(void);
+EP_SHARED uint32_t ep_gfind(uint64_t key, uint64_t h);
+
+/* edgeprobe_thread.c */
+EP_SHARED_COLD struct ep_thread *ep_claim(void);
+EP_SHARED_COLD int ep_busy_live(struct ep_thread *th, uint64_t here);
+EP_SHARED_COLD void ep_pop_unmatched(struct ep_thread *th, uint32_t from, uint32_t to);
+EP_SHARED_COLD uint32_t ep_heal(struct ep_thread *th, uint32_t d, uint64_t sp, uint64_t site);
+EP_SHARED_COLD void ep_exit_unframed(struct ep_thread *th, uint64_t key, int why);
+EP_SHARED_COLD void ep_exit_slow(struct ep_thread *th, uint64_t key, uint64_t sp, uint64_t now);
+EP_SHARED void ep_pop_to(struct ep_thread *th, uint32_t lo);
+EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, int deep);
+EP_SHARED void ep_thread_dtor(void *v);
+
+/* edgeprobe_rings.c */
+EP_SHARED void ep_trace(struct ep_thread *th, uint32_t kind, uint64_t key);
+EP_SHARED_COLD void ep_trace_thread(struct ep_thread *th, pid_t tid);
+
+/* edgeprobe_fentry.c */
+EP_SHARED uint32_t ep_fentry_mode(void);
+EP_SHARED void ep_rs_free(void);
+
+/* ---- clocks ---- */
+
+EP_INLINE uint64_t ep_mono_ns(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+EP_INLINE uint64_t ep_ticks(void) {
+	if (likely(ep.tsc))
+		return __rdtsc();
+	return ep_mono_ns();
+}
+
+EP_INLINE uint64_t ep_to_ns(uint64_t ticks) {
+	return (uint64_t)(((unsigned __int128)ticks * ep.tsc_mult) >> 32);
+}
+
+/* ---- slots ---- */
+
+EP_INLINE struct ep_thread *ep_slot(uint32_t i) {
+	return (struct ep_thread *)(ep.base + ep.hdr->thread_off + (uint64_t)i * ep.thread_size);
+}
+EP_INLINE struct ep_local *ep_locals(struct ep_thread *th) {
+	return (struct ep_local *)((char *)th + sizeof(struct ep_thread));
+}
+EP_INLINE struct ep_frame *ep_frames(struct ep_thread *th) {
+	return (struct ep_frame *)((char *)th + ep.stack_off);
+}
+EP_INLINE struct ep_event *ep_ring(struct ep_thread *th) {
+	return (struct ep_event *)(ep.base + ep.ring_off + (uint64_t)th->index * ep.ring_stride);
+}
+
+/* ---- function lookup ---- */
+
+/* ---- function table ---- */
+
+EP_INLINE uint64_t ep_hash(uint64_t key) { return key * 0x9E3779B97F4A7C15ull; }
+
+/* The thread's cache entry for key, inserting it when there is room near its
+ * home; NULL sends the caller to the shared counters. *gidx is set either way
+ * (EP_NONE when the function table is full). */
+EP_INLINE struct ep_local *ep_lookup(struct ep_thread *th, uint64_t key, uint32_t *gidx) {
+	uint64_t h = ep_hash(key);
+	if (likely(ep.nlocal)) {
+		struct ep_local *loc = ep_locals(th);
+		uint32_t i = (uint32_t)(h >> 40);
+		for (uint32_t p = 0; p < EP_LOCAL_PROBES; p++) {
+			struct ep_local *l = &loc[(i + p) & ep.lmask];
+			uint64_t a = l->addr;
+			if (likely(a == key)) {
+				*gidx = l->gidx;
+				return l;
+			}
+			if (a == 0) {
+				uint32_t g = ep_gfind(key, h);
+				*gidx = g;
+				if (g == EP_NONE)
+					return NULL;
+				STORE(&l->gidx, g);
+				__atomic_store_n(&l->addr, key, __ATOMIC_RELEASE);
+				return l;
+			}
+		}
+		OWN_ADD(&th->local_full, 1);
+	}
+	*gidx = ep_gfind(key, h);
+	return NULL;
+}
+
+/* ---- shadow stack: push and pop on the hook path ---- */
+
+/* ---- hook bodies ---- */
+
+EP_INLINE void ep_record_latency(struct ep_func *f, uint64_t ns) {
+	uint32_t b = 63u - (uint32_t)__builtin_clzll(ns | 1);
+	if (unlikely(b >= EP_HIST_BUCKETS))
+		b = EP_HIST_BUCKETS - 1;
+	ADD(&f->hist[b], 1);
+	uint64_t mx = LOAD(&f->max_ns);
+	while (ns > mx && !__atomic_compare_exchange_n(&f->max_ns, &mx, ns, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+	uint64_t inv = ~ns, mi = LOAD(&f->min_inv);
+	while (inv > mi && !__atomic_compare_exchange_n(&f->min_inv, &mi, inv, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+}
+
+/* Pop (unmatched) every frame that can no longer be live, seen from an
+ * enter hook at stack position sp called from site, on a thread at depth d;
+ * returns the new depth. An enter hook runs below every live frame but those
+ * of functions inlined into its caller (a callee's frame lies below its
+ * caller's stack pointer; inlined callees call their hooks at the caller's
+ * position), so a frame below its position belongs to a call that has left
+ * without its exit: longjmp, an exception, an exit probe that was off. At
+ * the same position, a frame entered from the same site is dead too (that
+ * call site cannot be live twice at one position: the calls in a loop of a
+ * function whose exit probe is off), and so is everything above it. A frame
+ * far below sp is only dead if we are not on a signal stack above it (a
+ * handler's hooks must not kill the frames it interrupted). Exits cannot
+ * use position: gcc -O2 tail-calls the exit hook after the epilogue, above
+ * the function's own enter position; they match by key (ep_exit_slow). */
+EP_INLINE int ep_frame_dead(const struct ep_frame *fr, uint64_t sp) { return fr->sp < sp; }
+
+EP_INLINE void ep_enter(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp, uint64_t site) {
+	uint32_t g;
+	struct ep_local *l = ep_lookup(th, key, &g);
+	if (unlikely(g == EP_NONE)) {
+		ADD(&ep.hdr->func_drop_enters, 1);
+		return;
+	}
+	if (likely(l != NULL))
+		OWN_ADD(&l->entries, 1);
+	else
+		ADD(&ep.funcs[g].entries, 1);
+	uint32_t d = th->depth;
+	uint32_t top = d < ep.stack_depth ? d : ep.stack_depth;
+	if (unlikely(top && ep_frames(th)[top - 1].sp <= sp))
+		d = ep_heal(th, d, sp, site);
+	if (likely(d < ep.stack_depth)) {
+		struct ep_frame *fr = ep_frames(th) + d;
+		fr->fn = key;
+		fr->sp = sp;
+		fr->site = site;
+		fr->gidx = g;
+		fr->lidx = l ? (uint32_t)(l - ep_locals(th)) + 1 : 0;
+		fr->gen = (uint32_t)LOAD(&ep.funcs[g].gen);
+		fr->ts = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
+	} else {
+		/* deeper than the shadow stack: counted, untimed; its exit is
+		 * matched by nesting (ep_exit_slow) */
+		OWN_ADD(&th->stack_overflows, 1);
+		ADD(&ep.funcs[g].deep_entries, 1);
+	}
+	SIGFENCE();
+	STORE(&th->depth, d + 1);
+	if (unlikely(ctl & EP_CTL_TRACE))
+		ep_trace(th, EP_EV_ENTER, key);
+}
+
+#define EP_UNFRAMED_ORPHAN 1 /* no frame: probes switched on mid-call, a fork child's inherited frames */
+#define EP_UNFRAMED_DEEP 2   /* the exit of a frame deeper than the shadow stack */
+
+/* The exit of the stored frame fr (already popped): count it and its latency. */
+EP_INLINE void ep_exit_frame(struct ep_thread *th, struct ep_frame *fr, uint64_t now) {
+	uint64_t ns = 0;
+	int timed = now && fr->ts;
+	if (timed)
+		ns = now > fr->ts ? ep_to_ns(now - fr->ts) : 0;
+	if (likely(fr->lidx)) {
+		struct ep_local *l = ep_locals(th) + fr->lidx - 1;
+		OWN_ADD(&l->exits, 1);
+		if (timed)
+			OWN_ADD(&l->sum_ns, ns);
+	} else {
+		ADD(&ep.funcs[fr->gidx].exits, 1);
+		if (timed)
+			ADD(&ep.funcs[fr->gidx].sum_ns, ns);
+	}
+	if (timed)
+		ep_record_latency(&ep.funcs[fr->gidx], ns);
+}
+
+EP_INLINE void ep_exit(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp) {
+	uint64_t now = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
+	uint32_t d = th->depth;
+	struct ep_frame *fr = ep_frames(th) + d - 1;
+	if (likely(d - 1 < ep.stack_depth && fr->fn == key && fr->gen == (uint32_t)LOAD(&ep.funcs[fr->gidx].gen))) {
+		STORE(&th->depth, d - 1);
+		ep_exit_frame(th, fr, now);
+	} else {
+		ep_exit_slow(th, key, sp, now);
+	}
+	if (unlikely(ctl & EP_CTL_TRACE))
+		ep_trace(th, EP_EV_EXIT, key);
+}
+
+#endif /* EDGEPROBE_INTERNAL_H */

@@ -1,0 +1,360 @@
+/* edgeprobe_region.c: the region and the function table.
+ *
+ * Owns the process-wide state (ep, the init state machine, the memfd, the
+ * EDGEPROBE_OUTPUT path), the limits read from the environment, the clock
+ * calibration, the making of the region (memfd, header, layout; D16) and the
+ * shared function table's find-or-insert (ep_gfind).
+ *
+ * Locking: none. The region is made once, by the thread that wins the CAS on
+ * ep_state (others drop their hooks until it is published: magic last, with
+ * release order). ep_gfind inserts a key with one CAS and is called from hooks:
+ * async-signal-safe, no libc. The making of the region calls libc (getenv,
+ * memfd_create, mmap) and runs only under a set busy word (constructor, slot
+ * claim), behind a full xsave on the fentry paths.
+ */
+#include "edgeprobe_internal.h"
+
+struct ep_proc ep __attribute__((aligned(64)));
+
+/* Init state machine: 0 none, 1 initialising, 2 ready, 3 failed. */
+EP_HIDDEN int ep_state;
+EP_HIDDEN uint64_t ep_early_drops; /* drops before a header exists */
+static int ep_calibrated;
+static uint64_t ep_cal_mult, ep_cal_tsc0, ep_cal_mono0, ep_cal_real0, ep_cal_ns;
+static int ep_clock_is_tsc;
+EP_HIDDEN pthread_key_t ep_key;
+EP_HIDDEN int ep_key_ok;
+/* The region's memfd, kept open: hotpatch finds the region as the
+ * process's "/memfd:edgeprobe" descriptor (/proc/PID/fd), which takes the
+ * same rights as ptrace. -1 when there is none. */
+EP_HIDDEN int ep_fd = -1;
+EP_HIDDEN int ep_forked; /* this image is a fork child of the process that loaded us */
+EP_HIDDEN char ep_out[4096];
+EP_HIDDEN int ep_region_pid;
+EP_HIDDEN uint32_t ep_fx_mode;  /* EP_FENTRY_* for this process, set with the region */
+EP_HIDDEN uint32_t ep_epoch;    /* fork generation: shadow frames of another epoch are orphans */
+
+/* ---- clocks ---- */
+
+EP_STATIC int ep_invariant_tsc(void) {
+	unsigned a, b, c, d;
+	if (!__get_cpuid(0x80000000u, &a, &b, &c, &d) || a < 0x80000007u)
+		return 0;
+	__get_cpuid(0x80000007u, &a, &b, &c, &d);
+	return (d >> 8) & 1;
+}
+
+EP_STATIC int ep_streq(const char *a, const char *b) {
+	while (*a && *a == *b)
+		a++, b++;
+	return *a == *b;
+}
+
+/* Calibrate the TSC against CLOCK_MONOTONIC over ~500us (once per process
+ * tree: a fork child keeps its parent's figures). */
+EP_STATIC void ep_calibrate(void) {
+	if (ep_calibrated)
+		return;
+	const char *c = getenv("EDGEPROBE_CLOCK");
+	int tsc = ep_invariant_tsc();
+	if (c && ep_streq(c, "mono"))
+		tsc = 0;
+	else if (c && ep_streq(c, "tsc"))
+		tsc = 1;
+	struct timespec rt;
+	if (tsc) {
+		uint64_t a = __rdtsc(), m0 = ep_mono_ns(), b = __rdtsc();
+		uint64_t t0 = a + (b - a) / 2, t1, m1;
+		do {
+			a = __rdtsc();
+			m1 = ep_mono_ns();
+			b = __rdtsc();
+			t1 = a + (b - a) / 2;
+		} while (m1 - m0 < 500000);
+		if (t1 <= t0) {
+			tsc = 0;
+		} else {
+			ep_cal_mult = (uint64_t)((((unsigned __int128)(m1 - m0)) << 32) / (t1 - t0));
+			ep_cal_tsc0 = t1;
+			ep_cal_mono0 = m1;
+			ep_cal_ns = m1 - m0;
+		}
+	}
+	if (!tsc) {
+		ep_cal_mult = 1ull << 32;
+		ep_cal_mono0 = ep_mono_ns();
+		ep_cal_tsc0 = ep_cal_mono0;
+		ep_cal_ns = 0;
+	}
+	clock_gettime(CLOCK_REALTIME, &rt);
+	ep_cal_real0 = (uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec;
+	ep_clock_is_tsc = tsc;
+	ep_calibrated = 1;
+}
+
+/* ---- small helpers (no stdio: async-signal-safe) ---- */
+
+EP_SHARED uint64_t ep_env_u64(const char *name, uint64_t def, uint64_t max) {
+	const char *s = getenv(name);
+	if (!s || !*s)
+		return def;
+	uint64_t v = 0;
+	for (; *s; s++) {
+		if (*s < '0' || *s > '9')
+			return def;
+		v = v * 10 + (uint64_t)(*s - '0');
+		if (v > max)
+			return max;
+	}
+	return v;
+}
+
+EP_STATIC uint32_t ep_pow2(uint64_t v) {
+	uint32_t p = 1;
+	while (p < v)
+		p <<= 1;
+	return p;
+}
+
+EP_SHARED char *ep_append(char *p, char *end, const char *s) {
+	while (*s && p < end)
+		*p++ = *s++;
+	return p;
+}
+
+EP_SHARED char *ep_append_u(char *p, char *end, uint64_t v) {
+	char tmp[24];
+	int n = 0;
+	do
+		tmp[n++] = (char)('0' + v % 10);
+	while ((v /= 10) && n < 24);
+	while (n && p < end)
+		*p++ = tmp[--n];
+	return p;
+}
+
+EP_SHARED void ep_say(const char *msg, int err) {
+	if (getenv("EDGEPROBE_QUIET"))
+		return;
+	char buf[512], *p = buf, *end = buf + sizeof buf - 2;
+	p = ep_append(p, end, "edgeprobe: ");
+	p = ep_append(p, end, msg);
+	if (err) {
+		p = ep_append(p, end, " (errno ");
+		p = ep_append_u(p, end, (uint64_t)err);
+		p = ep_append(p, end, ")");
+	}
+	p = ep_append(p, end, "; recording disabled\n");
+	ssize_t r = write(2, buf, (size_t)(p - buf));
+	(void)r;
+}
+
+EP_STATIC int ep_make_region(void) {
+	uint32_t nf = ep_pow2(ep_env_u64("EDGEPROBE_MAX_FUNCS", EP_DEF_FUNCS, EP_MAX_FUNCS_CAP));
+	uint32_t nt = (uint32_t)ep_env_u64("EDGEPROBE_MAX_THREADS", EP_DEF_THREADS, EP_MAX_THREADS_CAP);
+	uint64_t re = ep_env_u64("EDGEPROBE_RING_EVENTS", EP_DEF_RING, EP_MAX_RING_CAP);
+	uint32_t nr = re ? ep_pow2(re) : 0;
+	uint32_t sd = (uint32_t)ep_env_u64("EDGEPROBE_STACK_DEPTH", EP_DEF_STACK, EP_MAX_STACK_CAP);
+	uint64_t lo = ep_env_u64("EDGEPROBE_LOCAL_FUNCS", EP_DEF_LOCAL, EP_MAX_LOCAL_CAP);
+	uint32_t nl = lo ? ep_pow2(lo) : 0;
+	if (nt == 0)
+		nt = 1;
+	if (sd == 0)
+		sd = 1;
+
+	uint64_t local_bytes = (uint64_t)nl * sizeof(struct ep_local);
+	uint64_t stack_off = (sizeof(struct ep_thread) + local_bytes + 63) & ~63ull;
+	uint64_t tsize = (stack_off + (uint64_t)sd * sizeof(struct ep_frame) + 63) & ~63ull;
+	uint64_t rstride = ((uint64_t)nr * sizeof(struct ep_event) + 63) & ~63ull;
+	uint64_t func_off = EP_HEADER_SIZE;
+	uint64_t thread_off = func_off + (uint64_t)nf * sizeof(struct ep_func);
+	uint64_t ring_off = thread_off + (uint64_t)nt * tsize;
+	uint64_t size = ring_off + (uint64_t)nt * rstride;
+	size = (size + 4095) & ~4095ull;
+	if (size > EP_REGION_CAP || tsize > 0xffffffffull) {
+		ep_say("limits give a region that is too large", 0);
+		return -1;
+	}
+
+	ep_calibrate();
+
+	pid_t pid = getpid();
+	/* An anonymous memory file (D16): no name anyone else can plant, read
+	 * or truncate; the kernel frees it with the last mapping and descriptor,
+	 * however the process ends (exit, _exit, SIGKILL, exec: MFD_CLOEXEC). */
+	int fd = (int)syscall(SYS_memfd_create, "edgeprobe", 1u /* MFD_CLOEXEC */);
+	if (fd < 0) {
+		ep_say("cannot create the shared-memory file (memfd_create)", errno);
+		return -1;
+	}
+	if (ftruncate(fd, (off_t)size) != 0) {
+		ep_say("cannot size the shared-memory file", errno);
+		goto fail;
+	}
+	/* Pay for what is used: a memfd has no size limit of its own, so its
+	 * untouched pages cost nothing and a later page fault can only meet
+	 * the memory limits any allocation meets (no SIGBUS from a full
+	 * /dev/shm any more). EDGEPROBE_RESERVE=1 allocates every page now. */
+	if (ep_env_u64("EDGEPROBE_RESERVE", 0, 1)) {
+		int e = posix_fallocate(fd, 0, (off_t)size);
+		if (e != 0 && e != EOPNOTSUPP && e != ENOSYS && e != EINVAL) {
+			ep_say("cannot reserve the shared-memory file", e);
+			goto fail;
+		}
+	}
+	void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED) {
+		ep_say("cannot map the shared-memory file", errno);
+		goto fail;
+	}
+
+	struct ep_header *h = m;
+	h->version = EP_VERSION;
+	h->header_size = EP_HEADER_SIZE;
+	h->region_size = size;
+	h->pid = pid;
+	h->ppid = getppid();
+	h->hist_buckets = EP_HIST_BUCKETS;
+	h->clock_kind = ep_clock_is_tsc ? EP_CLOCK_TSC : EP_CLOCK_MONO;
+	h->tsc_mult = ep_cal_mult;
+	h->tsc0 = ep_cal_tsc0;
+	h->mono0 = ep_cal_mono0;
+	h->real0 = ep_cal_real0;
+	h->func_off = func_off;
+	h->max_funcs = nf;
+	h->func_size = sizeof(struct ep_func);
+	h->thread_off = thread_off;
+	h->max_threads = nt;
+	h->thread_size = (uint32_t)tsize;
+	h->thread_local_off = sizeof(struct ep_thread);
+	h->local_funcs = nl;
+	h->local_size = sizeof(struct ep_local);
+	h->thread_stack_off = (uint32_t)stack_off;
+	h->stack_depth = sd;
+	h->frame_size = sizeof(struct ep_frame);
+	h->ring_off = ring_off;
+	h->ring_stride = rstride;
+	h->ring_events = nr;
+	h->event_size = sizeof(struct ep_event);
+	h->max_probe = nf < EP_PROBE_LIMIT ? nf : EP_PROBE_LIMIT;
+	h->calib_ns = ep_cal_ns;
+	h->init_mono = ep_mono_ns();
+	h->state = EP_STATE_RUNNING;
+	uint32_t ctl = 0;
+	if (ep_env_u64("EDGEPROBE_TRACE", 0, 1))
+		ctl |= EP_CTL_TRACE;
+	if (!ep_env_u64("EDGEPROBE_TIMING", 1, 1))
+		ctl |= EP_CTL_NOTIME;
+	h->control = ctl;
+	h->preinit_drops = LOAD(&ep_early_drops);
+	ep_fx_mode = ep_fentry_mode();
+	h->fentry_mode = ep_fx_mode;
+
+	ep.base = m;
+	ep.hdr = h;
+	ep.funcs = (struct ep_func *)((char *)m + func_off);
+	ep.fmask = nf - 1;
+	ep.max_probe = h->max_probe;
+	ep.nlocal = nl;
+	ep.lmask = nl ? nl - 1 : 0;
+	ep.stack_depth = sd;
+	ep.stack_off = (uint32_t)stack_off;
+	ep.thread_size = (uint32_t)tsize;
+	ep.max_threads = nt;
+	ep.ring_events = nr;
+	ep.ring_mask = nr ? nr - 1 : 0;
+	ep.ring_off = ring_off;
+	ep.ring_stride = rstride;
+	ep.tsc_mult = ep_cal_mult;
+	ep.tsc = ep_clock_is_tsc;
+	ep.size = size;
+	ep_region_pid = pid;
+
+	/* Publish: magic last (a reader may find the descriptor before). */
+	__atomic_store_n(&h->magic, EP_MAGIC, __ATOMIC_RELEASE);
+	ep_fd = fd;
+
+	const char *out = getenv("EDGEPROBE_OUTPUT");
+	ep_out[0] = 0;
+	if (out && *out) {
+		char *p = ep_out, *oend = ep_out + sizeof ep_out - 24;
+		int subst = 0;
+		for (const char *s = out; *s && p < oend; s++) {
+			if (s[0] == '%' && s[1] == 'p') {
+				p = ep_append_u(p, oend, (uint64_t)pid);
+				s++;
+				subst = 1;
+			} else {
+				*p++ = *s;
+			}
+		}
+		if (ep_forked && !subst) {
+			p = ep_append(p, oend, ".");
+			p = ep_append_u(p, oend, (uint64_t)pid);
+		}
+		*p = 0;
+	}
+	if (!ep_key_ok) {
+		if (pthread_key_create(&ep_key, ep_thread_dtor) == 0)
+			ep_key_ok = 1;
+	}
+	return 0;
+fail:
+	close(fd);
+	return -1;
+}
+
+/* Returns 1 once the region is ready; 0 while another thread sets it up or
+ * when setting up failed. Safe from any hook: the busy flag of the calling
+ * thread is already set, so a signal cannot re-enter it on this thread. */
+EP_SHARED int ep_ensure_init(void) {
+	int s = __atomic_load_n(&ep_state, __ATOMIC_ACQUIRE);
+	if (likely(s == 2))
+		return 1;
+	if (s == 0) {
+		int z = 0;
+		if (__atomic_compare_exchange_n(&ep_state, &z, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+			int ok = ep_make_region() == 0;
+			__atomic_store_n(&ep_state, ok ? 2 : 3, __ATOMIC_RELEASE);
+			return ok;
+		}
+	}
+	return 0;
+}
+
+EP_SHARED_COLD void ep_count_early_drop(void) {
+	if (__atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) == 2)
+		ADD(&ep.hdr->preinit_drops, 1);
+	else
+		ADD(&ep_early_drops, 1);
+}
+
+/* ---- function table ---- */
+
+/* Find (or insert) key in the shared table; EP_NONE when it is full within
+ * max_probe slots of the key's home. Insertion is one CAS on the key. */
+EP_SHARED uint32_t ep_gfind(uint64_t key, uint64_t h) {
+	uint32_t i = (uint32_t)(h >> 32);
+	for (uint32_t p = 0; p < ep.max_probe; p++) {
+		uint32_t j = (i + p) & ep.fmask;
+		struct ep_func *f = &ep.funcs[j];
+		uint64_t a = LOAD(&f->addr);
+		if (a == key)
+			return j;
+		if (a == 0) {
+			if (__atomic_compare_exchange_n(&f->addr, &a, key, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+				ADD(&ep.hdr->funcs_used, 1);
+				return j;
+			}
+			if (a == key)
+				return j;
+		}
+	}
+	return EP_NONE;
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif

@@ -1,0 +1,310 @@
+/* edgeprobe_thread.c: per-thread state and the shadow stack's slow paths.
+ *
+ * Owns ep_tls (the thread's slot pointer, busy word, fentry return-address
+ * stack pointer), the claim of a thread slot in the region (first hook of a
+ * thread) and its release at thread exit, the busy word's staleness test
+ * (ep_busy_live: a hook a signal handler longjmp'd out of), and the shadow
+ * stack's rare paths: healing by stack position (ep_heal, ep_pop_unmatched,
+ * ep_pop_to), exits with no frame or beyond the stored frames
+ * (ep_exit_unframed, ep_exit_slow) and entries counted without a frame
+ * (ep_count_entry). The hot push and pop are in edgeprobe_internal.h (D15).
+ *
+ * Locking: none. A thread's slot and shadow stack are written by that thread
+ * only (OWN_ADD), shared counters with relaxed atomics; a slot is claimed by
+ * CAS. Everything here may run in a signal handler interrupting a hook of the
+ * same thread, and is only entered with the busy word set (or judged stale
+ * here first). No libc except on the claim (gettid, pthread_setspecific) and
+ * in ep_busy_live / ep_heal's rare checks (process_vm_readv, sigaltstack).
+ */
+#include "edgeprobe_internal.h"
+
+__thread struct ep_tls ep_tls __attribute__((tls_model("initial-exec"), visibility("hidden")));
+
+/* ---- slot claim ---- */
+
+/* Slow path of the first hook a thread runs (and of threads without a slot). */
+EP_SHARED_COLD struct ep_thread *ep_claim(void) {
+	uint64_t here = EP_HERE();
+	struct ep_thread *s = ep_tls.slot;
+	if (s == EP_TS_DEAD) {
+		if (__atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) == 2)
+			ADD(&ep.hdr->late_drops, 1);
+		return NULL;
+	}
+	if (s == EP_TS_OVERFLOW) {
+		ADD(&ep.hdr->thread_drop_hits, 1);
+		return NULL;
+	}
+	if (ep_tls.busy && ep_busy_live(NULL, here)) {
+		ep_count_early_drop();
+		return NULL;
+	}
+	ep_tls.busy_ret = (uint64_t)(uintptr_t)__builtin_return_address(0);
+	SIGFENCE();
+	ep_tls.busy = here;
+	SIGFENCE();
+	struct ep_thread *got = NULL;
+	if (!ep_ensure_init()) {
+		ep_count_early_drop();
+		goto out;
+	}
+	pid_t tid = (pid_t)syscall(SYS_gettid);
+	uint32_t n = ep.max_threads;
+	uint32_t start = (uint32_t)tid % n;
+	uint32_t idx = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		idx = (start + i) % n;
+		struct ep_thread *th = ep_slot(idx);
+		uint32_t free_ = EP_SLOT_FREE;
+		if (LOAD(&th->state) == EP_SLOT_FREE &&
+		    __atomic_compare_exchange_n(&th->state, &free_, EP_SLOT_OWNED, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+			got = th;
+			break;
+		}
+	}
+	if (!got) {
+		ep_tls.slot = EP_TS_OVERFLOW;
+		ADD(&ep.hdr->thread_overflows, 1);
+		ADD(&ep.hdr->thread_drop_hits, 1);
+		goto out;
+	}
+	STORE(&got->index, idx);
+	STORE(&got->tid, tid);
+	STORE(&got->generation, got->generation + 1);
+	STORE(&got->depth, 0);
+	STORE(&got->claimed_mono, ep_mono_ns());
+	ADD(&ep.hdr->threads_claimed, 1);
+	ADD(&ep.hdr->threads_active, 1);
+	if (ep_key_ok)
+		pthread_setspecific(ep_key, got);
+	ep_tls.slot = got;
+	if ((LOAD(&ep.hdr->control) & EP_CTL_TRACE) && ep.ring_events)
+		ep_trace_thread(got, tid);
+out:
+	SIGFENCE();
+	ep_tls.busy = 0;
+	return got;
+}
+
+/* ---- the busy word ---- */
+
+/* Read a word of our own memory that may no longer be mapped (a stack left
+ * behind); 0 when it cannot be read. A system call: rare paths only. */
+EP_STATIC uint64_t ep_peek(uint64_t a) {
+	uint64_t v = 0;
+	struct iovec l = {&v, sizeof v}, r = {(void *)(uintptr_t)a, sizeof v};
+	if (syscall(SYS_process_vm_readv, (long)getpid(), &l, 1L, &r, 1L, 0L) != (long)sizeof v)
+		return 0;
+	return v;
+}
+
+/* Whether the hook named by the busy word still runs: a signal handler
+ * interrupted it and we are a hook of that handler (drop us), rather than a
+ * handler having longjmp'd out of it (then the word is stale: clear it,
+ * count the abandoned hook, go on). A running hook's return address is at
+ * busy + 8; an abandoned one's frame has been left and, once we run at or
+ * above it or anything has been called over it, no longer holds it. */
+EP_SHARED_COLD int ep_busy_live(struct ep_thread *th, uint64_t here) {
+	uint64_t b = ep_tls.busy;
+	if (b == EP_BUSY_HARD)
+		return 1;
+	uint64_t got;
+	if (here < b && b - here < (1u << 20))
+		got = *(volatile uint64_t *)(uintptr_t)(b + 8); /* above us on this stack: mapped */
+	else
+		got = ep_peek(b + 8);
+	/* A hook that interrupts a live one on the same stack runs below it
+	 * (a signal frame is pushed under the interrupted one). At or above the
+	 * busy frame we can only be a later hook on a stack the abandoned one
+	 * left: a loop calling the same function from the same place rebuilds
+	 * that frame with the same return address, which alone would make a
+	 * stale word look live forever. A handler on an alternate signal stack
+	 * may run anywhere: there only the return address can tell. */
+	int above = here >= b;
+	if (above) {
+		stack_t ss;
+		if (sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_ONSTACK))
+			above = 0;
+	}
+	if (!above && got == ep_tls.busy_ret)
+		return 1;
+	/* A handler interrupting us here (the read above may be a system call)
+	 * can judge the same word: whoever clears it counts it, once. */
+	uint64_t expect = b;
+	if (__atomic_compare_exchange_n(&ep_tls.busy, &expect, 0, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+		if (th)
+			OWN_ADD(&th->abandoned_hooks, 1);
+		return 0;
+	}
+	return expect != 0; /* cleared by a handler: go on; set by one: not ours to judge */
+}
+
+/* ---- shadow stack: healing and slow exits ---- */
+
+/* Count the stored frames [to, from) unmatched, popping from the top. */
+EP_SHARED_COLD void ep_pop_unmatched(struct ep_thread *th, uint32_t from, uint32_t to) {
+	struct ep_frame *fr = ep_frames(th);
+	for (uint32_t j = from; j > to; j--) {
+		ADD(&ep.funcs[fr[j - 1].gidx].unmatched, 1);
+		OWN_ADD(&th->unmatched, 1);
+	}
+}
+
+/* Pop the shadow frames at depth >= lo: those stored counted unmatched, those
+ * deeper than the shadow stack counted lost (their functions are unknown). */
+EP_SHARED void ep_pop_to(struct ep_thread *th, uint32_t lo) {
+	uint32_t depth = th->depth;
+	if (depth <= lo)
+		return;
+	uint32_t stored = depth < ep.stack_depth ? depth : ep.stack_depth;
+	if (stored > lo)
+		ep_pop_unmatched(th, stored, lo);
+	uint32_t top = stored > lo ? stored : lo;
+	if (depth > top)
+		OWN_ADD(&th->deep_lost, depth - top);
+	STORE(&th->depth, lo);
+}
+
+EP_SHARED_COLD uint32_t ep_heal(struct ep_thread *th, uint32_t d, uint64_t sp, uint64_t site) {
+	struct ep_frame *fr = ep_frames(th);
+	uint32_t cap = ep.stack_depth;
+	uint32_t k = d < cap ? d : cap, j = k;
+	while (j > 0 && ep_frame_dead(&fr[j - 1], sp))
+		j--;
+	for (uint32_t i = j; i > 0 && fr[i - 1].sp == sp; i--)
+		if (fr[i - 1].site == site)
+			j = i - 1;
+	if (j == k && d <= cap)
+		return d;
+	if (j < k && sp - fr[j].sp > EP_NEAR_STACK) {
+		stack_t ss;
+		if (sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_ONSTACK)) {
+			uint64_t lo = (uint64_t)(uintptr_t)ss.ss_sp, hi = lo + ss.ss_size;
+			j = k;
+			while (j > 0 && ep_frame_dead(&fr[j - 1], sp) && fr[j - 1].sp >= lo && fr[j - 1].sp < hi)
+				j--;
+			if (j == k)
+				return d;
+		}
+	}
+	if (d > cap) {
+		/* the frames beyond the stored ones were deeper still: dead too */
+		OWN_ADD(&th->deep_lost, d - cap);
+		STORE(&th->depth, cap);
+	}
+	for (uint32_t i = k; i > j; i--) {
+		STORE(&th->depth, i - 1);
+		ADD(&ep.funcs[fr[i - 1].gidx].unmatched, 1);
+		OWN_ADD(&th->unmatched, 1);
+	}
+	return j;
+}
+
+/* An exit with no frame to match it: counted, untimed, with its reason. */
+EP_SHARED_COLD void ep_exit_unframed(struct ep_thread *th, uint64_t key, int why) {
+	uint32_t g;
+	struct ep_local *l = ep_lookup(th, key, &g);
+	if (g == EP_NONE) {
+		ADD(&ep.hdr->func_drop_exits, 1);
+		return;
+	}
+	if (l)
+		OWN_ADD(&l->exits, 1);
+	else
+		ADD(&ep.funcs[g].exits, 1);
+	if (why == EP_UNFRAMED_ORPHAN) {
+		ADD(&ep.funcs[g].orphans, 1);
+		OWN_ADD(&th->orphans, 1);
+	} else {
+		ADD(&ep.funcs[g].deep_exits, 1);
+	}
+}
+
+/* Everything but "the top frame is this call's": beyond the shadow stack,
+ * then match by key (the newest frame of the function: frames above it lost
+ * their exits), then by generation. */
+EP_SHARED_COLD void ep_exit_slow(struct ep_thread *th, uint64_t key, uint64_t sp, uint64_t now) {
+	uint32_t d = th->depth, cap = ep.stack_depth;
+	struct ep_frame *frs = ep_frames(th);
+	if (d > cap) {
+		if (frs[cap - 1].sp >= sp) {
+			/* at or below the last stored frame (whose callee's tail-called
+			 * exit hook runs at its position at most): the exit of a frame
+			 * deeper than the shadow stack; trust the nesting */
+			STORE(&th->depth, d - 1);
+			ep_exit_unframed(th, key, EP_UNFRAMED_DEEP);
+			return;
+		}
+		/* above it: the deeper frames are gone */
+		OWN_ADD(&th->deep_lost, d - cap);
+		STORE(&th->depth, cap);
+		d = cap;
+	}
+	uint32_t k = d;
+	while (k > 0 && frs[k - 1].fn != key)
+		k--;
+	if (k == 0) {
+		/* not on the stack: entered unseen */
+		ep_exit_unframed(th, key, EP_UNFRAMED_ORPHAN);
+		return;
+	}
+	if (k != d) {
+		/* frames nested in it lost their exits */
+		ep_pop_unmatched(th, d, k);
+		STORE(&th->depth, k);
+	}
+	struct ep_frame *fr = frs + k - 1;
+	STORE(&th->depth, k - 1);
+	if (unlikely(fr->gen != (uint32_t)LOAD(&ep.funcs[fr->gidx].gen))) {
+		/* pushed before the probes were last turned on: that call's exit was
+		 * missed and this exit belongs to a call entered unseen */
+		ep_pop_unmatched(th, k, k - 1);
+		ep_exit_unframed(th, key, EP_UNFRAMED_ORPHAN);
+		return;
+	}
+	ep_exit_frame(th, fr, now);
+}
+
+/* Entry without an exit probe: count (and trace) it, push nothing. deep: it
+ * would have had one, but the return-address stack is full. */
+EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, int deep) {
+	uint32_t g;
+	struct ep_local *l = ep_lookup(th, key, &g);
+	if (g == EP_NONE) {
+		ADD(&ep.hdr->func_drop_enters, 1);
+		return;
+	}
+	if (l)
+		OWN_ADD(&l->entries, 1);
+	else
+		ADD(&ep.funcs[g].entries, 1);
+	if (deep)
+		ADD(&ep.funcs[g].deep_entries, 1);
+	if (ctl & EP_CTL_TRACE)
+		ep_trace(th, EP_EV_ENTER, key);
+}
+
+/* ---- thread exit ---- */
+
+EP_SHARED void ep_thread_dtor(void *v) {
+	struct ep_thread *th = v;
+	if ((uintptr_t)th < EP_SLOT_MIN || th != ep_tls.slot)
+		return;
+	ep_tls.busy = EP_BUSY_HARD;
+	SIGFENCE();
+	ep_pop_to(th, 0);
+	ep_tls.slot = EP_TS_DEAD;
+	/* Hijacked frames cannot outlive this: the thread function has returned
+	 * or been unwound (pthread_exit, cancellation) before key destructors. */
+	ep_rs_free();
+	ADD(&ep.hdr->threads_active, (uint64_t)-1);
+	__atomic_store_n(&th->state, EP_SLOT_FREE, __ATOMIC_RELEASE);
+	SIGFENCE();
+	ep_tls.busy = 0;
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
