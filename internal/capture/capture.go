@@ -98,6 +98,10 @@ func ticker(ctx context.Context, d, period time.Duration, progress func(time.Dur
 	start := time.Now()
 	t := time.NewTicker(period)
 	defer t.Stop()
+	// The end comes when it is due, not at the next tick: a period longer
+	// than d (a profile's epoch/20 with --epoch 1h) would overrun it.
+	end := time.NewTimer(d)
+	defer end.Stop()
 	lastReport := time.Time{}
 	for {
 		elapsed := time.Since(start)
@@ -112,6 +116,7 @@ func ticker(ctx context.Context, d, period time.Duration, progress func(time.Dur
 		select {
 		case <-ctx.Done():
 		case <-t.C:
+		case <-end.C:
 		}
 	}
 }

@@ -68,10 +68,9 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 	res = &ProfileResult{}
 	start := time.Now()
 	epochStart := time.Time{}
-	poll := o.Epoch / 20
-	if poll < time.Millisecond {
-		poll = time.Millisecond
-	}
+	// Twenty looks per epoch, but at least ten a second: the quota is
+	// enforced between looks, so a long epoch must not mean a late one.
+	poll := min(max(o.Epoch/20, time.Millisecond), 100*time.Millisecond)
 	var loopErr error
 	toggle := func(q []*quota, on bool) {
 		var actions []hotpatch.Action
