@@ -33,14 +33,10 @@ func command(t *testing.T, name string, args ...string) cmdResult {
 	return testutil.Run(t, name, args...)
 }
 
-// hotpatchOK runs the command and fails the test unless it exits 0.
+// hotpatchOK runs hotpatch and fails the test unless it exits 0.
 func hotpatchOK(t *testing.T, args ...string) cmdResult {
 	t.Helper()
-	r := command(t, "hotpatch", args...)
-	if r.Code != 0 {
-		t.Fatalf("hotpatch %s: exit %d: %s", strings.Join(args, " "), r.Code, r.Stderr)
-	}
-	return r
+	return testutil.RunOK(t, "hotpatch", args...)
 }
 
 // hooksLib is hooks.c as a preloadable library: a program's own hooks.

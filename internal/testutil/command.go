@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -78,4 +79,14 @@ func Run(t testing.TB, name string, args ...string) Result {
 		t.Fatal(err)
 	}
 	return Result{code, o.String(), e.String()}
+}
+
+// RunOK is Run that fails the test unless the command exits 0.
+func RunOK(t testing.TB, name string, args ...string) Result {
+	t.Helper()
+	r := Run(t, name, args...)
+	if r.Code != 0 {
+		t.Fatalf("%s %s: exit %d: %s", name, strings.Join(args, " "), r.Code, r.Stderr)
+	}
+	return r
 }
