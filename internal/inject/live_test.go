@@ -26,15 +26,8 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
 
-type cmdResult = testutil.Result
-
-func command(t *testing.T, name string, args ...string) cmdResult {
-	t.Helper()
-	return testutil.Run(t, name, args...)
-}
-
 // hotpatchOK runs hotpatch and fails the test unless it exits 0.
-func hotpatchOK(t *testing.T, args ...string) cmdResult {
+func hotpatchOK(t *testing.T, args ...string) testutil.Result {
 	t.Helper()
 	return testutil.RunOK(t, "hotpatch", args...)
 }
@@ -277,7 +270,7 @@ func refused(t *testing.T, env []string, args []string, wants ...string) {
 		k, v, _ := strings.Cut(kv, "=")
 		t.Setenv(k, v)
 	}
-	r := command(t, "hotpatch", args...)
+	r := testutil.Run(t, "hotpatch", args...)
 	if r.Code != 1 || strings.Count(r.Stderr, "\n") != 1 || r.Stdout != "" {
 		t.Fatalf("hotpatch %s: exit %d, stdout %q, stderr %q; want exit 1 and one line", strings.Join(args, " "), r.Code, r.Stdout, r.Stderr)
 	}
