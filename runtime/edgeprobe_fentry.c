@@ -279,7 +279,7 @@ EP_STATIC void ep_exit_at(struct ep_thread *th, uint64_t key, uint32_t d, uint32
 		ep_exit_unframed(th, key, EP_UNFRAMED_ORPHAN);
 		goto trace;
 	}
-	if (unlikely(fr->gen != (uint32_t)LOAD(&ep.funcs[fr->gidx].gen))) {
+	if (unlikely(ep_frame_stale(fr))) {
 		ep_pop_unmatched(th, d + 1, d);
 		ep_exit_unframed(th, key, EP_UNFRAMED_ORPHAN);
 		goto trace;
@@ -407,9 +407,7 @@ EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow, 
 			OWN_ADD(&th->stack_overflows, 1);
 			ep_count_entry(th, key, ctl, 1);
 		} else {
-			uint32_t d = th->depth;
-			ep_enter(th, key, ctl, slot, ret);
-			if (likely(th->depth > 0)) { /* recorded: probe the exit */
+			if (likely(ep_enter(th, key, ctl, slot, ret))) { /* recorded: probe the exit */
 				struct ep_rframe *f = ep_tls.rs + n;
 				f->slot = slot;
 				f->ret = orig;
@@ -420,7 +418,6 @@ EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow, 
 				SIGFENCE();
 				*slotp = EP_TRAMP;
 			}
-			(void)d;
 		}
 	} else {
 		ep_count_entry(th, key, ctl, 0);

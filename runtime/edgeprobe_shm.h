@@ -30,10 +30,12 @@
 #include <stdint.h>
 
 #define EP_MAGIC 0x3142525045474445ull /* "EDGEPRB1" as little-endian bytes */
-#define EP_VERSION 4u /* 2: fentry_mode and the fentry_* counters (padding, zero, in version 1);
+#define EP_VERSION 5u /* 2: fentry_mode and the fentry_* counters (padding, zero, in version 1);
                         * 3: ep_func.gen in place of the 64th histogram bucket, ep_frame.gen;
                         * 4: ep_frame.sp (exits match entries by stack position), ep_func.deep_*
-                        *    in place of histogram buckets 61 and 62, ep_thread loss counters */
+                        *    in place of histogram buckets 61 and 62, ep_thread loss counters;
+                        * 5: header.gen, ep_func.gen takes its values (an exit compares the
+                        *    frame's generation with one word on the control line) */
 #define EP_HEADER_SIZE 4096u
 #define EP_HIST_BUCKETS 61u /* bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2);
                               * the last bucket also takes everything longer */
@@ -116,8 +118,10 @@ struct ep_header {
 	uint64_t exit_tsc;  /* 208: ticks at exit (check the calibration against exit_mono) */
 	uint64_t _pad2[5];  /* 216 */
 	/* control line: written by readers */
-	uint32_t control;    /* 256 */
-	uint32_t _pad3[15];  /* 260 */
+	uint32_t control;    /* 256: (the hooks read control and gen as one 8-byte word) */
+	uint32_t gen;        /* 260: process-wide generation (version 5): hotpatch adds 1 and stores
+	                      * the result in ep_func.gen of each function it is about to turn on */
+	uint32_t _pad3[14];  /* 264 */
 	/* global counters (atomic RMW; only touched off the fast path) */
 	uint64_t funcs_used;       /* 320: distinct keys in the function table */
 	uint64_t func_drop_enters; /* 328: enters dropped: no table slot within max_probe */
@@ -150,11 +154,13 @@ struct ep_func {
 	uint64_t deep_entries;
 	/* 560: exits of such frames (matched by nesting, untimed) */
 	uint64_t deep_exits;
-	/* 568: generation, bumped by a reader (hotpatch) just before it turns the
-	 * function's probes on. A frame remembers the generation it was pushed
-	 * in; an exit matches only a frame of the current one, because a frame
-	 * from before the probes were last off may be a call whose exit was never
-	 * seen, at the very stack depth of the call now exiting. */
+	/* 568: generation: a reader (hotpatch) about to turn the function's
+	 * probes on adds 1 to header.gen and stores the result here. A frame
+	 * remembers header.gen at its enter; an exit matches only a frame at
+	 * least as new as its function's generation, because a frame from before
+	 * the probes were last off may be a call whose exit was never seen, at
+	 * the very stack depth of the call now exiting. (Low 32 bits compared,
+	 * modulo 2^32.) */
 	uint64_t gen;
 };
 
@@ -207,7 +213,7 @@ struct ep_frame {
 	                * position with the same site is dead (inlined callees share positions) */
 	uint32_t gidx; /* 32 */
 	uint32_t lidx; /* 36: local index + 1, or 0 when counted in ep_func */
-	uint32_t gen;  /* 40: the function's generation at enter (low 32 bits) */
+	uint32_t gen;  /* 40: header.gen at enter */
 	uint32_t pad;  /* 44 */
 };
 

@@ -255,7 +255,7 @@ EP_SHARED_COLD void ep_exit_slow(struct ep_thread *th, uint64_t key, uint64_t sp
 	}
 	struct ep_frame *fr = frs + k - 1;
 	STORE(&th->depth, k - 1);
-	if (unlikely(fr->gen != (uint32_t)LOAD(&ep.funcs[fr->gidx].gen))) {
+	if (unlikely(ep_frame_stale(fr))) {
 		/* pushed before the probes were last turned on: that call's exit was
 		 * missed and this exit belongs to a call entered unseen */
 		ep_pop_unmatched(th, k, k - 1);
@@ -263,6 +263,46 @@ EP_SHARED_COLD void ep_exit_slow(struct ep_thread *th, uint64_t key, uint64_t sp
 		return;
 	}
 	ep_exit_frame(th, fr, now);
+}
+
+/* Every enter the inlined ep_enter does not take (edgeprobe_internal.h): the
+ * function not at its home entry of the thread's cache (first sight, a
+ * collision, no cache), frames to heal, the shadow stack full. */
+EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp, uint64_t site) {
+	uint32_t g;
+	struct ep_local *l = ep_lookup(th, key, &g);
+	if (unlikely(g == EP_NONE)) {
+		ADD(&ep.hdr->func_drop_enters, 1);
+		return 0;
+	}
+	if (likely(l != NULL))
+		OWN_ADD(&l->entries, 1);
+	else
+		ADD(&ep.funcs[g].entries, 1);
+	uint32_t d = th->depth;
+	uint32_t top = d < ep.stack_depth ? d : ep.stack_depth;
+	if (top && ep_frames(th)[top - 1].sp <= sp)
+		d = ep_heal(th, d, sp, site);
+	if (likely(d < ep.stack_depth)) {
+		struct ep_frame *fr = ep_frames(th) + d;
+		fr->fn = key;
+		fr->sp = sp;
+		fr->site = site;
+		fr->gidx = g;
+		fr->lidx = l ? (uint32_t)(l - ep_locals(th)) + 1 : 0;
+		fr->gen = ep_gen_now();
+		fr->ts = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
+	} else {
+		/* deeper than the shadow stack: counted, untimed; its exit is
+		 * matched by nesting (ep_exit_slow) */
+		OWN_ADD(&th->stack_overflows, 1);
+		ADD(&ep.funcs[g].deep_entries, 1);
+	}
+	SIGFENCE();
+	STORE(&th->depth, d + 1);
+	if (unlikely(ctl & EP_CTL_TRACE))
+		ep_trace(th, EP_EV_ENTER, key);
+	return 1;
 }
 
 /* Entry without an exit probe: count (and trace) it, push nothing. deep: it

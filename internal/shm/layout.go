@@ -7,12 +7,12 @@ package shm
 const Magic uint64 = 0x3142525045474445
 
 // Version is the layout version this package reads.
-const Version uint32 = 4
+const Version uint32 = 5
 
 // MinVersion is the oldest layout version this package still reads. Version
 // 4 moved the function entry's last histogram buckets (giving the deep-entry
 // counters their place) and grew the frame, so older regions are not read.
-const MinVersion uint32 = 4
+const MinVersion uint32 = 5
 
 const (
 	HeaderSize  = 4096 // bytes of Header
@@ -114,7 +114,8 @@ type Header struct {
 	_          [5]uint64
 
 	Control uint32
-	_       [15]uint32
+	Gen     uint32 // process-wide generation: NewGeneration adds 1 and stores it in each function's Gen
+	_       [14]uint32
 
 	FuncsUsed       uint64
 	FuncDropEnters  uint64
@@ -144,7 +145,7 @@ type funcEntry struct {
 	Hist        [HistBuckets]uint64
 	DeepEntries uint64 // entries deeper than the shadow stack (no frame, untimed)
 	DeepExits   uint64 // exits of such entries
-	Gen         uint64 // bumped before the function's probes are turned on (NewGeneration)
+	Gen         uint64 // a value of Header.Gen, stored before the function's probes are turned on (NewGeneration)
 }
 
 // threadSlot is struct ep_thread.

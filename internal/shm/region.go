@@ -179,6 +179,7 @@ func (r *Region) u32(off uint64) uint32 {
 
 var (
 	hdrControl = uint64(unsafe.Offsetof(Header{}.Control))
+	hdrGen     = uint64(unsafe.Offsetof(Header{}.Gen))
 	hdrState   = uint64(unsafe.Offsetof(Header{}.State))
 )
 
@@ -251,10 +252,20 @@ func (r *Region) NewGeneration(keys []uint64) (int, error) {
 	if !r.writable {
 		return 0, fmt.Errorf("shm: %s: %w", r.path, ErrReadOnly)
 	}
+	// One new value of the process-wide generation for all of them
+	// (D29): a frame is stale when its function's generation is newer than
+	// the one it was pushed in, and an exit whose frame was pushed in the
+	// current one needs no look at the function (the hooks' fast path).
+	// Only lookups that find the function take a value: a call that finds
+	// none leaves the fast path alone.
+	var gen uint32
 	n := 0
 	for _, key := range keys {
 		if e := r.lookup(key); e != nil {
-			atomic.AddUint64(&e.Gen, 1)
+			if n == 0 {
+				gen = atomic.AddUint32((*uint32)(unsafe.Pointer(&r.mem[hdrGen])), 1)
+			}
+			atomic.StoreUint64(&e.Gen, uint64(gen))
 			n++
 		}
 	}
