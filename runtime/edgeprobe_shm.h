@@ -196,7 +196,7 @@ struct ep_thread {
 struct ep_local {
 	uint64_t addr;    /* 0: key, 0 = empty */
 	uint32_t gidx;    /* 8: index of the function in the table */
-	uint32_t _pad0;   /* 12 */
+	uint32_t hint;    /* 12: the owner's own: histogram bucket of its last latency (a branch hint) */
 	uint64_t entries; /* 16 */
 	uint64_t exits;   /* 24 */
 	uint64_t sum_ns;  /* 32 */
