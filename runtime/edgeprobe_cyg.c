@@ -14,8 +14,9 @@
 /* What a cyg hook does once it may record. */
 enum { EP_HOOK_ENTER, EP_HOOK_EXIT, EP_HOOK_COUNT };
 
-/* Control bits that send every hook to the general path. */
-#define EP_CTL_SLOWPATH (EP_CTL_PAUSE | EP_CTL_TRACE)
+/* Control bits that send every hook to the general path (quotas: enters
+ * must take one, and the hooks are sampled for the profiler's estimate). */
+#define EP_CTL_SLOWPATH (EP_CTL_PAUSE | EP_CTL_TRACE | EP_CTL_QUOTA)
 
 /* The general body of every cyg hook: first hook of a thread, a busy word
  * set, paused, tracing, no TSC, and whatever ep_enter_fast / ep_exit_fast
@@ -38,12 +39,14 @@ __attribute__((noinline, no_instrument_function)) static void ep_cyg_slow(uint64
 	SIGFENCE();
 	ep_tls.busy = here;
 	SIGFENCE();
+	uint64_t t0 = ep_sample_start(th, ctl);
 	if (what == EP_HOOK_EXIT)
 		ep_exit(th, key, ctl, here);
 	else if (what == EP_HOOK_ENTER)
-		ep_enter(th, key, ctl, here, ret);
+		ep_enter(th, key, ctl, here, ret, 1);
 	else
 		ep_count_entry(th, key, ctl, 0);
+	ep_sample_end(th, t0);
 	SIGFENCE();
 	ep_tls.busy = 0;
 }

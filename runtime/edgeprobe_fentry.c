@@ -275,6 +275,11 @@ EP_STATIC void ep_exit_at(struct ep_thread *th, uint64_t key, uint32_t d, uint32
 		goto trace;
 	}
 	struct ep_frame *fr = ep_frames(th) + d;
+	if (unlikely(ep_frame_skip(fr))) {
+		/* a cyg call's skip frame under ours (fentry pushes none) */
+		OWN_ADD(&th->quota_skips, 1);
+		goto trace;
+	}
 	if (unlikely(fr->fn != key)) {
 		ep_exit_unframed(th, key, EP_UNFRAMED_ORPHAN);
 		goto trace;
@@ -392,6 +397,7 @@ EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow, 
 	SIGFENCE();
 	ep_tls.busy = here;
 	SIGFENCE();
+	uint64_t t0 = ep_sample_start(th, ctl);
 	uint64_t key = ep_site_key(ret);
 	if (unlikely(key & EP_SITE_R10)) {
 		key &= ~EP_SITE_R10;
@@ -407,7 +413,7 @@ EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow, 
 			OWN_ADD(&th->stack_overflows, 1);
 			ep_count_entry(th, key, ctl, 1);
 		} else {
-			if (likely(ep_enter(th, key, ctl, slot, ret))) { /* recorded: probe the exit */
+			if (likely(ep_enter(th, key, ctl, slot, ret, 0))) { /* recorded: probe the exit */
 				struct ep_rframe *f = ep_tls.rs + n;
 				f->slot = slot;
 				f->ret = orig;
@@ -422,6 +428,7 @@ EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow, 
 	} else {
 		ep_count_entry(th, key, ctl, 0);
 	}
+	ep_sample_end(th, t0);
 	SIGFENCE();
 	ep_tls.busy = 0;
 	return 0;
@@ -535,9 +542,11 @@ EP_INLINE struct ep_ret2 ep_fentry_exit_impl(uint64_t sp, int may_slow, uint64_t
 	ep_tls.busy = here;
 	SIGFENCE();
 	uint32_t ctl = LOAD(&ep.hdr->control);
+	uint64_t t0 = ep_sample_start(th, ctl);
 	ep_tls.rs_n = likely(i + 1 == n) ? i : ep_rs_unlink(th, i, n, here);
 	if (likely(!(ctl & EP_CTL_PAUSE)))
 		ep_fentry_record_exit(th, &f, ctl);
+	ep_sample_end(th, t0);
 	SIGFENCE();
 	ep_tls.busy = 0;
 	return r;

@@ -231,7 +231,8 @@ EP_SHARED_COLD uint32_t ep_heal(struct ep_thread *th, uint32_t d, uint64_t sp, u
 EP_SHARED_COLD void ep_exit_unframed(struct ep_thread *th, uint64_t key, int why);
 EP_SHARED_COLD void ep_exit_slow(struct ep_thread *th, uint64_t key, uint64_t sp, uint64_t now);
 EP_SHARED void ep_pop_to(struct ep_thread *th, uint32_t lo);
-EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp, uint64_t site);
+EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp, uint64_t site, int mark);
+EP_SHARED_COLD void ep_skip_exit(struct ep_thread *th, uint32_t k);
 EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, int deep);
 EP_SHARED void ep_thread_dtor(void *v);
 
@@ -385,6 +386,62 @@ EP_INLINE int ep_frame_stale(const struct ep_frame *fr) {
 	return (int32_t)((uint32_t)LOAD(&ep.funcs[fr->gidx].gen) - fr->gen) > 0;
 }
 
+/* ---- quotas (EP_CTL_QUOTA, D31) ---- */
+
+/* A frame pushed for a call its quota did not let record (gidx EP_NONE): its
+ * exit records nothing, and it is never counted unmatched or open. */
+EP_INLINE int ep_frame_skip(const struct ep_frame *fr) { return fr->gidx == EP_NONE; }
+
+/* Take one of the function's quota_k calls of the current quota epoch:
+ * 1 if this call may record, 0 if the quota is used up. Exact across
+ * threads (CAS on one word per function); once the quota is used up, a call
+ * costs a load and a compare. A new epoch starts at the first call that
+ * finds the function's word of an older one. */
+EP_INLINE int ep_quota_take(struct ep_func *f) {
+	uint32_t epoch = LOAD(&ep.hdr->quota_epoch), k = LOAD(&ep.hdr->quota_k);
+	uint64_t q = LOAD(&f->quota);
+	for (;;) {
+		uint64_t n;
+		if ((uint32_t)(q >> 32) != epoch)
+			n = (uint64_t)epoch << 32;
+		else
+			n = q;
+		if ((uint32_t)n >= k)
+			return 0;
+		n++;
+		if (__atomic_compare_exchange_n(&f->quota, &q, n, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+			return 1;
+	}
+}
+
+/* Sampled timing of the hooks while quotas are on (the profiler's estimate
+ * of its own cost, measured in the process): one hook in EP_HOOK_SAMPLE per
+ * thread. Returns the start tick of a sampled hook, else 0. */
+#define EP_HOOK_SAMPLE 64u
+EP_INLINE uint64_t ep_sample_start(struct ep_thread *th, uint32_t ctl) {
+	if (likely(!(ctl & EP_CTL_QUOTA)) || !ep.tsc)
+		return 0;
+	uint32_t left = th->sample_left;
+	if (left) {
+		th->sample_left = left - 1;
+		return 0;
+	}
+	th->sample_left = EP_HOOK_SAMPLE - 1;
+	return __rdtsc();
+}
+/* A sample longer than this many ticks was preempted or interrupted (no hook
+ * takes microseconds): left out rather than let it swamp the mean. */
+#define EP_SAMPLE_MAX_TICKS (1u << 16)
+EP_INLINE void ep_sample_end(struct ep_thread *th, uint64_t t0) {
+	if (unlikely(t0)) {
+		uint64_t t1 = __rdtsc();
+		if (t1 > t0 && t1 - t0 < EP_SAMPLE_MAX_TICKS) {
+			OWN_ADD(&th->hook_ticks, t1 - t0);
+			OWN_ADD(&th->hook_samples, 1);
+		}
+	}
+}
+
 /* The hot enter (D29): the function is in the thread's cache at its home
  * entry, the shadow stack has room and no frame needs healing; then push its
  * frame and return 1. Otherwise return 0 having written nothing: the caller
@@ -414,14 +471,16 @@ EP_INLINE int ep_enter_fast(struct ep_thread *th, uint64_t key, uint32_t ctl, ui
 }
 
 /* Any enter. Returns whether the thread's depth went up (a frame, stored or
- * beyond the stack, awaits its exit). */
-EP_INLINE int ep_enter(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp, uint64_t site) {
-	if (likely(ep_enter_fast(th, key, ctl, ep_gen_now(), sp, site))) {
+ * beyond the stack, awaits its exit). mark: push a skip frame for a call its
+ * quota does not let record (the exit hook will run anyway: cyg), rather
+ * than nothing (fentry: then its exit is not probed). */
+EP_INLINE int ep_enter(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp, uint64_t site, int mark) {
+	if (likely(!(ctl & EP_CTL_QUOTA) && ep_enter_fast(th, key, ctl, ep_gen_now(), sp, site))) {
 		if (unlikely(ctl & EP_CTL_TRACE))
 			ep_trace(th, EP_EV_ENTER, key);
 		return 1;
 	}
-	return ep_enter_slow(th, key, ctl, sp, site);
+	return ep_enter_slow(th, key, ctl, sp, site, mark);
 }
 
 #define EP_UNFRAMED_ORPHAN 1 /* no frame: probes switched on mid-call, a fork child's inherited frames */
@@ -477,7 +536,10 @@ EP_INLINE void ep_exit(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_
 		uint64_t now = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
 		uint32_t d = th->depth;
 		struct ep_frame *fr = ep_frames(th) + d - 1;
-		if (d - 1 < ep.stack_depth && fr->fn == key && !ep_frame_stale(fr)) {
+		if (d - 1 < ep.stack_depth && fr->fn == key && ep_frame_skip(fr)) {
+			ep_skip_exit(th, d);
+			return; /* nothing recorded, nothing traced */
+		} else if (d - 1 < ep.stack_depth && fr->fn == key && !ep_frame_stale(fr)) {
 			STORE(&th->depth, d - 1);
 			ep_exit_frame(th, fr, now);
 		} else {

@@ -35,9 +35,11 @@
                         * 4: ep_frame.sp (exits match entries by stack position), ep_func.deep_*
                         *    in place of histogram buckets 61 and 62, ep_thread loss counters;
                         * 5: header.gen, ep_func.gen takes its values (an exit compares the
-                        *    frame's generation with one word on the control line) */
+                        *    frame's generation with one word on the control line); quotas:
+                        *    header.quota_k/quota_epoch, ep_func.quota in place of histogram
+                        *    bucket 60, ep_thread.quota_skips, hook_ticks, hook_samples */
 #define EP_HEADER_SIZE 4096u
-#define EP_HIST_BUCKETS 61u /* bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2);
+#define EP_HIST_BUCKETS 60u /* bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2);
                               * the last bucket also takes everything longer */
 
 /* Key namespace: __cyg_profile_func_enter_bare (clang) passes no function
@@ -62,6 +64,7 @@
 #define EP_CTL_TRACE 1u  /* append enter/exit events to the per-thread rings */
 #define EP_CTL_NOTIME 2u /* count only: no clock reads, no latency */
 #define EP_CTL_PAUSE 4u  /* record nothing (hooks return at once) */
+#define EP_CTL_QUOTA 8u  /* per-function quotas: at most quota_k recorded calls per quota_epoch */
 
 /* ep_thread.state */
 #define EP_SLOT_FREE 0u
@@ -121,7 +124,9 @@ struct ep_header {
 	uint32_t control;    /* 256: (the hooks read control and gen as one 8-byte word) */
 	uint32_t gen;        /* 260: process-wide generation (version 5): hotpatch adds 1 and stores
 	                      * the result in ep_func.gen of each function it is about to turn on */
-	uint32_t _pad3[14];  /* 264 */
+	uint32_t quota_k;     /* 264: EP_CTL_QUOTA: calls a function may record per quota epoch */
+	uint32_t quota_epoch; /* 268: the current quota epoch (a reader adds 1 to start the next) */
+	uint32_t _pad3[12];   /* 272 */
 	/* global counters (atomic RMW; only touched off the fast path) */
 	uint64_t funcs_used;       /* 320: distinct keys in the function table */
 	uint64_t func_drop_enters; /* 328: enters dropped: no table slot within max_probe */
@@ -150,6 +155,9 @@ struct ep_func {
 	uint64_t orphans;   /* 48: exits with no matching enter on the thread's stack */
 	uint64_t unmatched; /* 56: frames found dead without their exit (longjmp, exceptions, toggles) */
 	uint64_t hist[EP_HIST_BUCKETS]; /* 64: log2 ns latency histogram (all threads) */
+	/* 544: quota state: quota_epoch << 32 | calls recorded in that epoch
+	 * (EP_CTL_QUOTA; CAS by the enter hooks of every thread) */
+	uint64_t quota;
 	/* 552: entries deeper than the shadow stack: counted, given no frame, untimed */
 	uint64_t deep_entries;
 	/* 560: exits of such frames (matched by nesting, untimed) */
@@ -181,15 +189,20 @@ struct ep_thread {
 	uint64_t ring_dropped;    /* 72: events lost because the ring was full */
 	uint64_t ring_tail_cache; /* 80: owner's private copy of ring_tail */
 	uint32_t index;           /* 88: this slot's index */
-	uint32_t _pad0;           /* 92 */
+	uint32_t sample_left;     /* 92: the owner's own: hooks until the next sampled one */
 	/* loss counters of the rare paths (owner) */
 	uint64_t deep_lost;       /* 96: frames deeper than the shadow stack found dead (functions unknown) */
 	uint64_t abandoned_hooks; /* 104: hooks that never finished (a signal handler longjmp'd out of one) */
 	uint64_t fentry_restored; /* 112: dead hijacked fentry frames whose return slot was given back */
-	uint64_t _pad1;           /* 120 */
+	uint64_t quota_skips;     /* 120: hooks that recorded nothing because their function's quota was used
+	                           * up (enters over the quota, and the exits of those calls) */
 	/* ring consumer line (readers) */
 	uint64_t ring_tail;       /* 128: events consumed; only a consuming reader writes it */
-	uint64_t _pad2[7];        /* 136 */
+	/* the owner's sampled timing of its own hooks while EP_CTL_QUOTA is on:
+	 * one hook in EP_HOOK_SAMPLE is timed from its start to its end (TSC) */
+	uint64_t hook_ticks;      /* 136: TSC ticks inside the sampled hooks */
+	uint64_t hook_samples;    /* 144: hooks sampled */
+	uint64_t _pad2[5];        /* 152 */
 };
 
 /* Per-thread counter cache entry: 48 bytes, written only by the slot owner. */

@@ -16,7 +16,7 @@ const MinVersion uint32 = 5
 
 const (
 	HeaderSize  = 4096 // bytes of Header
-	HistBuckets = 61   // bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2); the last also takes longer ones
+	HistBuckets = 60   // bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2); the last also takes longer ones
 	funcSize    = 576
 	threadSize  = 192
 	localSize   = 48
@@ -54,6 +54,7 @@ const (
 	CtlTrace  uint32 = 1 // append enter/exit events to the per-thread rings
 	CtlNoTime uint32 = 2 // count only: no clock reads, no latency
 	CtlPause  uint32 = 4 // record nothing
+	CtlQuota  uint32 = 8 // per-function quotas: at most QuotaK recorded calls per quota epoch
 )
 
 // Event kinds.
@@ -113,9 +114,11 @@ type Header struct {
 	ExitTSC    uint64
 	_          [5]uint64
 
-	Control uint32
-	Gen     uint32 // process-wide generation: NewGeneration adds 1 and stores it in each function's Gen
-	_       [14]uint32
+	Control    uint32
+	Gen        uint32 // process-wide generation: NewGeneration adds 1 and stores it in each function's Gen
+	QuotaK     uint32 // CtlQuota: calls a function may record per quota epoch
+	QuotaEpoch uint32 // the current quota epoch
+	_          [12]uint32
 
 	FuncsUsed       uint64
 	FuncDropEnters  uint64
@@ -143,6 +146,7 @@ type funcEntry struct {
 	Orphans     uint64
 	Unmatched   uint64
 	Hist        [HistBuckets]uint64
+	Quota       uint64 // quota epoch << 32 | calls recorded in it (CtlQuota)
 	DeepEntries uint64 // entries deeper than the shadow stack (no frame, untimed)
 	DeepExits   uint64 // exits of such entries
 	Gen         uint64 // a value of Header.Gen, stored before the function's probes are turned on (NewGeneration)
@@ -164,20 +168,22 @@ type threadSlot struct {
 	RingDropped    uint64
 	RingTailCache  uint64
 	Index          uint32
-	_              uint32
+	SampleLeft     uint32
 	DeepLost       uint64
 	AbandonedHooks uint64
 	FentryRestored uint64
-	_              uint64
+	QuotaSkips     uint64
 	RingTail       uint64
-	_              [7]uint64
+	HookTicks      uint64
+	HookSamples    uint64
+	_              [5]uint64
 }
 
 // localEntry is struct ep_local.
 type localEntry struct {
 	Addr    uint64
 	Gidx    uint32
-	_       uint32
+	Hint    uint32 // the owner's own (histogram bucket of its last latency)
 	Entries uint64
 	Exits   uint64
 	SumNs   uint64
