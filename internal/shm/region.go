@@ -309,6 +309,12 @@ func (r *Region) QuotaUsed(key uint64) (epoch, used uint32, ok bool) {
 	return uint32(q >> 32), uint32(q), true
 }
 
+// TicksToNs converts clock ticks of the runtime (TSC ticks, or ns under
+// the monotonic clock) to ns.
+func (r *Region) TicksToNs(ticks uint64) float64 {
+	return float64(ticks) * float64(r.hdr.TSCMult) / (1 << 32)
+}
+
 // HookCost is the mean time inside the runtime's hooks sampled while quotas
 // were on (one hook in 64 per thread, TSC), over every thread slot, and how
 // many hooks were sampled; 0 samples when none was (no quotas yet, or no TSC).
@@ -321,7 +327,7 @@ func (r *Region) HookCost() (ns float64, samples uint64) {
 	if samples == 0 {
 		return 0, 0
 	}
-	return float64(ticks) * float64(r.hdr.TSCMult) / (1 << 32) / float64(samples), samples
+	return r.TicksToNs(ticks) / float64(samples), samples
 }
 
 // lookup finds key's function entry the way the runtime's ep_gfind probes
