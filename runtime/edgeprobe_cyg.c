@@ -59,8 +59,7 @@ __attribute__((noinline, no_instrument_function)) static void ep_cyg_slow(uint64
 EP_INLINE void ep_cyg_hook(uint64_t key, int what, uint64_t here) {
 	struct ep_thread *th = ep_tls.slot;
 	if (likely((uintptr_t)th >= EP_SLOT_MIN && !ep_tls.busy)) {
-		uint64_t cg = ep_ctl_gen();
-		uint32_t ctl = (uint32_t)cg, gen = (uint32_t)(cg >> 32);
+		uint32_t ctl = LOAD(&ep.hdr->control), gen = ep_gen_now(); /* one cache line */
 		if (likely(!(ctl & EP_CTL_SLOWPATH))) {
 			uint64_t ret = *(volatile uint64_t *)(uintptr_t)(here + 8);
 			ep_tls.busy_ret = ret;

@@ -379,9 +379,7 @@ EP_INLINE int ep_frame_dead(const struct ep_frame *fr, uint64_t sp) { return fr-
  * turning the function's probes on (D12, D29), so a frame is stale when its
  * function's generation is newer than its own. */
 EP_INLINE uint32_t ep_gen_now(void) { return LOAD(&ep.hdr->gen); }
-/* header.control (low half) and header.gen (high half) in one load: they
- * share an aligned 8-byte word. */
-EP_INLINE uint64_t ep_ctl_gen(void) { return LOAD((const uint64_t *)(const void *)&ep.hdr->control); }
+
 EP_INLINE int ep_frame_stale(const struct ep_frame *fr) {
 	return (int32_t)((uint32_t)LOAD(&ep.funcs[fr->gidx].gen) - fr->gen) > 0;
 }
@@ -401,11 +399,11 @@ EP_INLINE int ep_quota_take(struct ep_func *f) {
 	uint32_t epoch = LOAD(&ep.hdr->quota_epoch), k = LOAD(&ep.hdr->quota_k);
 	uint64_t q = LOAD(&f->quota);
 	for (;;) {
-		uint64_t n;
-		if ((uint32_t)(q >> 32) != epoch)
-			n = (uint64_t)epoch << 32;
-		else
-			n = q;
+		/* A newer epoch in the word than the one we read means our read is
+		 * stale (the reader moved on meanwhile): count in the word's. Only
+		 * an older word starts over, so a late thread never resets a
+		 * newer epoch's count. */
+		uint64_t n = (int32_t)((uint32_t)(q >> 32) - epoch) >= 0 ? q : (uint64_t)epoch << 32;
 		if ((uint32_t)n >= k)
 			return 0;
 		n++;

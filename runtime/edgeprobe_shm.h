@@ -121,12 +121,13 @@ struct ep_header {
 	uint64_t exit_tsc;  /* 208: ticks at exit (check the calibration against exit_mono) */
 	uint64_t _pad2[5];  /* 216 */
 	/* control line: written by readers */
-	uint32_t control;    /* 256: (the hooks read control and gen as one 8-byte word) */
-	uint32_t gen;        /* 260: process-wide generation (version 5): hotpatch adds 1 and stores
+	uint32_t control;    /* 256 */
+	uint32_t _pad3a[2];  /* 260: (reserved: the ring size a capture asks for, branch "args") */
+	uint32_t gen;        /* 268: process-wide generation (version 5): hotpatch adds 1 and stores
 	                      * the result in ep_func.gen of each function it is about to turn on */
-	uint32_t quota_k;     /* 264: EP_CTL_QUOTA: calls a function may record per quota epoch */
-	uint32_t quota_epoch; /* 268: the current quota epoch (a reader adds 1 to start the next) */
-	uint32_t _pad3[12];   /* 272 */
+	uint32_t quota_k;     /* 272: EP_CTL_QUOTA: calls a function may record per quota epoch */
+	uint32_t quota_epoch; /* 276: the current quota epoch (a reader adds 1 to start the next) */
+	uint32_t _pad3[10];   /* 280 */
 	/* global counters (atomic RMW; only touched off the fast path) */
 	uint64_t funcs_used;       /* 320: distinct keys in the function table */
 	uint64_t func_drop_enters; /* 328: enters dropped: no table slot within max_probe */
@@ -189,7 +190,7 @@ struct ep_thread {
 	uint64_t ring_dropped;    /* 72: events lost because the ring was full */
 	uint64_t ring_tail_cache; /* 80: owner's private copy of ring_tail */
 	uint32_t index;           /* 88: this slot's index */
-	uint32_t sample_left;     /* 92: the owner's own: hooks until the next sampled one */
+	uint32_t _pad0;           /* 92 */
 	/* loss counters of the rare paths (owner) */
 	uint64_t deep_lost;       /* 96: frames deeper than the shadow stack found dead (functions unknown) */
 	uint64_t abandoned_hooks; /* 104: hooks that never finished (a signal handler longjmp'd out of one) */
@@ -202,7 +203,9 @@ struct ep_thread {
 	 * one hook in EP_HOOK_SAMPLE is timed from its start to its end (TSC) */
 	uint64_t hook_ticks;      /* 136: TSC ticks inside the sampled hooks */
 	uint64_t hook_samples;    /* 144: hooks sampled */
-	uint64_t _pad2[5];        /* 152 */
+	uint32_t sample_left;     /* 152: the owner's own: hooks until the next sampled one */
+	uint32_t _pad3;           /* 156 */
+	uint64_t _pad2[4];        /* 160 */
 };
 
 /* Per-thread counter cache entry: 48 bytes, written only by the slot owner. */

@@ -115,10 +115,11 @@ type Header struct {
 	_          [5]uint64
 
 	Control    uint32
-	Gen        uint32 // process-wide generation: NewGeneration adds 1 and stores it in each function's Gen
-	QuotaK     uint32 // CtlQuota: calls a function may record per quota epoch
-	QuotaEpoch uint32 // the current quota epoch
-	_          [12]uint32
+	_          [2]uint32 // reserved (the ring size a capture asks for, branch "args")
+	Gen        uint32    // process-wide generation: NewGeneration adds 1 and stores it in each function's Gen
+	QuotaK     uint32    // CtlQuota: calls a function may record per quota epoch
+	QuotaEpoch uint32    // the current quota epoch
+	_          [10]uint32
 
 	FuncsUsed       uint64
 	FuncDropEnters  uint64
@@ -168,7 +169,7 @@ type threadSlot struct {
 	RingDropped    uint64
 	RingTailCache  uint64
 	Index          uint32
-	SampleLeft     uint32
+	_              uint32
 	DeepLost       uint64
 	AbandonedHooks uint64
 	FentryRestored uint64
@@ -176,7 +177,9 @@ type threadSlot struct {
 	RingTail       uint64
 	HookTicks      uint64
 	HookSamples    uint64
-	_              [5]uint64
+	SampleLeft     uint32
+	_              uint32
+	_              [4]uint64
 }
 
 // localEntry is struct ep_local.
