@@ -37,7 +37,8 @@
                         * 5: header.gen, ep_func.gen takes its values (an exit compares the
                         *    frame's generation with one word on the control line); quotas:
                         *    header.quota_k/quota_epoch, ep_func.quota in place of histogram
-                        *    bucket 60, ep_thread.quota_skips, hook_ticks, hook_samples */
+                        *    bucket 60, ep_thread.quota_skips, hook_ticks, hook_samples;
+                        *    trace filters: header.filter_depth, filter_tid */
 #define EP_HEADER_SIZE 4096u
 #define EP_HIST_BUCKETS 60u /* bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2);
                               * the last bucket also takes everything longer */
@@ -65,6 +66,8 @@
 #define EP_CTL_NOTIME 2u /* count only: no clock reads, no latency */
 #define EP_CTL_PAUSE 4u  /* record nothing (hooks return at once) */
 #define EP_CTL_QUOTA 8u  /* per-function quotas: at most quota_k recorded calls per quota_epoch */
+#define EP_CTL_FILTER 16u /* trace events only for calls within filter_depth and filter_tid */
+#define EP_FILTER_TIDS 8u
 
 /* ep_thread.state */
 #define EP_SLOT_FREE 0u
@@ -127,7 +130,10 @@ struct ep_header {
 	                      * the result in ep_func.gen of each function it is about to turn on */
 	uint32_t quota_k;     /* 272: EP_CTL_QUOTA: calls a function may record per quota epoch */
 	uint32_t quota_epoch; /* 276: the current quota epoch (a reader adds 1 to start the next) */
-	uint32_t _pad3[10];   /* 280 */
+	/* EP_CTL_FILTER (set by a capture before it turns tracing on) */
+	uint32_t filter_depth;                /* 280: trace calls at shadow-stack depth < this (0: any) */
+	int32_t filter_tid[EP_FILTER_TIDS];   /* 284: trace only these threads (first 0: every thread) */
+	uint32_t _pad3[1];                    /* 316 */
 	/* global counters (atomic RMW; only touched off the fast path) */
 	uint64_t funcs_used;       /* 320: distinct keys in the function table */
 	uint64_t func_drop_enters; /* 328: enters dropped: no table slot within max_probe */

@@ -166,6 +166,9 @@ func newTraceCmd(stdout, stderr io.Writer, inj *injectFlags) *cobra.Command {
 		output   string
 		format   string
 		maxCalls int
+		maxDepth int
+		tids     []int
+		rate     uint64
 	)
 	cmd := &cobra.Command{
 		Use:   "trace --pid N --enable SEL --duration D -o FILE [--format perfetto|chrome-json|text]",
@@ -181,7 +184,12 @@ Formats (--format; by default chosen from the output's extension: .json is chrom
                per call, nested as the calls were; interned names.
   chrome-json  Chrome trace-event JSON (legacy; held in memory until the end).
   text         the per-thread call graph with durations, like uftrace replay; to stdout
-               without -o. 'hotpatch replay FILE' prints a saved Perfetto trace this way.`,
+               without -o. 'hotpatch replay FILE' prints a saved Perfetto trace this way.
+
+Filters, enforced inside the target's runtime while the trace runs and removed after it:
+--max-depth N records only calls fewer than N probed calls deep on their thread,
+--tid T (repeatable, up to 8) only the threads named, --rate N at most N calls per function
+per second (the calls over it are neither traced nor counted while the trace runs).`,
 		Example: `  hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.pftrace
   hotpatch trace --pid 4242 --enable parse --duration 200ms --format text | less
   hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.json   # chrome-json`,
@@ -246,7 +254,19 @@ Formats (--format; by default chosen from the output's extension: .json is chrom
 			if format == formatText && file == nil {
 				progress = nil // the call graph itself goes to the terminal
 			}
-			res, err := capture.Trace(ctx, capture.Options{PID: tf.pid, ProbeFiles: tf.probes, Selectors: sels, Duration: duration, MaxCalls: maxCalls, Progress: progress}, sink)
+			if maxDepth < 0 {
+				return usagef("--max-depth must be 0 (any) or more")
+			}
+			if len(tids) > shm.FilterTids {
+				return usagef("--tid names %d threads; the runtime filters on at most %d", len(tids), shm.FilterTids)
+			}
+			for _, t := range tids {
+				if t <= 0 {
+					return usagef("--tid %d is not a thread id", t)
+				}
+			}
+			res, err := capture.Trace(ctx, capture.Options{PID: tf.pid, ProbeFiles: tf.probes, Selectors: sels, Duration: duration, MaxCalls: maxCalls,
+				MaxDepth: maxDepth, Tids: tids, Rate: rate, Progress: progress}, sink)
 			endProgress(stderr, progress)
 			if err != nil {
 				return classify(err)
@@ -265,7 +285,7 @@ Formats (--format; by default chosen from the output's extension: .json is chrom
 			}
 			summary := map[string]any{"output": name, "format": format, "calls": res.Calls, "events": res.Events,
 				"dropped_events": res.Dropped, "unpaired_exits": res.Unpaired, "unwound_calls": res.Unwound, "open_calls": res.Open,
-				"duration_ns": res.Duration.Nanoseconds(), "stopped_at_max_calls": res.Limited}
+				"duration_ns": res.Duration.Nanoseconds(), "stopped_at_max_calls": res.Limited, "rate_epochs": res.RateEpochs}
 			summaryOut := stdout
 			if file == nil {
 				summaryOut = stderr // stdout holds the call graph
@@ -287,6 +307,9 @@ Formats (--format; by default chosen from the output's extension: .json is chrom
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write the trace to `FILE` (text: stdout without it)")
 	cmd.Flags().StringVar(&format, "format", "", "perfetto, chrome-json or text (default: from the output's extension)")
 	cmd.Flags().IntVar(&maxCalls, "max-calls", 1000000, "stop early once this many calls are captured (0: no limit; default no limit but for chrome-json, which is held in memory)")
+	cmd.Flags().IntVar(&maxDepth, "max-depth", 0, "record only calls fewer than `N` probed calls deep on their thread (0: any)")
+	cmd.Flags().IntSliceVar(&tids, "tid", nil, "record only thread `T` (repeatable, up to 8)")
+	cmd.Flags().Uint64Var(&rate, "rate", 0, "record at most `N` calls per function per second (0: no limit)")
 	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{formatPerfetto, formatChrome, formatText}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }

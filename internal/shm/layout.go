@@ -51,10 +51,14 @@ const (
 
 // Control bits (Header.Control), written by readers and read by every hook.
 const (
-	CtlTrace  uint32 = 1 // append enter/exit events to the per-thread rings
-	CtlNoTime uint32 = 2 // count only: no clock reads, no latency
-	CtlPause  uint32 = 4 // record nothing
-	CtlQuota  uint32 = 8 // per-function quotas: at most QuotaK recorded calls per quota epoch
+	CtlTrace  uint32 = 1  // append enter/exit events to the per-thread rings
+	CtlNoTime uint32 = 2  // count only: no clock reads, no latency
+	CtlPause  uint32 = 4  // record nothing
+	CtlQuota  uint32 = 8  // per-function quotas: at most QuotaK recorded calls per quota epoch
+	CtlFilter uint32 = 16 // trace events only within Header.FilterDepth and FilterTid
+
+	// FilterTids is how many threads a trace filter can name.
+	FilterTids = 8
 )
 
 // Event kinds.
@@ -119,7 +123,11 @@ type Header struct {
 	Gen        uint32    // process-wide generation: NewGeneration adds 1 and stores it in each function's Gen
 	QuotaK     uint32    // CtlQuota: calls a function may record per quota epoch
 	QuotaEpoch uint32    // the current quota epoch
-	_          [10]uint32
+	// CtlFilter: trace events only below FilterDepth (0: any depth) and of
+	// the threads in FilterTid (first 0: every thread)
+	FilterDepth uint32
+	FilterTid   [FilterTids]int32
+	_           [1]uint32
 
 	FuncsUsed       uint64
 	FuncDropEnters  uint64
