@@ -100,6 +100,7 @@ func runSession(tf targetFlags, protocol string, waitLock bool, inj *injectFlags
 	if err != nil {
 		return classify(err)
 	}
+	s.SetBrief(true) // results carry counts, not sites
 	sess := &scriptSession{s: s, protocol: protocol, wait: wait, start: time.Now()}
 	err = sess.serve(ctx, in, stdout)
 	if cerr := s.Close(); cerr != nil && err == nil && sess.gone == nil {

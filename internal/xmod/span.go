@@ -147,15 +147,11 @@ func ClassifyRuns(m Mem, sites []Site, maxSpan uint64) ([]State, error) {
 // of the batch.
 func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptions) (Result, error) {
 	var res Result
-	w := &spanWriter{m: m, pr: opts.Pristine, st: opts.Stats, cs: cs, at: at}
-	if w.st == nil {
-		w.st = &SpanStats{}
-	}
 	maxSpan := opts.MaxSpan
 	if maxSpan == 0 {
 		maxSpan = DefaultMaxSpan
 	}
-	cur, err := readRunsOf(m, len(cs), func(i int) *Site { return &cs[i].Site }, maxSpan, w.pr.Extent)
+	cur, err := readRunsOf(m, len(cs), func(i int) *Site { return &cs[i].Site }, maxSpan, opts.Pristine.Extent)
 	if err != nil {
 		return res, err
 	}
@@ -182,6 +178,20 @@ func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptio
 	if len(bad) > 0 {
 		return res, errors.Join(bad...)
 	}
+	return writeSpans(ctx, m, cs, at, todo, opts, res)
+}
+
+// writeSpans writes the sites todo (indices into cs, sorted; each known to
+// hold the form it is leaving) as flipSpans does, adding to res.
+func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, todo []int, opts FlipOptions, res Result) (Result, error) {
+	w := &spanWriter{m: m, pr: opts.Pristine, st: opts.Stats, cs: cs, at: at}
+	if w.st == nil {
+		w.st = &SpanStats{}
+	}
+	maxSpan := opts.MaxSpan
+	if maxSpan == 0 {
+		maxSpan = DefaultMaxSpan
+	}
 	w.buf = make([]byte, 3*(maxSpan+16))
 	raced := false
 	for i := 0; i < len(todo); {
@@ -194,7 +204,7 @@ func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptio
 		j := i + 1
 		if ok && !raced {
 			for j < len(todo) {
-				s := cs[todo[j]].Site
+				s := &cs[todo[j]].Site
 				e := s.Addr + uint64(s.Len())
 				if e > end || e-start > maxSpan {
 					break
