@@ -11,8 +11,8 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
-	"github.com/edgeprobe/edgeprobe/internal/xmod"
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
+	"github.com/edgeprobe/edgeprobe/internal/xmod"
 )
 
 // BenchmarkSessionApply is row 2b's session path on the batch program
