@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -106,6 +105,18 @@ func (r *throughputRun) window(ctx context.Context) (win, error) {
 	if err != nil {
 		return win{}, err
 	}
+	// Executors that got no CPU at all in the window (other load on their
+	// core) measured nothing: the window goes on, a Window at a time, until
+	// they have run (stallLimit at most). The rates below are per executor
+	// CPU-second and per wall second of the whole window, and a toggled
+	// window in which they ran less than half the time is still set aside
+	// as starved (measure).
+	for deadline := t0.Add(stallLimit); (b.CPUNs <= a.CPUNs || b.Calls == a.Calls) && time.Now().Before(deadline); {
+		time.Sleep(r.h.Cfg.Window)
+		if b, err = r.t.Counts(ctx); err != nil {
+			return win{}, err
+		}
+	}
 	v1, i1 := ctxSwitches(r.t.Pid)
 	w := win{calls: float64(b.Calls - a.Calls), enters: float64(b.Enters - a.Enters),
 		cpu: float64(b.CPUNs-a.CPUNs) / 1e9, wall: time.Since(t0).Seconds(), vol: float64(v1 - v0), invol: float64(i1 - i0)}
@@ -196,17 +207,9 @@ func (m *throughputSamples) cell(rate int) *rateCell {
 func (r *throughputRun) measure(ctx context.Context) (*throughputSamples, error) {
 	cfg := r.h.Cfg
 	m := &throughputSamples{cells: map[int]*rateCell{}}
-	// A steady window in which the executors got no CPU at all (other load
-	// on the machine; they are pinned to one core) is taken again, twice at
-	// most: it measures nothing, and the round needs its baseline.
-	steady := func() (win, error) {
-		for attempt := 0; ; attempt++ {
-			w, err := r.window(ctx)
-			if err != errNoProgress || attempt == 2 {
-				return w, err
-			}
-		}
-	}
+	// A steady window waits for the executors to run (window); one in
+	// which they never did fails the row: the round needs its baseline.
+	steady := func() (win, error) { return r.window(ctx) }
 	for rep := 0; rep < cfg.Reps; rep++ {
 		if err := r.set(true); err != nil {
 			return nil, err
@@ -331,6 +334,3 @@ func ctxSwitches(pid int) (vol, invol uint64) {
 	}
 	return
 }
-
-// errNoProgress: the executors did not run at all during a window.
-var errNoProgress = errors.New("the executors made no progress over the window (no CPU time, no calls)")
