@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"reflect"
 	"strings"
 	"testing"
@@ -72,4 +73,30 @@ func FuzzSessionLine(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestSessionResultJSON: the hand-written encoding of a plain result is
+// byte for byte what json.Marshal writes, and every other result goes
+// through json.Marshal.
+func TestSessionResultJSON(t *testing.T) {
+	n, ns := 3, int64(99)
+	for _, r := range []sessionResult{
+		{Line: 1, OK: true, Command: "enable", Changed: 2, ElapsedNS: 1234},
+		{Line: 1 << 40, OK: true, Command: "disable", Unchanged: 7, ElapsedNS: -1},
+		{Line: 0, OK: true, Command: "enable"},
+		{Line: 5, OK: false, Command: "enable", Error: "no \"probe\" <matches>\n", Exit: 3},
+		{Line: 6, OK: true, Command: "stats", Commands: &n, Toggles: &n, Errors: &n, SessionNS: &ns},
+		{Line: 7, OK: true, Command: "enable", Changed: 1, Warnings: []string{"a writer"}},
+		{Line: 8, OK: true, Command: "enab\u2028le"},
+		{Line: 9, OK: true, Command: "quit"},
+	} {
+		want, err := json.Marshal(&r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := r.appendJSON([]byte("prefix"))
+		if err != nil || string(got) != "prefix"+string(want) {
+			t.Errorf("%+v:\n got %s (%v)\nwant prefix%s", r, got, err, want)
+		}
+	}
 }
