@@ -39,12 +39,17 @@ func (h *Harness) RunSession(ctx context.Context) error {
 		return err
 	}
 	defer t.Kill()
+	// The session starts on the harness's CPU (it inherits the pinned
+	// thread's affinity), as the harness's own toggler runs in row 3: the
+	// executors keep their core.
+	unpin := h.pinHarness()
 	s, err := startScript(ctx, hp, h.B.Dir, "--pid", strconv.Itoa(t.Pid), "--probes", list)
+	unpin()
 	if err != nil {
 		return err
 	}
 	defer s.close()
-	r := &throughputRun{h: h, t: t, set: s.set, async: s.send}
+	r := &throughputRun{h: h, t: t, set: s.set, async: s.sendN}
 	if err := checkLive(ctx, t, r.set); err != nil {
 		return err
 	}
@@ -160,14 +165,20 @@ func line(on bool) string {
 	return "disable probed\n"
 }
 
-// send writes one toggle command and flushes it (row 3's pacing applies to
-// each): the async toggler.
-func (s *script) send(on bool) error {
+// send writes one toggle command and flushes it.
+func (s *script) send(on bool) error { return s.sendN(on, 1) }
+
+// sendN writes n alternating toggle commands, the first turning the probe
+// on if on, and flushes them together: the async (burst) toggler.
+func (s *script) sendN(on bool, n int) error {
 	s.mu.Lock()
-	s.sent++
+	s.sent += n
 	s.mu.Unlock()
-	if _, err := s.w.WriteString(line(on)); err != nil {
-		return err
+	for i := 0; i < n; i++ {
+		if _, err := s.w.WriteString(line(on)); err != nil {
+			return err
+		}
+		on = !on
 	}
 	return s.w.Flush()
 }
@@ -236,8 +247,8 @@ func (h *Harness) reportSession(rates []float64, m *throughputSamples) {
 	sec := Section{Title: "7. Session mode: toggles from a script over one attach",
 		Text: fmt.Sprintf("`hotpatch session --pid N --probes LIST` on bench/toggle.c (row 3's target, %d executor thread(s)). "+
 			"Streamed: the harness writes %d commands (`enable probed` / `disable probed`, 2 probes each) to the session's stdin as fast as the pipe takes them and reads every JSON result; toggles/s = commands / (first write to last result), %d runs. "+
-			"Under toggling: row 3's method, with each toggle one command line written (and flushed) to the session at the rate; %d rounds of %v windows.",
-			h.Cfg.Executors, h.Cfg.SessionToggles, len(rates), h.Cfg.Reps, h.Cfg.Window),
+			"Under toggling: row 3's method, with the command lines the rate asks for written (and flushed) to the session each %v in one write, the harness sleeping in between, and the session started on the harness's CPU (the executors keep theirs); %d rounds of %v windows.",
+			h.Cfg.Executors, h.Cfg.SessionToggles, len(rates), burstTick, h.Cfg.Reps, h.Cfg.Window),
 		Head: []string{"measure", "value"}}
 	rs := Summarize(rates, h.TSC)
 	h.Rep.Set("session.toggles_per_s", rs.MedianNs)
