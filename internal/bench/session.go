@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -49,6 +50,7 @@ func (h *Harness) RunSession(ctx context.Context) error {
 		return err
 	}
 	defer s.close()
+	h.logf("session pid %d, CPUs %s", s.cmd.Process.Pid, cpusAllowed(s.cmd.Process.Pid))
 	r := &throughputRun{h: h, t: t, set: s.set, async: s.sendN}
 	if err := checkLive(ctx, t, r.set); err != nil {
 		return err
@@ -269,4 +271,15 @@ func (h *Harness) reportSession(rates []float64, m *throughputSamples) {
 	}
 	sec.Foot = "Targets (issue 13): >= 100,000 toggles/s from a script; target throughput at 100,000 toggles/s >= 0.95 of untoggled."
 	h.Rep.Add(sec)
+}
+
+// cpusAllowed is pid's Cpus_allowed_list, for the log.
+func cpusAllowed(pid int) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Cpus_allowed_list:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "?"
 }
