@@ -18,14 +18,23 @@ type Prepared struct {
 	cs  []Change // sorted by address
 	pos []int    // pos[k]: the caller's index of cs[k]
 	at  []int    // cs[k]'s differing byte; -1 when its forms differ in more than one
-	// word[k]: cs[k]'s forms as little-endian words under a mask of its
-	// length, for sites of at most 8 bytes (mask 0 otherwise): Classify
-	// compares one load with two words instead of calling bytes.Equal.
+	// word[k]: cs[k]'s address, length, caller's index and forms as
+	// little-endian words under a mask of its length (mask 0 for sites
+	// longer than 8 bytes): Classify walks this compact array and compares
+	// one load with two words instead of calling bytes.Equal.
 	word []siteWord
 	buf  []byte // one run's read
+	// Scratch of Flip: the sites to write, and a span's three copies.
+	todo    []int
+	spanBuf []byte
 }
 
-type siteWord struct{ active, inert, mask uint64 }
+type siteWord struct {
+	addr                uint64
+	active, inert, mask uint64
+	pos                 int32
+	len                 int32
+}
 
 func wordOf(b []byte) uint64 {
 	var v uint64
@@ -67,8 +76,10 @@ func Prepare(changes []Change) (*Prepared, error) {
 		if n != 1 {
 			p.at[k] = -1
 		}
+		p.word[k] = siteWord{addr: s.Addr, pos: int32(p.pos[k]), len: int32(s.Len())}
 		if l := s.Len(); l <= 8 {
-			p.word[k] = siteWord{active: wordOf(s.Active), inert: wordOf(s.Inert), mask: ^uint64(0) >> (64 - 8*uint(l))}
+			w := &p.word[k]
+			w.active, w.inert, w.mask = wordOf(s.Active), wordOf(s.Inert), ^uint64(0)>>(64-8*uint(l))
 		}
 	}
 	return p, nil
@@ -101,12 +112,13 @@ func (p *Prepared) Classify(m Mem, out []State) ([]State, error) {
 		p.buf = make([]byte, DefaultMaxSpan+16)
 	}
 	var one [16]byte
-	for i := 0; i < len(p.cs); {
-		start := p.cs[i].Site.Addr
+	ws := p.word
+	for i := 0; i < len(ws); {
+		start := ws[i].addr
 		limit := start + DefaultMaxSpan
-		j, end := i+1, start+uint64(p.cs[i].Site.Len())
-		for j < len(p.cs) {
-			e := p.cs[j].Site.Addr + uint64(p.cs[j].Site.Len())
+		j, end := i+1, start+uint64(ws[i].len)
+		for j < len(ws) {
+			e := ws[j].addr + uint64(ws[j].len)
 			if e > limit {
 				break
 			}
@@ -131,19 +143,19 @@ func (p *Prepared) Classify(m Mem, out []State) ([]State, error) {
 			continue
 		}
 		for k := i; k < j; k++ {
-			s := &p.cs[k].Site
-			off := s.Addr - start
-			if w := &p.word[k]; w.mask != 0 && off+8 <= uint64(len(buf)) {
+			w := &ws[k]
+			off := w.addr - start
+			if w.mask != 0 && off+8 <= uint64(len(buf)) {
 				switch v := binary.LittleEndian.Uint64(buf[off:]) & w.mask; v {
 				case w.active:
-					out[p.pos[k]] = StateActive
+					out[w.pos] = StateActive
 					continue
 				case w.inert:
-					out[p.pos[k]] = StateInert
+					out[w.pos] = StateInert
 					continue
 				}
 			}
-			out[p.pos[k]] = classify(*s, buf[off:off+uint64(s.Len())])
+			out[w.pos] = classify(p.cs[k].Site, buf[off:off+uint64(w.len)])
 		}
 		i = j
 	}
@@ -192,7 +204,8 @@ func (p *Prepared) Flip(ctx context.Context, m Mem, states []State, opts FlipOpt
 
 func (p *Prepared) flip(ctx context.Context, m Mem, states []State, opts FlipOptions) (Result, error) {
 	var res Result
-	todo := make([]int, 0, len(p.cs))
+	todo := p.todo[:0]
+	defer func() { p.todo = todo[:0] }()
 	for k := range p.cs {
 		if (states[p.pos[k]] == StateActive) == p.cs[k].On {
 			res.Unchanged++
@@ -201,7 +214,10 @@ func (p *Prepared) flip(ctx context.Context, m Mem, states []State, opts FlipOpt
 		todo = append(todo, k)
 	}
 	if opts.Pristine != nil {
-		return writeSpans(ctx, m, p.cs, p.at, todo, opts, res)
+		if p.spanBuf == nil {
+			p.spanBuf = make([]byte, 3*(DefaultMaxSpan+16))
+		}
+		return writeSpans(ctx, m, p.cs, p.at, todo, opts, res, p.spanBuf)
 	}
 	for _, k := range todo {
 		if err := ctx.Err(); err != nil {

@@ -178,12 +178,13 @@ func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptio
 	if len(bad) > 0 {
 		return res, errors.Join(bad...)
 	}
-	return writeSpans(ctx, m, cs, at, todo, opts, res)
+	return writeSpans(ctx, m, cs, at, todo, opts, res, nil)
 }
 
 // writeSpans writes the sites todo (indices into cs, sorted; each known to
-// hold the form it is leaving) as flipSpans does, adding to res.
-func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, todo []int, opts FlipOptions, res Result) (Result, error) {
+// hold the form it is leaving) as flipSpans does, adding to res. buf, if
+// long enough, is the scratch for a span's three copies.
+func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, todo []int, opts FlipOptions, res Result, buf []byte) (Result, error) {
 	w := &spanWriter{m: m, pr: opts.Pristine, st: opts.Stats, cs: cs, at: at}
 	if w.st == nil {
 		w.st = &SpanStats{}
@@ -192,7 +193,11 @@ func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, todo []int, o
 	if maxSpan == 0 {
 		maxSpan = DefaultMaxSpan
 	}
-	w.buf = make([]byte, 3*(maxSpan+16))
+	if need := int(3 * (maxSpan + 16)); len(buf) >= need {
+		w.buf = buf[:need]
+	} else {
+		w.buf = make([]byte, need)
+	}
 	raced := false
 	for i := 0; i < len(todo); {
 		if err := ctx.Err(); err != nil {
