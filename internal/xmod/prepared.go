@@ -217,7 +217,7 @@ func (p *Prepared) flip(ctx context.Context, m Mem, states []State, opts FlipOpt
 		if p.spanBuf == nil {
 			p.spanBuf = make([]byte, 3*(DefaultMaxSpan+16))
 		}
-		return writeSpans(ctx, m, p.cs, p.at, todo, opts, res, p.spanBuf)
+		return writeSpans(ctx, m, p.cs, p.at, p.word, todo, opts, res, p.spanBuf)
 	}
 	for _, k := range todo {
 		if err := ctx.Err(); err != nil {

@@ -3,6 +3,7 @@ package xmod
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sort"
@@ -178,14 +179,14 @@ func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptio
 	if len(bad) > 0 {
 		return res, errors.Join(bad...)
 	}
-	return writeSpans(ctx, m, cs, at, todo, opts, res, nil)
+	return writeSpans(ctx, m, cs, at, nil, todo, opts, res, nil)
 }
 
 // writeSpans writes the sites todo (indices into cs, sorted; each known to
 // hold the form it is leaving) as flipSpans does, adding to res. buf, if
 // long enough, is the scratch for a span's three copies.
-func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, todo []int, opts FlipOptions, res Result, buf []byte) (Result, error) {
-	w := &spanWriter{m: m, pr: opts.Pristine, st: opts.Stats, cs: cs, at: at}
+func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, word []siteWord, todo []int, opts FlipOptions, res Result, buf []byte) (Result, error) {
+	w := &spanWriter{m: m, pr: opts.Pristine, st: opts.Stats, cs: cs, at: at, word: word}
 	if w.st == nil {
 		w.st = &SpanStats{}
 	}
@@ -245,8 +246,9 @@ type spanWriter struct {
 	pr      Pristine
 	st      *SpanStats
 	cs      []Change
-	at      []int  // each change's differing byte
-	buf     []byte // scratch: the span read, written and read back
+	at      []int      // each change's differing byte
+	word    []siteWord // each change's forms as words (Prepared), or nil
+	buf     []byte     // scratch: the span read, written and read back
 	changed int
 }
 
@@ -279,6 +281,18 @@ func (w *spanWriter) span(run []int) error {
 		s, on := &w.cs[i].Site, w.cs[i].On
 		ours[k] = Extent{s.Addr, s.Len()}
 		off := s.Addr - start
+		if w.word != nil {
+			// Prepared's words: one load and compare per site.
+			if ww := &w.word[i]; ww.mask != 0 && off+8 <= uint64(len(cur)) {
+				old := ww.inert
+				if !on {
+					old = ww.active
+				}
+				if binary.LittleEndian.Uint64(cur[off:])&ww.mask == old {
+					continue
+				}
+			}
+		}
 		if seen := cur[off : off+uint64(s.Len())]; !bytes.Equal(seen, s.form(!on)) {
 			return fmt.Errorf("%v changed under us (holds % x): %w", s, seen, ErrUnexpectedBytes)
 		}
