@@ -24,9 +24,8 @@ type Prepared struct {
 	// one load with two words instead of calling bytes.Equal.
 	word []siteWord
 	buf  []byte // one run's read
-	// Scratch of Flip: the sites to write, and a span's three copies.
-	todo    []int
-	spanBuf []byte
+	// Scratch of Flip: the sites to write.
+	todo []int
 }
 
 type siteWord struct {
@@ -108,8 +107,12 @@ func (p *Prepared) Classify(m Mem, out []State) ([]State, error) {
 	} else {
 		out = make([]State, len(p.cs))
 	}
-	if p.buf == nil {
-		p.buf = make([]byte, DefaultMaxSpan+16)
+	if p.buf == nil && len(p.cs) > 0 {
+		// No run is longer than the sites' extent or DefaultMaxSpan: a
+		// session keeps thousands of small selections prepared.
+		last := &p.cs[len(p.cs)-1].Site
+		ext := last.Addr + uint64(last.Len()) - p.cs[0].Site.Addr
+		p.buf = make([]byte, min(ext, DefaultMaxSpan)+16)
 	}
 	var one [16]byte
 	ws := p.word
@@ -214,10 +217,7 @@ func (p *Prepared) flip(ctx context.Context, m Mem, states []State, opts FlipOpt
 		todo = append(todo, k)
 	}
 	if opts.Pristine != nil {
-		if p.spanBuf == nil {
-			p.spanBuf = make([]byte, 3*(DefaultMaxSpan+16))
-		}
-		return writeSpans(ctx, m, p.cs, p.at, p.word, todo, opts, res, p.spanBuf)
+		return writeSpans(ctx, m, p.cs, p.at, p.word, todo, opts, res, nil)
 	}
 	for _, k := range todo {
 		if err := ctx.Err(); err != nil {
