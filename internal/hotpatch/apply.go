@@ -135,6 +135,9 @@ type Session struct {
 	// (prepare); preparedSites counts their sites, to bound the memory.
 	prepared      map[string]*prepared
 	preparedSites int
+	// Scratch of large flip batches, kept from one batch to the next:
+	// a span's three copies, and the file's bytes of a span.
+	spanScratch, fileScratch []byte
 	// verified: probes from list files already checked against a scan.
 	verified map[verifiedKey]bool
 }

@@ -244,7 +244,12 @@ func (s *Session) flipPrepared(ctx context.Context, p *prepared, states []xmod.S
 	}
 	defer pr.close()
 	st := &xmod.SpanStats{}
-	r, err := p.batch.Flip(ctx, s.tracer, states, xmod.FlipOptions{Pristine: pr, Stats: st})
+	if s.spanScratch == nil {
+		s.spanScratch = make([]byte, 3*(xmod.DefaultMaxSpan+16))
+	}
+	pr.scratch = s.fileScratch
+	r, err := p.batch.Flip(ctx, s.tracer, states, xmod.FlipOptions{Pristine: pr, Stats: st, Scratch: s.spanScratch})
+	s.fileScratch = pr.scratch
 	res.Spans = st
 	for _, w := range st.Raced {
 		res.Warnings = append(res.Warnings, "a writer in the target shares a page written: "+w+"; the rest of the batch was written one byte per site")

@@ -33,6 +33,7 @@ type siteWord struct {
 	active, inert, mask uint64
 	pos                 int32
 	len                 int32
+	on                  bool // the form the change asks for
 }
 
 func wordOf(b []byte) uint64 {
@@ -75,7 +76,7 @@ func Prepare(changes []Change) (*Prepared, error) {
 		if n != 1 {
 			p.at[k] = -1
 		}
-		p.word[k] = siteWord{addr: s.Addr, pos: int32(p.pos[k]), len: int32(s.Len())}
+		p.word[k] = siteWord{addr: s.Addr, pos: int32(p.pos[k]), len: int32(s.Len()), on: p.cs[k].On}
 		if l := s.Len(); l <= 8 {
 			w := &p.word[k]
 			w.active, w.inert, w.mask = wordOf(s.Active), wordOf(s.Inert), ^uint64(0)>>(64-8*uint(l))
@@ -209,8 +210,8 @@ func (p *Prepared) flip(ctx context.Context, m Mem, states []State, opts FlipOpt
 	var res Result
 	todo := p.todo[:0]
 	defer func() { p.todo = todo[:0] }()
-	for k := range p.cs {
-		if (states[p.pos[k]] == StateActive) == p.cs[k].On {
+	for k := range p.word {
+		if w := &p.word[k]; (states[w.pos] == StateActive) == w.on {
 			res.Unchanged++
 			continue
 		}

@@ -196,6 +196,8 @@ func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, word []siteWo
 	}
 	if need := int(3 * (maxSpan + 16)); len(buf) >= need {
 		w.buf = buf[:need]
+	} else if len(opts.Scratch) >= need {
+		w.buf = opts.Scratch[:need]
 	} else {
 		w.buf = make([]byte, need)
 	}
@@ -210,8 +212,14 @@ func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, word []siteWo
 		j := i + 1
 		if ok && !raced {
 			for j < len(todo) {
-				s := &cs[todo[j]].Site
-				e := s.Addr + uint64(s.Len())
+				var e uint64
+				if word != nil {
+					ww := &word[todo[j]]
+					e = ww.addr + uint64(ww.len)
+				} else {
+					s := &cs[todo[j]].Site
+					e = s.Addr + uint64(s.Len())
+				}
 				if e > end || e-start > maxSpan {
 					break
 				}
@@ -248,6 +256,7 @@ type spanWriter struct {
 	cs      []Change
 	at      []int      // each change's differing byte
 	word    []siteWord // each change's forms as words (Prepared), or nil
+	ours    []Extent   // scratch: a span's sites
 	buf     []byte     // scratch: the span read, written and read back
 	changed int
 }
@@ -276,16 +285,19 @@ func (w *spanWriter) span(run []int) error {
 	// The sites must still hold the forms the plan saw (nothing else of
 	// ours writes them: the per-process lock), and the span must be the
 	// file's bytes but at probe sites.
-	ours := make([]Extent, len(run))
+	if cap(w.ours) < len(run) {
+		w.ours = make([]Extent, len(run))
+	}
+	ours := w.ours[:len(run)]
 	for k, i := range run {
-		s, on := &w.cs[i].Site, w.cs[i].On
-		ours[k] = Extent{s.Addr, s.Len()}
-		off := s.Addr - start
 		if w.word != nil {
-			// Prepared's words: one load and compare per site.
-			if ww := &w.word[i]; ww.mask != 0 && off+8 <= uint64(len(cur)) {
+			// Prepared's words: one load and compare per site, without
+			// touching the Change (the batch's sites stay in cache).
+			ww := &w.word[i]
+			ours[k] = Extent{ww.addr, int(ww.len)}
+			if off := ww.addr - start; ww.mask != 0 && off+8 <= uint64(len(cur)) {
 				old := ww.inert
-				if !on {
+				if !ww.on {
 					old = ww.active
 				}
 				if binary.LittleEndian.Uint64(cur[off:])&ww.mask == old {
@@ -293,6 +305,9 @@ func (w *spanWriter) span(run []int) error {
 				}
 			}
 		}
+		s, on := &w.cs[i].Site, w.cs[i].On
+		ours[k] = Extent{s.Addr, s.Len()}
+		off := s.Addr - start
 		if seen := cur[off : off+uint64(s.Len())]; !bytes.Equal(seen, s.form(!on)) {
 			return fmt.Errorf("%v changed under us (holds % x): %w", s, seen, ErrUnexpectedBytes)
 		}
@@ -308,7 +323,17 @@ func (w *spanWriter) span(run []int) error {
 	}
 	copy(want, cur)
 	for _, i := range run {
-		s, d := &w.cs[i].Site, w.at[i]
+		d := w.at[i]
+		if w.word != nil && w.word[i].mask != 0 {
+			ww := &w.word[i]
+			form := ww.inert
+			if ww.on {
+				form = ww.active
+			}
+			want[ww.addr+uint64(d)-start] = byte(form >> (8 * uint(d)))
+			continue
+		}
+		s := &w.cs[i].Site
 		want[s.Addr+uint64(d)-start] = s.form(w.cs[i].On)[d]
 	}
 	if err := w.m.WriteMem(start, want); err != nil {
