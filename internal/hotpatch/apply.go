@@ -312,7 +312,15 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 			break
 		}
 	}
-	after, afterErr := p.batch.Classify(s.reader(), p.after)
+	// The read after: every site, but those a span's clean read-back has
+	// just shown in their new form (D50).
+	var after []xmod.State
+	var afterErr error
+	if p.onlyFlip && runErr == nil {
+		after, afterErr = p.batch.ClassifyAfterFlip(s.reader(), p.after)
+	} else {
+		after, afterErr = p.batch.Classify(s.reader(), p.after)
+	}
 	if afterErr == nil {
 		p.after = after
 	}

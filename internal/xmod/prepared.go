@@ -26,6 +26,10 @@ type Prepared struct {
 	buf  []byte // one run's read
 	// Scratch of Flip: the sites to write.
 	todo []int
+	// confirmed[k]: the last Flip wrote cs[k] in a span whose read-back
+	// matched (ClassifyAfterFlip); confirmedOK: that Flip succeeded.
+	confirmed   []bool
+	confirmedOK bool
 }
 
 type siteWord struct {
@@ -103,6 +107,22 @@ func (p *Prepared) Flippable() bool {
 // the order of the changes given to Prepare, in out's storage when it is
 // long enough.
 func (p *Prepared) Classify(m Mem, out []State) ([]State, error) {
+	return p.classify(m, out, nil)
+}
+
+// ClassifyAfterFlip is Classify after a Flip that returned no error: a
+// site that Flip wrote as part of a span whose read-back, right after the
+// write, equalled what was written is known to hold its asked form as of
+// that read-back and is not read again; every other site is read. After a
+// Flip that failed, or none, it is Classify.
+func (p *Prepared) ClassifyAfterFlip(m Mem, out []State) ([]State, error) {
+	if !p.confirmedOK {
+		return p.classify(m, out, nil)
+	}
+	return p.classify(m, out, p.confirmed)
+}
+
+func (p *Prepared) classify(m Mem, out []State, skip []bool) ([]State, error) {
 	if cap(out) >= len(p.cs) {
 		out = out[:len(p.cs)]
 	} else {
@@ -115,19 +135,28 @@ func (p *Prepared) Classify(m Mem, out []State) ([]State, error) {
 		ext := last.Addr + uint64(last.Len()) - p.cs[0].Site.Addr
 		p.buf = make([]byte, min(ext, DefaultMaxSpan)+16)
 	}
+	skipped := func(k int) bool { return skip != nil && skip[k] }
 	var one [16]byte
 	ws := p.word
 	for i := 0; i < len(ws); {
+		if skipped(i) {
+			out[ws[i].pos] = stateOf(ws[i].on)
+			i++
+			continue
+		}
+		// A run from site i to the last site to read within the limit; the
+		// skipped sites inside it are read along but not classified.
 		start := ws[i].addr
 		limit := start + DefaultMaxSpan
 		j, end := i+1, start+uint64(ws[i].len)
-		for j < len(ws) {
-			e := ws[j].addr + uint64(ws[j].len)
+		for k := i + 1; k < len(ws); k++ {
+			e := ws[k].addr + uint64(ws[k].len)
 			if e > limit {
 				break
 			}
-			end = e
-			j++
+			if !skipped(k) {
+				end, j = e, k+1
+			}
 		}
 		buf := p.buf[:end-start]
 		if err := m.ReadMem(start, buf); err != nil {
@@ -136,6 +165,10 @@ func (p *Prepared) Classify(m Mem, out []State) ([]State, error) {
 			}
 			// A run across a gap (two mappings): each site alone.
 			for k := i; k < j; k++ {
+				if skipped(k) {
+					out[ws[k].pos] = stateOf(ws[k].on)
+					continue
+				}
 				s := &p.cs[k].Site
 				b := one[:s.Len()]
 				if err := m.ReadMem(s.Addr, b); err != nil {
@@ -148,6 +181,10 @@ func (p *Prepared) Classify(m Mem, out []State) ([]State, error) {
 		}
 		for k := i; k < j; k++ {
 			w := &ws[k]
+			if skipped(k) {
+				out[w.pos] = stateOf(w.on)
+				continue
+			}
 			off := w.addr - start
 			if w.mask != 0 && off+8 <= uint64(len(buf)) {
 				switch v := binary.LittleEndian.Uint64(buf[off:]) & w.mask; v {
@@ -166,6 +203,13 @@ func (p *Prepared) Classify(m Mem, out []State) ([]State, error) {
 	return out, nil
 }
 
+func stateOf(on bool) State {
+	if on {
+		return StateActive
+	}
+	return StateInert
+}
+
 // ErrNotClassified means Prepared.Flip was given a state other than active
 // or inert: the caller must refuse (or repair) such sites before writing.
 var ErrNotClassified = errors.New("site is in neither form")
@@ -180,6 +224,7 @@ var ErrNotClassified = errors.New("site is in neither form")
 // back (flipSpans); otherwise one byte per site. Coalesce is not offered.
 // A tracer runs the batch on its thread, as Flip.
 func (p *Prepared) Flip(ctx context.Context, m Mem, states []State, opts FlipOptions) (Result, error) {
+	p.confirmedOK = false
 	if len(states) != len(p.cs) {
 		return Result{}, fmt.Errorf("%d states for %d prepared changes", len(states), len(p.cs))
 	}
@@ -206,8 +251,14 @@ func (p *Prepared) Flip(ctx context.Context, m Mem, states []State, opts FlipOpt
 	return p.flip(ctx, m, states, opts)
 }
 
-func (p *Prepared) flip(ctx context.Context, m Mem, states []State, opts FlipOptions) (Result, error) {
-	var res Result
+func (p *Prepared) flip(ctx context.Context, m Mem, states []State, opts FlipOptions) (res Result, err error) {
+	p.confirmedOK = false
+	if p.confirmed == nil {
+		p.confirmed = make([]bool, len(p.cs))
+	} else {
+		clear(p.confirmed)
+	}
+	defer func() { p.confirmedOK = err == nil }()
 	todo := p.todo[:0]
 	defer func() { p.todo = todo[:0] }()
 	for k := range p.word {
@@ -218,7 +269,7 @@ func (p *Prepared) flip(ctx context.Context, m Mem, states []State, opts FlipOpt
 		todo = append(todo, k)
 	}
 	if opts.Pristine != nil {
-		return writeSpans(ctx, m, p.cs, p.at, p.word, todo, opts, res, nil)
+		return writeSpans(ctx, m, p.cs, p.at, p.word, todo, opts, res, nil, p.confirmed)
 	}
 	for _, k := range todo {
 		if err := ctx.Err(); err != nil {

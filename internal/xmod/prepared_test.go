@@ -134,3 +134,60 @@ func TestPrepareRefuses(t *testing.T) {
 		t.Fatalf("Flip of a nop site: %v", err)
 	}
 }
+
+// ClassifyAfterFlip does not read again the sites a span's clean read-back
+// confirmed, and reads every other one: sites written one byte at a time
+// (here: a run that fell back because of a foreign byte), and every site
+// after a Flip that failed.
+func TestClassifyAfterFlip(t *testing.T) {
+	m, pr, sites := spanFixture()
+	p, err := Prepare(all(sites, true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := p.Classify(m, nil)
+	if _, err := p.Flip(context.Background(), m, st, FlipOptions{Pristine: pr}); err != nil {
+		t.Fatal(err)
+	}
+	m.reads = 0
+	after, err := p.ClassifyAfterFlip(m, nil)
+	if err != nil || m.reads != 0 {
+		t.Fatalf("after a clean span: %v, %d reads; want none", err, m.reads)
+	}
+	for i, s := range after {
+		if s != StateActive {
+			t.Fatalf("site %d: %v", i, s)
+		}
+	}
+	// A foreign byte between the sites: one-byte writes, nothing confirmed;
+	// a site undone after the Flip shows.
+	m, pr, sites = spanFixture()
+	m.b[256+8*10+6] = 0xcc
+	p, _ = Prepare(all(sites, true))
+	st, _ = p.Classify(m, nil)
+	if _, err := p.Flip(context.Background(), m, st, FlipOptions{Pristine: pr}); err != nil {
+		t.Fatal(err)
+	}
+	copy(m.b[sites[9].Addr-m.base:], sites[9].Inert)
+	m.reads = 0
+	after, err = p.ClassifyAfterFlip(m, nil)
+	if err != nil || m.reads == 0 || after[9] != StateInert || after[8] != StateActive {
+		t.Fatalf("after one-byte writes: %v, %d reads, site 9 %v, site 8 %v", err, m.reads, after[9], after[8])
+	}
+	// A Flip that fails (a state in neither form), after one that
+	// confirmed every site, leaves nothing confirmed.
+	m, pr, sites = spanFixture()
+	p, _ = Prepare(all(sites, true))
+	st, _ = p.Classify(m, nil)
+	if _, err := p.Flip(context.Background(), m, st, FlipOptions{Pristine: pr}); err != nil {
+		t.Fatal(err)
+	}
+	st[3] = StateTorn
+	if _, err := p.Flip(context.Background(), m, st, FlipOptions{Pristine: pr}); err == nil {
+		t.Fatal("Flip of a torn state succeeded")
+	}
+	m.reads = 0
+	if _, err := p.ClassifyAfterFlip(m, nil); err != nil || m.reads == 0 {
+		t.Fatalf("after a failed Flip: %v, %d reads", err, m.reads)
+	}
+}

@@ -179,14 +179,16 @@ func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptio
 	if len(bad) > 0 {
 		return res, errors.Join(bad...)
 	}
-	return writeSpans(ctx, m, cs, at, nil, todo, opts, res, nil)
+	return writeSpans(ctx, m, cs, at, nil, todo, opts, res, nil, nil)
 }
 
 // writeSpans writes the sites todo (indices into cs, sorted; each known to
 // hold the form it is leaving) as flipSpans does, adding to res. buf, if
-// long enough, is the scratch for a span's three copies.
-func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, word []siteWord, todo []int, opts FlipOptions, res Result, buf []byte) (Result, error) {
-	w := &spanWriter{m: m, pr: opts.Pristine, st: opts.Stats, cs: cs, at: at, word: word}
+// long enough, is the scratch for a span's three copies; confirmed, if not
+// nil, gets true for each site (index into cs) written by a span whose
+// read-back equalled what was written.
+func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, word []siteWord, todo []int, opts FlipOptions, res Result, buf []byte, confirmed []bool) (Result, error) {
+	w := &spanWriter{m: m, pr: opts.Pristine, st: opts.Stats, cs: cs, at: at, word: word, confirmed: confirmed}
 	if w.st == nil {
 		w.st = &SpanStats{}
 	}
@@ -250,15 +252,18 @@ func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, word []siteWo
 
 // spanWriter writes the runs of one flipSpans batch.
 type spanWriter struct {
-	m       Mem
-	pr      Pristine
-	st      *SpanStats
-	cs      []Change
-	at      []int      // each change's differing byte
-	word    []siteWord // each change's forms as words (Prepared), or nil
-	ours    []Extent   // scratch: a span's sites
-	buf     []byte     // scratch: the span read, written and read back
-	changed int
+	m    Mem
+	pr   Pristine
+	st   *SpanStats
+	cs   []Change
+	at   []int      // each change's differing byte
+	word []siteWord // each change's forms as words (Prepared), or nil
+	ours []Extent   // scratch: a span's sites
+	// confirmed marks the sites a clean read-back showed in their new
+	// form (Prepared.ClassifyAfterFlip), or is nil.
+	confirmed []bool
+	buf       []byte // scratch: the span read, written and read back
+	changed   int
 }
 
 func (w *spanWriter) oneByte(i int) error {
@@ -346,6 +351,11 @@ func (w *spanWriter) span(run []int) error {
 	if bytes.Equal(got, want) {
 		w.st.SpanSites += len(run)
 		w.changed += len(run)
+		if w.confirmed != nil {
+			for _, i := range run {
+				w.confirmed[i] = true
+			}
+		}
 		return nil
 	}
 	// Something wrote the span between our read and the read-back. Each of
