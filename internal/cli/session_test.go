@@ -100,3 +100,23 @@ func TestSessionResultJSON(t *testing.T) {
 		}
 	}
 }
+
+// FuzzSessionResultJSON: whatever a result holds, appendJSON writes what
+// json.Marshal writes.
+func FuzzSessionResultJSON(f *testing.F) {
+	f.Add(1, true, "enable", 2, 0, int64(1234), "", 0)
+	f.Add(7, true, "disable", 0, 9, int64(-5), "", 0)
+	f.Add(3, false, "enable", 0, 0, int64(0), "no probe matched \"x\"", 3)
+	f.Add(4, true, "enab\u2028le<&>", 1, 1, int64(1), "", 0)
+	f.Fuzz(func(t *testing.T, line int, ok bool, command string, changed, unchanged int, ns int64, errText string, exit int) {
+		r := sessionResult{Line: line, OK: ok, Command: command, Changed: changed, Unchanged: unchanged, ElapsedNS: ns, Error: errText, Exit: exit}
+		want, err := json.Marshal(&r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := r.appendJSON(nil)
+		if err != nil || string(got) != string(want) {
+			t.Fatalf("%+v:\n got %s (%v)\nwant %s", r, got, err, want)
+		}
+	})
+}
