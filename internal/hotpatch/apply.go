@@ -232,7 +232,8 @@ func (s *Session) attach(full bool) error {
 // (once it passed) the check of listed probes against a scan. Every Apply
 // still reads every site before writing (refusing the whole request if
 // any is foreign, repairing torn ones), writes through the protocols, and
-// reads every site back.
+// reads every site back (but those a span's clean read-back has just shown
+// in their new form: docs/decisions.md, D50).
 func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, int3Wait time.Duration) (*Result, error) {
 	start := time.Now()
 	if protocol == "" {
