@@ -27,6 +27,9 @@ type Options struct {
 	// limit): a hot function makes millions of events a second, and the
 	// capture is held in memory.
 	MaxCalls int
+	// Args and Retval (trace only): globs over the names of enabled fentry
+	// functions whose arguments / return values the trace records.
+	Args, Retval []string
 	// Progress, if set, is called about ten times a second.
 	Progress func(elapsed time.Duration, detail string)
 }

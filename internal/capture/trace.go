@@ -20,6 +20,10 @@ type TraceResult struct {
 	Open     uint64 // calls still running when the capture ended
 	Duration time.Duration
 	Limited  bool // the capture stopped at MaxCalls before Duration
+	// ArgFuncs is how many functions' arguments or return values were
+	// recorded; Notes say what --args/--retval matched but could not record.
+	ArgFuncs int
+	Notes    []string
 }
 
 // Trace enables the selection, switches the runtime's event rings on,
@@ -40,10 +44,81 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		return nil, fmt.Errorf("%s is read-only to us: tracing needs to switch the rings on", s.region.Path())
 	}
 	res = &TraceResult{}
+	var plans map[uint64]*argFunc
+	if len(o.Args)+len(o.Retval) > 0 {
+		if s.enabled == nil {
+			return nil, fmt.Errorf("--args and --retval record functions the capture enables: add --enable: %w", ErrArgs)
+		}
+		if plans, res.Notes, err = planArgs(o.PID, s.hp.Targets(), s.enabled.Sites, o.Args, o.Retval); err != nil {
+			return nil, err
+		}
+		specs := map[uint64]uint64{}
+		for k, f := range plans {
+			specs[k] = f.spec()
+		}
+		if err := s.region.SetArgPlans(specs); err != nil {
+			return nil, fmt.Errorf("%v: %w", err, ErrArgs)
+		}
+		defer s.region.ClearArgPlans()
+		res.ArgFuncs = len(plans)
+	}
 	m := calltrace.NewMatcher(sink)
 	conv := newConverter(s.sym)
 	var sinkErr error
 	tids := map[int]int32{} // slot -> the thread that owns it now
+	// An entry (exit) of a function whose arguments (return value) are
+	// recorded waits for the data record that follows it in its ring,
+	// published a moment after the event itself, perhaps after this drain.
+	type held struct {
+		tid int32
+		e   shm.Event
+		f   *argFunc
+	}
+	pend := map[int]*held{}
+	add := func(tid int32, e shm.Event, args []calltrace.Value, ret *calltrace.Value) {
+		if res.Limited || sinkErr != nil {
+			return
+		}
+		res.Events++
+		ev := conv.event(tid, e)
+		ev.Args, ev.Ret = args, ret
+		if sinkErr = m.Add(ev); sinkErr != nil {
+			return
+		}
+		res.Limited = o.MaxCalls > 0 && m.Calls >= uint64(o.MaxCalls)
+	}
+	flush := func(slot int) { // the held event had no record
+		h := pend[slot]
+		if h == nil {
+			return
+		}
+		delete(pend, slot)
+		if h.e.Kind == shm.EvEnter {
+			add(h.tid, h.e, missingArgs(h.f, noArgRecord), nil)
+		} else {
+			add(h.tid, h.e, nil, missingRet(h.f, noRetRecord))
+		}
+	}
+	withData := func(slot int, e shm.Event) {
+		h := pend[slot]
+		if h == nil || h.e.Addr != e.Addr || (e.Sub == shm.DataArgs) != (h.e.Kind == shm.EvEnter) {
+			return // a record whose event was consumed without it (a capture before this one)
+		}
+		delete(pend, slot)
+		if e.Sub == shm.DataArgs {
+			args := missingArgs(h.f, badRecord)
+			if r, ok := entryRegs(e.Spec, e.Data); ok && covers(e.Spec, h.f.plan, true) {
+				args = h.f.sig.DecodeArgs(r)
+			}
+			add(h.tid, h.e, args, nil)
+			return
+		}
+		ret := missingRet(h.f, badRecord)
+		if r, ok := exitRegs(e.Spec, e.Data); ok && covers(e.Spec, h.f.plan, false) {
+			ret = h.f.sig.DecodeRet(r)
+		}
+		add(h.tid, h.e, nil, ret)
+	}
 	drain := func(keep bool) {
 		for _, th := range s.region.Threads() {
 			if _, ok := tids[th.Index]; !ok {
@@ -51,23 +126,33 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 			}
 			s.region.Consume(th.Index, func(e shm.Event) {
 				if e.Kind == shm.EvThread {
+					flush(th.Index)
 					tids[th.Index] = int32(e.Addr) // the slot changed hands
 					return
 				}
 				if !keep || res.Limited || sinkErr != nil {
 					return
 				}
-				res.Events++
-				if sinkErr = m.Add(conv.event(tids[th.Index], e)); sinkErr != nil {
+				if e.Kind == shm.EvData {
+					withData(th.Index, e)
 					return
 				}
-				res.Limited = o.MaxCalls > 0 && m.Calls >= uint64(o.MaxCalls)
+				flush(th.Index)
+				if f := plans[e.Addr]; f != nil && (e.Kind == shm.EvEnter && f.args || e.Kind == shm.EvExit && f.rets) {
+					pend[th.Index] = &held{tids[th.Index], e, f}
+					return
+				}
+				add(tids[th.Index], e, nil, nil)
 			})
 		}
 	}
 	drain(false) // whatever an earlier tracer left behind
 	dropped0 := s.region.Counters().RingDropped
-	if err := s.region.SetTrace(true); err != nil {
+	ctl := shm.CtlTrace
+	if plans != nil {
+		ctl |= shm.CtlArgs // with the rings, in one store: no event without its record
+	}
+	if err := s.region.SetControl(ctl, 0); err != nil {
 		return nil, err
 	}
 	start := time.Now()
@@ -79,9 +164,12 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		}
 		return fmt.Sprintf("%d calls", m.Calls)
 	})
-	offErr := s.region.SetTrace(false)
+	offErr := s.region.SetControl(0, ctl)
 	res.Dropped = s.region.Counters().RingDropped - dropped0
 	drain(true) // what the rings hold is kept unless the limit was reached
+	for slot := range pend {
+		flush(slot)
+	}
 	res.Duration = time.Since(start)
 	if sinkErr != nil {
 		return res, sinkErr

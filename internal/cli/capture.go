@@ -166,9 +166,11 @@ func newTraceCmd(stdout, stderr io.Writer, inj *injectFlags) *cobra.Command {
 		output   string
 		format   string
 		maxCalls int
+		argPats  []string
+		retPats  []string
 	)
 	cmd := &cobra.Command{
-		Use:   "trace --pid N --enable SEL --duration D -o FILE [--format perfetto|chrome-json|text]",
+		Use:   "trace --pid N --enable SEL --duration D -o FILE [--format perfetto|chrome-json|text] [--args GLOB] [--retval GLOB]",
 		Short: "Record every call of the selected functions for a while, as a trace",
 		Long: `trace turns on the selected probes, switches the runtime's per-thread event rings on,
 collects them for the duration, then switches them off and puts every probe back as it
@@ -181,10 +183,22 @@ Formats (--format; by default chosen from the output's extension: .json is chrom
                per call, nested as the calls were; interned names.
   chrome-json  Chrome trace-event JSON (legacy; held in memory until the end).
   text         the per-thread call graph with durations, like uftrace replay; to stdout
-               without -o. 'hotpatch replay FILE' prints a saved Perfetto trace this way.`,
+               without -o. 'hotpatch replay FILE' prints a saved Perfetto trace this way.
+
+Arguments and return values (--args GLOB, --retval GLOB; fentry probes, -pg -mfentry):
+the enabled functions whose names GLOB matches have their argument registers copied at
+entry and their return registers at the return, named and typed from the program's DWARF
+(build with -g): handle_request(req=0x7f3a.., len=512) = 0. A char * is copied as a
+string of up to 64 bytes at entry, never faulting the process (an unreadable pointer is
+shown as such). What cannot be recorded says why: stack arguments past 64 bytes, the
+unnamed arguments of a variadic function, long double return values, structs returned
+in memory. cyg probes (-finstrument-functions) record which function ran and when, not
+its arguments: their hooks run after the prologue, where the arguments are wherever the
+compiler put them. At most 128 functions per capture. docs/tracing.md has the details.`,
 		Example: `  hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.pftrace
   hotpatch trace --pid 4242 --enable parse --duration 200ms --format text | less
-  hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.json   # chrome-json`,
+  hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.json   # chrome-json
+  hotpatch trace --pid 4242 --enable 'handle_*' --args 'handle_*' --retval 'handle_*' --duration 1s --format text`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := tf.check(); err != nil {
@@ -246,10 +260,14 @@ Formats (--format; by default chosen from the output's extension: .json is chrom
 			if format == formatText && file == nil {
 				progress = nil // the call graph itself goes to the terminal
 			}
-			res, err := capture.Trace(ctx, capture.Options{PID: tf.pid, ProbeFiles: tf.probes, Selectors: sels, Duration: duration, MaxCalls: maxCalls, Progress: progress}, sink)
+			res, err := capture.Trace(ctx, capture.Options{PID: tf.pid, ProbeFiles: tf.probes, Selectors: sels, Duration: duration, MaxCalls: maxCalls, Progress: progress,
+				Args: argPats, Retval: retPats}, sink)
 			endProgress(stderr, progress)
 			if err != nil {
 				return classify(err)
+			}
+			for _, n := range res.Notes {
+				fmt.Fprintf(stderr, "hotpatch: trace: %s\n", n)
 			}
 			if tracer != nil {
 				if err := tracer.Write(out); err != nil {
@@ -265,7 +283,7 @@ Formats (--format; by default chosen from the output's extension: .json is chrom
 			}
 			summary := map[string]any{"output": name, "format": format, "calls": res.Calls, "events": res.Events,
 				"dropped_events": res.Dropped, "unpaired_exits": res.Unpaired, "unwound_calls": res.Unwound, "open_calls": res.Open,
-				"duration_ns": res.Duration.Nanoseconds(), "stopped_at_max_calls": res.Limited}
+				"duration_ns": res.Duration.Nanoseconds(), "stopped_at_max_calls": res.Limited, "arg_functions": res.ArgFuncs}
 			summaryOut := stdout
 			if file == nil {
 				summaryOut = stderr // stdout holds the call graph
@@ -286,6 +304,8 @@ Formats (--format; by default chosen from the output's extension: .json is chrom
 	cmd.Flags().DurationVar(&duration, "duration", 0, "how long to record")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write the trace to `FILE` (text: stdout without it)")
 	cmd.Flags().StringVar(&format, "format", "", "perfetto, chrome-json or text (default: from the output's extension)")
+	cmd.Flags().StringArrayVar(&argPats, "args", nil, "record the arguments of the enabled fentry functions `GLOB` names (repeatable)")
+	cmd.Flags().StringArrayVar(&retPats, "retval", nil, "record the return values of the enabled fentry functions `GLOB` names (repeatable)")
 	cmd.Flags().IntVar(&maxCalls, "max-calls", 1000000, "stop early once this many calls are captured (0: no limit; default no limit but for chrome-json, which is held in memory)")
 	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{formatPerfetto, formatChrome, formatText}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd

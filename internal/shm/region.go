@@ -24,6 +24,7 @@ type Region struct {
 	mem      []byte
 	hdr      Header // validated copy of the immutable geometry
 	writable bool
+	dataBuf  []uint64 // Consume's payload buffer for EvData records
 }
 
 // Errors of OpenPID; test with errors.Is. ErrNoRuntime also matches
