@@ -102,26 +102,28 @@ EP_STATIC uint32_t ep_copy_str(uint64_t p, uint64_t *w) {
 EP_STATIC void ep_put_data(struct ep_thread *th, uint64_t h0, uint32_t kind, uint64_t key, uint32_t sub, uint64_t spec,
                            const uint64_t *w, uint32_t nw) {
 	uint64_t h = th->ring_head;
-	if (h != h0 + 1 || !ep.ring_events)
+	uint32_t size = th->ring_size; /* the size its event was written with */
+	if (h != h0 + 1 || !ep.ring_events || !size)
 		return;
+	uint64_t mask = size - 1;
 	struct ep_event *ring = ep_ring(th);
-	struct ep_event *ev = ring + (h0 & ep.ring_mask);
+	struct ep_event *ev = ring + (h0 & mask);
 	if ((LOAD(&ev->tsk) >> EP_EV_KIND_SHIFT) != kind || LOAD(&ev->fn) != key)
 		return;
 	uint32_t slots = (nw + 1) / 2;
-	if (h - th->ring_tail_cache + slots >= ep.ring_events) {
+	if (h - th->ring_tail_cache + slots >= size) {
 		th->ring_tail_cache = __atomic_load_n(&th->ring_tail, __ATOMIC_ACQUIRE);
-		if (h - th->ring_tail_cache + slots >= ep.ring_events) {
+		if (h - th->ring_tail_cache + slots >= size) {
 			OWN_ADD(&th->ring_dropped, 1);
 			return;
 		}
 	}
-	struct ep_event *e = ring + (h & ep.ring_mask);
+	struct ep_event *e = ring + (h & mask);
 	STORE(&e->tsk, ((uint64_t)EP_EV_DATA << EP_EV_KIND_SHIFT) | ((uint64_t)sub << EP_DATA_SUB_SHIFT) |
 	                   ((uint64_t)slots << EP_DATA_SLOTS_SHIFT) | (spec & EP_DATA_SPEC_MASK));
 	STORE(&e->fn, key);
 	for (uint32_t i = 0; i < slots; i++) {
-		e = ring + ((h + 1 + i) & ep.ring_mask);
+		e = ring + ((h + 1 + i) & mask);
 		STORE(&e->tsk, w[2 * i]);
 		STORE(&e->fn, 2 * i + 1 < nw ? w[2 * i + 1] : 0);
 	}

@@ -12,7 +12,8 @@
  *   [thread_off, +max_threads*thread_size) thread slots, each:
  *        struct ep_thread, then ep_local[local_funcs] at thread_local_off,
  *        then ep_frame[stack_depth] at thread_stack_off
- *   [ring_off, +max_threads*ring_stride)  ep_event[ring_events] per slot
+ *   [ring_off, +max_threads*ring_stride)  ep_event[ring_events] per slot, of
+ *        which the first ep_thread.ring_size are in use
  *   [maps_off, +maps_len)           output files only: a copy of /proc/self/maps
  *
  * All multi-byte fields are little-endian, naturally aligned, and every
@@ -154,7 +155,9 @@ struct ep_header {
 	uint32_t frame_size;       /* 124 */
 	uint64_t ring_off;         /* 128 */
 	uint64_t ring_stride;      /* 136: bytes per slot's ring */
-	uint32_t ring_events;      /* 144: 0 (no tracing) or a power of two */
+	uint32_t ring_events;      /* 144: 0 (no tracing) or a power of two: each slot's ring
+	                            * capacity (version 5; its pages are touched only as far
+	                            * as the slot's ring_size reaches) */
 	uint32_t event_size;       /* 148 */
 	uint32_t max_probe;        /* 152: linear-probe limit in the function table */
 	uint32_t _pad0;            /* 156 */
@@ -170,7 +173,12 @@ struct ep_header {
 	uint64_t _pad2[5];  /* 216 */
 	/* control line: written by readers */
 	uint32_t control;    /* 256 */
-	uint32_t _pad3[15];  /* 260 */
+	/* 260: the ring size (events, a power of two <= ring_events) a capture
+	 * asks for; each thread switches to it at its next event once its ring
+	 * is empty (ep_thread.ring_size). Version 5. */
+	uint32_t ring_req;
+	uint32_t ring_def;   /* 264: the size rings start with (EDGEPROBE_RING_EVENTS) */
+	uint32_t _pad3[13];  /* 268 */
 	/* global counters (atomic RMW; only touched off the fast path) */
 	uint64_t funcs_used;       /* 320: distinct keys in the function table */
 	uint64_t func_drop_enters; /* 328: enters dropped: no table slot within max_probe */
@@ -230,7 +238,10 @@ struct ep_thread {
 	uint64_t ring_dropped;    /* 72: events lost because the ring was full */
 	uint64_t ring_tail_cache; /* 80: owner's private copy of ring_tail */
 	uint32_t index;           /* 88: this slot's index */
-	uint32_t _pad0;           /* 92 */
+	/* 92: events this slot's ring holds now (a power of two <= ring_events;
+	 * 0: not used yet). Written by the owner only while the ring is empty,
+	 * before the head that publishes an event written with it (version 5). */
+	uint32_t ring_size;
 	/* loss counters of the rare paths (owner) */
 	uint64_t deep_lost;       /* 96: frames deeper than the shadow stack found dead (functions unknown) */
 	uint64_t abandoned_hooks; /* 104: hooks that never finished (a signal handler longjmp'd out of one) */

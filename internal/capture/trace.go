@@ -3,6 +3,7 @@ package capture
 import (
 	"context"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/calltrace"
@@ -24,7 +25,43 @@ type TraceResult struct {
 	// recorded; Notes say what --args/--retval matched but could not record.
 	ArgFuncs int
 	Notes    []string
+	// RingEvents is the ring size the capture ran with, RingCapacity the
+	// largest it could have asked for without restarting the process.
+	RingEvents, RingCapacity uint32
+	// Threads: per thread, the events kept and those its full ring
+	// dropped, busiest first.
+	Threads []ThreadDrops
 }
+
+// ThreadDrops is one thread's share of a capture.
+type ThreadDrops struct {
+	Tid     int32  `json:"tid"`
+	Events  uint64 `json:"events"`
+	Dropped uint64 `json:"dropped"`
+}
+
+// SuggestRing is a ring size that would have kept what r dropped whatever
+// the timing of the drains: one that holds the busiest thread's whole
+// capture, as a power of two up to the capacity the process reserved; 0
+// when nothing was dropped. (Rates averaged over the capture say nothing of
+// bursts, which is when rings fill.)
+func (r *TraceResult) SuggestRing() uint32 {
+	if r.Dropped == 0 {
+		return 0
+	}
+	var busiest uint64
+	for _, t := range r.Threads {
+		busiest = max(busiest, t.Events+t.Dropped)
+	}
+	n := uint64(max(r.RingEvents, 1)) * 2
+	for n <= busiest {
+		n *= 2
+	}
+	return uint32(min(n, uint64(max(r.RingCapacity, r.RingEvents))))
+}
+
+// drainPeriod is how often a trace empties the rings.
+const drainPeriod = 5 * time.Millisecond
 
 // Trace enables the selection, switches the runtime's event rings on,
 // drains them every few milliseconds for o.Duration into sink (as a
@@ -75,11 +112,21 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		f   *argFunc
 	}
 	pend := map[int]*held{}
+	perTid := map[int32]*ThreadDrops{}
+	thread := func(tid int32) *ThreadDrops {
+		t := perTid[tid]
+		if t == nil {
+			t = &ThreadDrops{Tid: tid}
+			perTid[tid] = t
+		}
+		return t
+	}
 	add := func(tid int32, e shm.Event, args []calltrace.Value, ret *calltrace.Value) {
 		if res.Limited || sinkErr != nil {
 			return
 		}
 		res.Events++
+		thread(tid).Events++
 		ev := conv.event(tid, e)
 		ev.Args, ev.Ret = args, ret
 		if sinkErr = m.Add(ev); sinkErr != nil {
@@ -147,7 +194,24 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		}
 	}
 	drain(false) // whatever an earlier tracer left behind
+	res.RingCapacity, res.RingEvents = s.region.RingCapacity(), s.region.RingDefault()
+	if o.RingEvents != 0 {
+		// The rings are empty now: each thread takes the new size at its
+		// first event of the capture.
+		if err := s.region.SetRingEvents(o.RingEvents); err != nil {
+			return nil, err
+		}
+		res.RingEvents = o.RingEvents
+		defer func() {
+			s.region.SetRingEvents(0)
+			s.region.ReleaseRings() // after the last drain: what is left was consumed
+		}()
+	}
 	dropped0 := s.region.Counters().RingDropped
+	slotDropped0 := map[int]uint64{}
+	for _, th := range s.region.Threads() {
+		slotDropped0[th.Index] = th.RingDropped
+	}
 	ctl := shm.CtlTrace
 	if plans != nil {
 		ctl |= shm.CtlArgs // with the rings, in one store: no event without its record
@@ -158,7 +222,7 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	start := time.Now()
 	limitCtx, stopEarly := context.WithCancel(ctx)
 	defer stopEarly()
-	ticker(limitCtx, o.Duration, 5*time.Millisecond, o.Progress, func(time.Duration) string {
+	ticker(limitCtx, o.Duration, drainPeriod, o.Progress, func(time.Duration) string {
 		if drain(true); res.Limited || sinkErr != nil {
 			stopEarly()
 		}
@@ -170,6 +234,21 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	for slot := range pend {
 		flush(slot)
 	}
+	for _, th := range s.region.Threads() {
+		if d := th.RingDropped - slotDropped0[th.Index]; d > 0 {
+			thread(tids[th.Index]).Dropped += d
+		}
+	}
+	for _, t := range perTid {
+		res.Threads = append(res.Threads, *t)
+	}
+	sort.Slice(res.Threads, func(i, j int) bool {
+		a, b := res.Threads[i], res.Threads[j]
+		if a.Events+a.Dropped != b.Events+b.Dropped {
+			return a.Events+a.Dropped > b.Events+b.Dropped
+		}
+		return a.Tid < b.Tid
+	})
 	res.Duration = time.Since(start)
 	if sinkErr != nil {
 		return res, sinkErr

@@ -168,6 +168,7 @@ func newTraceCmd(stdout, stderr io.Writer, inj *injectFlags) *cobra.Command {
 		maxCalls int
 		argPats  []string
 		retPats  []string
+		ringEv   uint32
 	)
 	cmd := &cobra.Command{
 		Use:   "trace --pid N --enable SEL --duration D -o FILE [--format perfetto|chrome-json|text] [--args GLOB] [--retval GLOB]",
@@ -261,7 +262,7 @@ compiler put them. At most 128 functions per capture. docs/tracing.md has the de
 				progress = nil // the call graph itself goes to the terminal
 			}
 			res, err := capture.Trace(ctx, capture.Options{PID: tf.pid, ProbeFiles: tf.probes, Selectors: sels, Duration: duration, MaxCalls: maxCalls, Progress: progress,
-				Args: argPats, Retval: retPats}, sink)
+				Args: argPats, Retval: retPats, RingEvents: ringEv}, sink)
 			endProgress(stderr, progress)
 			if err != nil {
 				return classify(err)
@@ -283,7 +284,11 @@ compiler put them. At most 128 functions per capture. docs/tracing.md has the de
 			}
 			summary := map[string]any{"output": name, "format": format, "calls": res.Calls, "events": res.Events,
 				"dropped_events": res.Dropped, "unpaired_exits": res.Unpaired, "unwound_calls": res.Unwound, "open_calls": res.Open,
-				"duration_ns": res.Duration.Nanoseconds(), "stopped_at_max_calls": res.Limited, "arg_functions": res.ArgFuncs}
+				"duration_ns": res.Duration.Nanoseconds(), "stopped_at_max_calls": res.Limited, "arg_functions": res.ArgFuncs,
+				"ring_events": res.RingEvents, "ring_capacity": res.RingCapacity, "threads": res.Threads}
+			if n := res.SuggestRing(); n != 0 {
+				summary["suggested_ring_events"] = n
+			}
 			summaryOut := stdout
 			if file == nil {
 				summaryOut = stderr // stdout holds the call graph
@@ -296,6 +301,9 @@ compiler put them. At most 128 functions per capture. docs/tracing.md has the de
 			if res.Limited {
 				fmt.Fprintf(summaryOut, "stopped early at --max-calls %d\n", maxCalls)
 			}
+			if res.Dropped > 0 {
+				fmt.Fprintln(summaryOut, dropMessage(res))
+			}
 			return nil
 		},
 	}
@@ -306,6 +314,7 @@ compiler put them. At most 128 functions per capture. docs/tracing.md has the de
 	cmd.Flags().StringVar(&format, "format", "", "perfetto, chrome-json or text (default: from the output's extension)")
 	cmd.Flags().StringArrayVar(&argPats, "args", nil, "record the arguments of the enabled fentry functions `GLOB` names (repeatable)")
 	cmd.Flags().StringArrayVar(&retPats, "retval", nil, "record the return values of the enabled fentry functions `GLOB` names (repeatable)")
+	cmd.Flags().Uint32Var(&ringEv, "ring-events", 0, "size every thread's event ring to `N` events for the capture (a power of two; default: the process's, EDGEPROBE_RING_EVENTS); bigger rings drop less")
 	cmd.Flags().IntVar(&maxCalls, "max-calls", 1000000, "stop early once this many calls are captured (0: no limit; default no limit but for chrome-json, which is held in memory)")
 	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{formatPerfetto, formatChrome, formatText}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
@@ -442,4 +451,36 @@ toggles per second performed, and the target's estimated slowdown (probed calls 
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write the pprof profile to `FILE`")
 	cmd.Flags().IntVar(&top, "top", 20, "rows in the text summary (0: all)")
 	return cmd
+}
+
+// dropMessage says which threads lost events and the flag that keeps them.
+func dropMessage(res *capture.TraceResult) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d events dropped by full rings (", res.Dropped)
+	n := 0
+	for _, t := range res.Threads {
+		if t.Dropped == 0 {
+			continue
+		}
+		if n == 4 {
+			b.WriteString(", ...")
+			break
+		}
+		if n > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "thread %d: %d of %d", t.Tid, t.Dropped, t.Events+t.Dropped)
+		n++
+	}
+	fmt.Fprintf(&b, ") with rings of %d events", res.RingEvents)
+	switch s := res.SuggestRing(); {
+	case s > res.RingEvents:
+		fmt.Fprintf(&b, "; --ring-events %d keeps them", s)
+		if s == res.RingCapacity {
+			fmt.Fprintf(&b, " (the most this process reserved: EDGEPROBE_RING_MAX at its start allows more)")
+		}
+	default:
+		fmt.Fprintf(&b, ", the most this process reserved: start it with EDGEPROBE_RING_MAX=%d for bigger rings, or trace fewer functions", 2*uint64(res.RingCapacity))
+	}
+	return b.String()
 }

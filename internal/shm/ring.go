@@ -2,8 +2,11 @@ package shm
 
 import (
 	"fmt"
+	"os"
 	"sync/atomic"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // Event is one trace record.
@@ -27,12 +30,26 @@ func (r *Region) ring(slot int) (*threadSlot, uint64, error) {
 	return r.slotAt(uint64(slot)), r.hdr.RingOff + uint64(slot)*r.hdr.RingStride, nil
 }
 
-func (r *Region) cell(base, seq uint64) *event {
-	return (*event)(unsafe.Pointer(&r.mem[base+(seq&uint64(r.hdr.RingEvents-1))*eventSize]))
+// ringSize is the number of events a slot's ring holds now, read after its
+// head: every event before that head was written with it (the runtime
+// changes a ring's size only while the ring is empty). Regions before
+// version 5 have one size, the header's.
+func (r *Region) ringSize(s *threadSlot) uint64 {
+	if n := atomic.LoadUint32(&s.RingSize); n != 0 && n <= r.hdr.RingEvents && n&(n-1) == 0 {
+		return uint64(n)
+	}
+	if r.hdr.Version >= 5 && r.hdr.RingDef != 0 {
+		return uint64(r.hdr.RingDef)
+	}
+	return uint64(r.hdr.RingEvents)
 }
 
-func (r *Region) eventAt(base, seq uint64) Event {
-	e := r.cell(base, seq)
+func (r *Region) cell(base, seq, size uint64) *event {
+	return (*event)(unsafe.Pointer(&r.mem[base+(seq&(size-1))*eventSize]))
+}
+
+func (r *Region) eventAt(base, seq, size uint64) Event {
+	e := r.cell(base, seq, size)
 	tsk := atomic.LoadUint64(&e.TSK)
 	return Event{Kind: int(tsk >> evKindShift), TimeNs: tsk & evTSMask, Addr: atomic.LoadUint64(&e.Fn), Seq: seq}
 }
@@ -41,8 +58,8 @@ func (r *Region) eventAt(base, seq uint64) Event {
 // its payload, read into buf; it returns the number of cells the record
 // takes (header included), or 0 if the record claims cells past head (a
 // corrupt ring: the caller stops there).
-func (r *Region) dataAt(base, seq, head uint64, ev *Event, buf []uint64) (uint64, []uint64) {
-	tsk := atomic.LoadUint64(&r.cell(base, seq).TSK)
+func (r *Region) dataAt(base, seq, head, size uint64, ev *Event, buf []uint64) (uint64, []uint64) {
+	tsk := atomic.LoadUint64(&r.cell(base, seq, size).TSK)
 	slots := (tsk >> dataSlotsShift) & 0xff
 	if seq+1+slots > head {
 		return 0, buf
@@ -52,22 +69,23 @@ func (r *Region) dataAt(base, seq, head uint64, ev *Event, buf []uint64) (uint64
 	ev.TimeNs = 0
 	buf = buf[:0]
 	for i := uint64(0); i < slots; i++ {
-		c := r.cell(base, seq+1+i)
+		c := r.cell(base, seq+1+i, size)
 		buf = append(buf, atomic.LoadUint64(&c.TSK), atomic.LoadUint64(&c.Fn))
 	}
 	ev.Data = buf
 	return 1 + slots, buf
 }
 
-// window returns the readable range [tail, head) of a slot's ring.
-func (r *Region) window(s *threadSlot) (tail, head uint64) {
+// window returns the readable range [tail, head) of a slot's ring and the
+// ring's size for it.
+func (r *Region) window(s *threadSlot) (tail, head, size uint64) {
 	head = atomic.LoadUint64(&s.RingHead)
 	tail = atomic.LoadUint64(&s.RingTail)
-	n := uint64(r.hdr.RingEvents)
-	if head-tail > n { // a consumer raced us, or the slot is corrupt: keep the newest n
-		tail = head - n
+	size = r.ringSize(s)
+	if head-tail > size { // a consumer raced us, or the slot is corrupt: keep the newest events
+		tail = head - size
 	}
-	return tail, head
+	return tail, head, size
 }
 
 // Events copies the unconsumed events of a thread slot without consuming
@@ -79,13 +97,13 @@ func (r *Region) Events(slot int) ([]Event, error) {
 	if err != nil || r.hdr.RingEvents == 0 {
 		return nil, err
 	}
-	tail, head := r.window(s)
+	tail, head, size := r.window(s)
 	out := make([]Event, 0, head-tail)
 	for q := tail; q != head; {
-		e := r.eventAt(base, q)
+		e := r.eventAt(base, q, size)
 		n := uint64(1)
 		if e.Kind == EvData {
-			if n, _ = r.dataAt(base, q, head, &e, nil); n == 0 {
+			if n, _ = r.dataAt(base, q, head, size, &e, nil); n == 0 {
 				break
 			}
 		}
@@ -117,12 +135,12 @@ func (r *Region) Consume(slot int, fn func(Event)) (int, error) {
 	if r.hdr.RingEvents == 0 {
 		return 0, nil
 	}
-	tail, head := r.window(s)
+	tail, head, size := r.window(s)
 	for q := tail; q != head; {
-		e := r.eventAt(base, q)
+		e := r.eventAt(base, q, size)
 		n := uint64(1)
 		if e.Kind == EvData {
-			if n, r.dataBuf = r.dataAt(base, q, head, &e, r.dataBuf); n == 0 {
+			if n, r.dataBuf = r.dataAt(base, q, head, size, &e, r.dataBuf); n == 0 {
 				break // a record claiming cells not written: skip the rest
 			}
 		}
@@ -174,5 +192,62 @@ func (r *Region) ClearArgPlans() {
 	}
 	for i := range h.ArgPlan {
 		atomic.StoreUint64(&h.ArgPlan[i].Spec, 0)
+	}
+}
+
+// RingCapacity is the largest ring size a capture can ask for (the events
+// each slot's ring reserves), RingDefault the size rings start with.
+func (r *Region) RingCapacity() uint32 { return r.hdr.RingEvents }
+
+// RingDefault is the size rings start with (EDGEPROBE_RING_EVENTS).
+func (r *Region) RingDefault() uint32 {
+	if r.hdr.Version >= 5 && r.hdr.RingDef != 0 {
+		return r.hdr.RingDef
+	}
+	return r.hdr.RingEvents
+}
+
+// SetRingEvents asks every thread's ring to hold n events (a power of two
+// up to RingCapacity): each thread takes the size at its next event once
+// its ring is empty (drain the rings first). 0 asks for the default.
+func (r *Region) SetRingEvents(n uint32) error {
+	if !r.writable {
+		return fmt.Errorf("shm: %s: %w", r.path, ErrReadOnly)
+	}
+	if n == 0 {
+		n = r.RingDefault()
+	}
+	if r.hdr.Version < 5 {
+		if n == r.hdr.RingEvents {
+			return nil
+		}
+		return fmt.Errorf("ring size %d: the runtime's layout version %d has rings of %d events set at its start (EDGEPROBE_RING_EVENTS); version 5 resizes them: %w", n, r.hdr.Version, r.hdr.RingEvents, ErrRingSize)
+	}
+	if n&(n-1) != 0 || n > r.hdr.RingEvents {
+		return fmt.Errorf("ring size %d: a power of two up to %d (the capacity the process reserved at its start; EDGEPROBE_RING_MAX raises it): %w", n, r.hdr.RingEvents, ErrRingSize)
+	}
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&r.mem[unsafe.Offsetof(Header{}.RingReq)])), n)
+	return nil
+}
+
+// ReleaseRings gives back the memory of ring cells past the default size
+// (the kernel frees the memfd's pages; a later write finds a zero page).
+// Call it after a capture that asked for bigger rings has drained them.
+func (r *Region) ReleaseRings() {
+	if !r.writable || r.hdr.Version < 5 || r.hdr.RingEvents <= r.RingDefault() {
+		return
+	}
+	page := uint64(os.Getpagesize())
+	for i := uint64(0); i < uint64(r.hdr.MaxThreads); i++ {
+		s := r.slotAt(i)
+		if atomic.LoadUint32(&s.Generation) == 0 {
+			continue
+		}
+		base := r.hdr.RingOff + i*r.hdr.RingStride
+		lo := (base + uint64(r.RingDefault())*eventSize + page - 1) &^ (page - 1)
+		hi := (base + r.hdr.RingStride) &^ (page - 1)
+		if hi > lo && hi <= uint64(len(r.mem)) {
+			_ = unix.Madvise(r.mem[lo:hi], unix.MADV_REMOVE)
+		}
 	}
 }

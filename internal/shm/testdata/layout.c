@@ -32,7 +32,8 @@ int main(void) {
 	F(ep_header, stack_depth); F(ep_header, frame_size); F(ep_header, ring_off); F(ep_header, ring_stride);
 	F(ep_header, ring_events); F(ep_header, event_size); F(ep_header, max_probe); F(ep_header, calib_ns);
 	F(ep_header, maps_off); F(ep_header, maps_len); F(ep_header, init_mono); F(ep_header, state);
-	F(ep_header, exit_mono); F(ep_header, exit_tsc); F(ep_header, control); F(ep_header, funcs_used);
+	F(ep_header, exit_mono); F(ep_header, exit_tsc); F(ep_header, control);
+	F(ep_header, ring_req); F(ep_header, ring_def); F(ep_thread, ring_size); F(ep_header, funcs_used);
 	F(ep_header, func_drop_enters); F(ep_header, func_drop_exits); F(ep_header, threads_claimed);
 	F(ep_header, threads_active); F(ep_header, thread_overflows); F(ep_header, thread_drop_hits);
 	F(ep_header, preinit_drops); F(ep_header, late_drops); F(ep_header, fentry_mode);
