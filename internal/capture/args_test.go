@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -74,19 +75,7 @@ func checkLiveArgs(t *testing.T, spec testutil.Spec) {
 	if o, _ := p.Finish(); !strings.HasPrefix(o, "done ") {
 		t.Fatalf("program output %q", o)
 	}
-	// What the program logged, by (function, iteration).
-	logged := map[string][]string{}
-	data, err := os.ReadFile(logFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-		f := strings.Split(line, "\t")
-		if len(f) < 3 {
-			continue // the last line, cut by the stop
-		}
-		logged[f[1]+"#"+f[0]] = f[2:]
-	}
+	logged := loggedCalls(t, logFile)
 	var trace struct {
 		TraceEvents []struct {
 			Name string            `json:"name"`
@@ -151,6 +140,180 @@ func checkLiveArgs(t *testing.T, spec testutil.Spec) {
 		}
 	}
 	t.Logf("%d calls, %d values equal to what the program logged (%v)", sum.Calls, values, checked)
+}
+
+// loggedCalls reads what argslive.c logged, by "function#iteration".
+func loggedCalls(t *testing.T, logFile string) map[string][]string {
+	logged := map[string][]string{}
+	data, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		f := strings.Split(line, "\t")
+		if len(f) < 3 {
+			continue // the last line, cut by the stop
+		}
+		logged[f[1]+"#"+f[0]] = f[2:]
+	}
+	return logged
+}
+
+// splitArgs splits "a=1, p={x=1, y=2}, s=\"a, b\"" at its top-level commas.
+func splitArgs(s string) []string {
+	var out []string
+	depth, quoted, start := 0, false, 0
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case quoted && c == '\\':
+			i++
+		case c == '"':
+			quoted = !quoted
+		case quoted:
+		case c == '{' || c == '(':
+			depth++
+		case c == '}' || c == ')':
+			depth--
+		case c == ',' && depth == 0 && i+1 < len(s) && s[i+1] == ' ':
+			out = append(out, s[start:i])
+			start = i + 2
+			i++
+		}
+	}
+	if start < len(s) {
+		out = append(out, s[start:])
+	}
+	return out
+}
+
+// TestTraceArgsPerfettoReplay: the same capture written as a Perfetto trace
+// carries the values as debug annotations (names interned) that protoc
+// decodes, and 'hotpatch replay' prints each call with the values the
+// program logged (floats as the doubles the trace stores).
+func TestTraceArgsPerfettoReplay(t *testing.T) {
+	testutil.RequirePtrace(t)
+	testutil.RequireTool(t, "protoc")
+	lib := testutil.Runtime(t, "gcc")
+	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true})
+	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	logFile := filepath.Join(t.TempDir(), "calls.log")
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path, logFile)
+	out := filepath.Join(t.TempDir(), "trace.pftrace")
+	run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_*", "--args", "t_*", "--retval", "t_*",
+		"--duration", "60s", "--max-calls", "180", "--ring-events", "65536", "-o", out)
+	if o, _ := p.Finish(); !strings.HasPrefix(o, "done ") {
+		t.Fatalf("program output %q", o)
+	}
+	logged := loggedCalls(t, logFile)
+	in, err := os.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	cmd := exec.Command("protoc", "--decode_raw")
+	cmd.Stdin = in
+	raw, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("protoc --decode_raw: %v", err)
+	}
+	for _, want := range []string{`"scale"`, `"unmapped"`, `"return"`, `"GET /index.html"`} {
+		if !strings.Contains(string(raw), want) {
+			t.Errorf("protoc's decoding holds no %s", want)
+		}
+	}
+	rp := run(t, "replay", out)
+	calls, values := 0, 0
+	for _, line := range strings.Split(rp.Stdout, "\n") {
+		_, call, ok := strings.Cut(line, "] | ")
+		if !ok || !strings.HasPrefix(call, "t_") {
+			continue
+		}
+		open := strings.IndexByte(call, '(')
+		closeAt := strings.LastIndex(call, ") = ")
+		if open < 0 || closeAt < 0 || !strings.HasSuffix(call, ";") {
+			t.Fatalf("replay line %q", line)
+		}
+		fn := call[:open]
+		got := splitArgs(call[open+1 : closeAt])
+		got = append(got, "="+strings.TrimSuffix(call[closeAt+4:], ";"))
+		id := ""
+		for _, g := range got {
+			for _, prefix := range []string{"id=", "a1=", "t={a="} { // t_many, t_mktwo have no id
+				if v, ok := strings.CutPrefix(g, prefix); ok && id == "" {
+					id = strings.Split(v, ",")[0]
+				}
+			}
+		}
+		want, ok := logged[fn+"#"+id]
+		if !ok || len(want) != len(got) {
+			t.Fatalf("replay %q: the program logged %q", call, want)
+		}
+		for i, w := range want {
+			g := got[i]
+			wn, wt, _ := strings.Cut(w, "=")
+			gn, gt, _ := strings.Cut(g, "=")
+			if wn != gn {
+				t.Errorf("%s #%s: value %d is %s, the program logged %s", fn, id, i, gn, wn)
+				continue
+			}
+			if wt == "?" {
+				if !strings.HasPrefix(gt, "?(") {
+					t.Errorf("%s #%s: %s = %q, want it not recorded", fn, id, gn, gt)
+				}
+				continue
+			}
+			if !sameReplayed(t, gt, wt) {
+				t.Errorf("%s #%s: %s = %q in the replay, the program logged %q", fn, id, gn, gt, wt)
+			}
+			values++
+		}
+		calls++
+	}
+	if calls < 180 {
+		t.Errorf("replay printed %d calls, want 180", calls)
+	}
+	t.Logf("replay: %d calls, %d values equal to what the program logged", calls, values)
+}
+
+// sameReplayed compares a replayed value with the program's text, leaf by
+// leaf: a float (F) was stored as a double, so it is compared as a float.
+func sameReplayed(t *testing.T, got, logged string) bool {
+	gl, ll := leaves(got), leaves(logged)
+	if len(gl) != len(ll) {
+		return false
+	}
+	for i := range ll {
+		if m := fpText.FindStringSubmatch(ll[i]); m != nil && len(m[0]) == len(ll[i]) {
+			want, err1 := strconv.ParseFloat(m[2], 64)
+			g, err2 := strconv.ParseFloat(gl[i], 64)
+			if err1 != nil || err2 != nil {
+				return false
+			}
+			if m[1] == "F" && float32(want) != float32(g) || m[1] == "D" && want != g {
+				return false
+			}
+			continue
+		}
+		if gl[i] != ll[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// leaves splits "{x=1, y=D(..)}" into its leaf texts (["1", "D(..)"]).
+func leaves(s string) []string {
+	if !strings.HasPrefix(s, "{") {
+		return []string{s}
+	}
+	var out []string
+	for _, f := range splitArgs(strings.TrimSuffix(strings.TrimPrefix(s, "{"), "}")) {
+		_, v, _ := strings.Cut(f, "=")
+		out = append(out, leaves(v)...)
+	}
+	return out
 }
 
 // TestTraceArgsCyg: --args on a cyg probe says what it can record and why
