@@ -24,7 +24,7 @@ func TestTraceArgsMatchProgram(t *testing.T) {
 	testutil.RequirePtrace(t)
 	for _, cc := range []string{"gcc", "clang"} {
 		for _, opt := range []string{"-O0", "-O2"} {
-			spec := testutil.Spec{Compiler: cc, Opt: opt, Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true}
+			spec := testutil.Spec{Compiler: cc, Opt: opt, Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}}
 			t.Run(spec.String(), func(t *testing.T) { checkLiveArgs(t, spec) })
 		}
 	}
@@ -58,7 +58,8 @@ func checkLiveArgs(t *testing.T, spec testutil.Spec) {
 	// Rings big enough that no record is dropped at this rate.
 	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib, "EDGEPROBE_RING_EVENTS=65536"}, fx.Path, logFile)
 	out := filepath.Join(t.TempDir(), "trace.json")
-	const calls = 900 // 100 iterations of the 9 functions
+	const funcs = 11
+	const calls = 100 * funcs // 100 iterations
 	r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_*", "--args", "t_*", "--retval", "t_*",
 		"--duration", "60s", "--max-calls", fmt.Sprint(calls), "-o", out, "--json")
 	var sum struct {
@@ -69,8 +70,8 @@ func checkLiveArgs(t *testing.T, spec testutil.Spec) {
 	if err := json.Unmarshal([]byte(r.Stdout), &sum); err != nil {
 		t.Fatalf("summary: %v: %q", err, r.Stdout)
 	}
-	if sum.Dropped != 0 || sum.Calls < calls || sum.ArgFuncs != 9 {
-		t.Fatalf("summary %+v: want no drops, >= %d calls, 9 functions with arguments", sum, calls)
+	if sum.Dropped != 0 || sum.Calls < calls || sum.ArgFuncs != funcs {
+		t.Fatalf("summary %+v: want no drops, >= %d calls, %d functions with arguments", sum, calls, funcs)
 	}
 	if o, _ := p.Finish(); !strings.HasPrefix(o, "done ") {
 		t.Fatalf("program output %q", o)
@@ -131,11 +132,14 @@ func checkLiveArgs(t *testing.T, spec testutil.Spec) {
 		}
 		checked[e.Name]++
 	}
-	if len(checked) != 9 {
-		t.Errorf("calls checked per function: %v, want all 9 functions", checked)
+	if len(checked) != funcs {
+		t.Errorf("calls checked per function: %v, want all %d functions", checked, funcs)
 	}
+	// Coverage, not correctness (every call above was compared): the
+	// capture stops at --max-calls mid-drain, and the rings of threads
+	// drained last (t_thr's) may lose a drain's worth of calls to the cut.
 	for fn, n := range checked {
-		if n < calls/9-2 {
+		if n < calls/funcs/2 {
 			t.Errorf("%s: only %d calls checked", fn, n)
 		}
 	}
@@ -194,7 +198,7 @@ func TestTraceArgsPerfettoReplay(t *testing.T) {
 	testutil.RequirePtrace(t)
 	testutil.RequireTool(t, "protoc")
 	lib := testutil.Runtime(t, "gcc")
-	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true})
+	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
 	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
 		t.Fatal(r.Stderr)
 	}
@@ -202,7 +206,7 @@ func TestTraceArgsPerfettoReplay(t *testing.T) {
 	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path, logFile)
 	out := filepath.Join(t.TempDir(), "trace.pftrace")
 	run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_*", "--args", "t_*", "--retval", "t_*",
-		"--duration", "60s", "--max-calls", "180", "--ring-events", "65536", "-o", out)
+		"--duration", "60s", "--max-calls", "220", "--ring-events", "65536", "-o", out)
 	if o, _ := p.Finish(); !strings.HasPrefix(o, "done ") {
 		t.Fatalf("program output %q", o)
 	}
@@ -271,8 +275,8 @@ func TestTraceArgsPerfettoReplay(t *testing.T) {
 		}
 		calls++
 	}
-	if calls < 180 {
-		t.Errorf("replay printed %d calls, want 180", calls)
+	if calls < 220 {
+		t.Errorf("replay printed %d calls, want 220", calls)
 	}
 	t.Logf("replay: %d calls, %d values equal to what the program logged", calls, values)
 }
