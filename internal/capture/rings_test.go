@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -41,7 +43,7 @@ func TestTraceRingEvents(t *testing.T) {
 			Dropped uint64 `json:"dropped"`
 		} `json:"threads"`
 	}
-	burst := func(t *testing.T, extra ...string) (summary, string) {
+	burst := func(t *testing.T, extra ...string) (summary, string) { // the summary and the text trace
 		dir := t.TempDir()
 		goFile, doneFile := filepath.Join(dir, "go"), filepath.Join(dir, "done")
 		p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path, goFile, doneFile, fmt.Sprint(threads), fmt.Sprint(calls))
@@ -89,12 +91,30 @@ func TestTraceRingEvents(t *testing.T) {
 				t.Errorf("thread %d: %d events kept + %d dropped, it made %d", th.Tid, th.Events, th.Dropped, 2*calls)
 			}
 		}
-		return s, stderr.String()
+		text, err := os.ReadFile(filepath.Join(dir, "t.txt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, string(text)
 	}
 	t.Run("default", func(t *testing.T) {
-		s, _ := burst(t)
+		s, text := burst(t)
 		if s.Ring != 512 || s.Dropped == 0 || s.Suggested <= s.Ring {
 			t.Fatalf("default rings: %+v; want drops and a bigger suggested size", s)
+		}
+		// The trace marks each gap on its thread, and the gaps add up to
+		// the thread's drops.
+		lostRe := regexp.MustCompile(`\[ *(\d+)\] \| +/\* (\d+) events lost here`)
+		lost := map[int32]uint64{}
+		for _, m := range lostRe.FindAllStringSubmatch(text, -1) {
+			tid, _ := strconv.Atoi(m[1])
+			n, _ := strconv.ParseUint(m[2], 10, 64)
+			lost[int32(tid)] += n
+		}
+		for _, th := range s.Threads {
+			if lost[th.Tid] != th.Dropped {
+				t.Errorf("thread %d: the trace marks %d events lost, the summary %d", th.Tid, lost[th.Tid], th.Dropped)
+			}
 		}
 		t.Logf("default rings: %d events dropped, capacity %d, suggested --ring-events %d", s.Dropped, s.Capacity, s.Suggested)
 	})

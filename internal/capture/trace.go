@@ -9,6 +9,7 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/report"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
+	"golang.org/x/sys/unix"
 )
 
 // TraceResult summarises a trace capture.
@@ -166,12 +167,35 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		}
 		add(h.tid, h.e, nil, ret)
 	}
+	// Drops: a full ring drops the newest events, so what a drain finds
+	// dropped since the last one was lost after the events it consumed; a
+	// Lost event marks the gap there, on the thread's track.
+	lastDropped := map[int]uint64{}
+	lastNs := map[int]uint64{}
+	lost := func(slot int, keep bool) {
+		d := s.region.RingDropped(slot)
+		delta := d - lastDropped[slot]
+		lastDropped[slot] = d
+		if !keep || delta == 0 || res.Limited || sinkErr != nil {
+			return
+		}
+		flush(slot)
+		ts := lastNs[slot]
+		if ts == 0 {
+			ts = monoNow()
+		}
+		ev := calltrace.Event{Kind: calltrace.Lost, Thread: tids[slot], TimeNs: ts, Count: delta}
+		sinkErr = m.Add(&ev)
+	}
 	drain := func(keep bool) {
 		for _, th := range s.region.Threads() {
 			if _, ok := tids[th.Index]; !ok {
 				tids[th.Index] = th.Tid
 			}
 			s.region.Consume(th.Index, func(e shm.Event) {
+				if e.TimeNs != 0 {
+					lastNs[th.Index] = e.TimeNs
+				}
 				if e.Kind == shm.EvThread {
 					flush(th.Index)
 					tids[th.Index] = int32(e.Addr) // the slot changed hands
@@ -191,6 +215,7 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 				}
 				add(tids[th.Index], e, nil, nil)
 			})
+			lost(th.Index, keep)
 		}
 	}
 	drain(false) // whatever an earlier tracer left behind
@@ -289,4 +314,13 @@ func (c *converter) event(tid int32, e shm.Event) *calltrace.Event {
 		c.ev.Kind = calltrace.Entry
 	}
 	return &c.ev
+}
+
+// monoNow is CLOCK_MONOTONIC now, the runtime's clock.
+func monoNow() uint64 {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) != nil {
+		return 0
+	}
+	return uint64(ts.Nano())
 }

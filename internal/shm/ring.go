@@ -251,3 +251,12 @@ func (r *Region) ReleaseRings() {
 		}
 	}
 }
+
+// RingDropped is the number of events slot's ring has dropped so far.
+func (r *Region) RingDropped(slot int) uint64 {
+	s, _, err := r.ring(slot)
+	if err != nil {
+		return 0
+	}
+	return atomic.LoadUint64(&s.RingDropped)
+}
