@@ -24,10 +24,10 @@
  *     Copied at entry: the bytes the function received, not what they became.
  *   - return values from the trampoline's save area (rax, rdx, xmm0, xmm1).
  *
- * A record is written only right after its own event (the ring head moved by
- * exactly that one event of that key): an event the full ring dropped gets
- * no record, and a record that does not fit is dropped and counted in
- * ring_dropped like any event.
+ * A record is written only right after its own event (the newest event in the
+ * ring, written by this hook): an event the full ring dropped gets no record,
+ * and a record that does not fit is dropped and counted in ring_dropped like
+ * any event.
  *
  * Locking: none; runs inside the hook's busy window (signal handlers' hooks
  * are dropped meanwhile), so one writer per ring.
@@ -97,17 +97,20 @@ EP_STATIC uint32_t ep_copy_str(uint64_t p, uint64_t *w) {
 	return 1 + nw;
 }
 
-/* Append the record (header + nw words) after the event at h0, if that event
- * is the last one written and is (kind, key). */
+/* Append the record (header + nw words) after the event of (kind, key) this
+ * hook wrote (the head was h0 when the hook began), if the ring holds it. */
 EP_STATIC void ep_put_data(struct ep_thread *th, uint64_t h0, uint32_t kind, uint64_t key, uint32_t sub, uint64_t spec,
                            const uint64_t *w, uint32_t nw) {
 	uint64_t h = th->ring_head;
 	uint32_t size = th->ring_size; /* the size its event was written with */
-	if (h != h0 + 1 || !ep.ring_events || !size)
+	if (h <= h0 || !ep.ring_events || !size)
 		return;
+	/* The hook writes its own event last (a tail call's exit of the caller,
+	 * or exits of dead frames, come before it): the record belongs after
+	 * the newest event if that is this call's. */
 	uint64_t mask = size - 1;
 	struct ep_event *ring = ep_ring(th);
-	struct ep_event *ev = ring + (h0 & mask);
+	struct ep_event *ev = ring + ((h - 1) & mask);
 	if ((LOAD(&ev->tsk) >> EP_EV_KIND_SHIFT) != kind || LOAD(&ev->fn) != key)
 		return;
 	uint32_t slots = (nw + 1) / 2;
@@ -132,7 +135,8 @@ EP_STATIC void ep_put_data(struct ep_thread *th, uint64_t h0, uint32_t kind, uin
 
 #define EP_READ_XMM(i, v) __asm__ volatile("movq %%xmm" #i ", %0" : "=r"(v))
 
-/* The arguments of the call whose ENTER event (key) was written at h0.
+/* The arguments of the call whose ENTER event (key) this hook wrote (the
+ * ring head was h0 before).
  * gregs: __fentry__'s save area (rax, rdi, rsi, rdx, rcx, r8, r9, r10);
  * slot: the function's return slot (stack arguments start above it);
  * vsave: the slow path's xsave area, NULL when xmm0-7 are still live. */
@@ -178,7 +182,8 @@ EP_SHARED_COLD void ep_args_entry(struct ep_thread *th, uint64_t key, uint64_t h
 	ep_put_data(th, h0, EP_EV_ENTER, key, EP_DATA_ARGS, spec, w, n);
 }
 
-/* The return value of the call whose EXIT event (key) was written at h0.
+/* The return value of the call whose EXIT event (key) this hook wrote (the
+ * ring head was h0 before).
  * rregs: the trampoline's save area (rax, rdx, xmm0 (16 bytes), xmm1). */
 EP_SHARED_COLD void ep_args_exit(struct ep_thread *th, uint64_t key, uint64_t h0, const uint64_t *rregs) {
 	uint64_t spec = ep_plan(key);
