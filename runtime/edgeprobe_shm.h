@@ -173,12 +173,12 @@ struct ep_header {
 	uint64_t _pad2[5];  /* 216 */
 	/* control line: written by readers */
 	uint32_t control;    /* 256 */
-	/* 260: the ring size (events, a power of two <= ring_events) a capture
+	uint32_t _pad3[13];  /* 260 */
+	/* 312: the ring size (events, a power of two <= ring_events) a capture
 	 * asks for; each thread switches to it at its next event once its ring
 	 * is empty (ep_thread.ring_size). Version 5. */
 	uint32_t ring_req;
-	uint32_t ring_def;   /* 264: the size rings start with (EDGEPROBE_RING_EVENTS) */
-	uint32_t _pad3[13];  /* 268 */
+	uint32_t ring_def;   /* 316: the size rings start with (EDGEPROBE_RING_EVENTS) */
 	/* global counters (atomic RMW; only touched off the fast path) */
 	uint64_t funcs_used;       /* 320: distinct keys in the function table */
 	uint64_t func_drop_enters; /* 328: enters dropped: no table slot within max_probe */
@@ -238,10 +238,7 @@ struct ep_thread {
 	uint64_t ring_dropped;    /* 72: events lost because the ring was full */
 	uint64_t ring_tail_cache; /* 80: owner's private copy of ring_tail */
 	uint32_t index;           /* 88: this slot's index */
-	/* 92: events this slot's ring holds now (a power of two <= ring_events;
-	 * 0: not used yet). Written by the owner only while the ring is empty,
-	 * before the head that publishes an event written with it (version 5). */
-	uint32_t ring_size;
+	uint32_t _pad0;           /* 92 */
 	/* loss counters of the rare paths (owner) */
 	uint64_t deep_lost;       /* 96: frames deeper than the shadow stack found dead (functions unknown) */
 	uint64_t abandoned_hooks; /* 104: hooks that never finished (a signal handler longjmp'd out of one) */
@@ -249,7 +246,14 @@ struct ep_thread {
 	uint64_t _pad1;           /* 120 */
 	/* ring consumer line (readers) */
 	uint64_t ring_tail;       /* 128: events consumed; only a consuming reader writes it */
-	uint64_t _pad2[7];        /* 136 */
+	uint64_t _pad2[6];        /* 136 */
+	/* 184: events this slot's ring holds now (a power of two <= ring_events;
+	 * 0: not used yet). Written by the owner only while the ring is empty,
+	 * before the head that publishes an event written with it (version 5);
+	 * read by the owner at each event (this line changes only when a reader
+	 * consumes) and by readers after the head. */
+	uint32_t ring_size;
+	uint32_t _pad5;           /* 188 */
 };
 
 /* Per-thread counter cache entry: 48 bytes, written only by the slot owner. */

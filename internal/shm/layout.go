@@ -167,9 +167,9 @@ type Header struct {
 	_          [5]uint64
 
 	Control uint32
+	_       [13]uint32
 	RingReq uint32 // version 5: the ring size a capture asks for
 	RingDef uint32 // version 5: the size rings start with
-	_       [13]uint32
 
 	FuncsUsed       uint64
 	FuncDropEnters  uint64
@@ -219,13 +219,15 @@ type threadSlot struct {
 	RingDropped    uint64
 	RingTailCache  uint64
 	Index          uint32
-	RingSize       uint32 // version 5: events the slot's ring holds now (0: unused)
+	_              uint32
 	DeepLost       uint64
 	AbandonedHooks uint64
 	FentryRestored uint64
 	_              uint64
 	RingTail       uint64
-	_              [7]uint64
+	_              [6]uint64
+	RingSize       uint32 // version 5: events the slot's ring holds now (0: unused)
+	_              uint32
 }
 
 // localEntry is struct ep_local.
