@@ -220,6 +220,9 @@ compiler put them. At most 128 functions per capture. docs/tracing.md has the de
 			if duration <= 0 {
 				return usagef("trace needs a positive --duration")
 			}
+			if ringEv&(ringEv-1) != 0 {
+				return usagef("--ring-events %d is not a power of two", ringEv)
+			}
 			if !cmd.Flags().Changed("max-calls") && format != formatChrome {
 				maxCalls = 0 // the streaming formats hold nothing in memory
 			}
