@@ -73,6 +73,7 @@ fuzz:
 	$(FUZZ) '^FuzzParseObject$$' ./internal/inject
 	$(FUZZ) '^FuzzSessionLine$$' ./internal/cli
 	$(FUZZ) '^FuzzSessionResultJSON$$' ./internal/cli
+	$(FUZZ) '^FuzzRecords$$' ./internal/capture
 	$(FUZZ) '^FuzzBuildID$$' ./internal/elfnote
 
 demo: build

@@ -71,6 +71,25 @@ EP_STATIC int ep_page_zero(const char *p, size_t n) {
 	return 1;
 }
 
+/* Whether the page at off holds ring cells in use: each slot's ring uses its
+ * first ring_size cells of the ring_events it reserves, and reading the rest
+ * of a reserve would make shmem allocate every page of it. Pages before the
+ * rings always count. */
+EP_STATIC int ep_page_used(uint64_t off) {
+	uint64_t ro = ep.ring_off, stride = ep.ring_stride;
+	if (off + 4096 <= ro || !stride)
+		return 1;
+	uint64_t first = off > ro ? (off - ro) / stride : 0;
+	uint64_t last = (off + 4095 - ro) / stride;
+	for (uint64_t i = first; i <= last && i < ep.max_threads; i++) {
+		struct ep_thread *th = ep_slot((uint32_t)i);
+		uint64_t lo = ro + i * stride, hi = lo + (uint64_t)LOAD(&th->ring_size) * sizeof(struct ep_event);
+		if (lo < off + 4096 && hi > off)
+			return 1;
+	}
+	return 0;
+}
+
 /* Write the region (zero pages as holes) and a copy of /proc/self/maps to
  * ep_out via a temporary file and rename. */
 EP_STATIC void ep_write_output(void) {
@@ -97,7 +116,7 @@ EP_STATIC void ep_write_output(void) {
 	const size_t chunk = 4096;
 	for (uint64_t off = EP_HEADER_SIZE; off < ep.size && ok; off += chunk) {
 		size_t n = ep.size - off < chunk ? (size_t)(ep.size - off) : chunk;
-		if (ep_page_zero(ep.base + off, n))
+		if (!ep_page_used(off) || ep_page_zero(ep.base + off, n))
 			continue;
 		for (size_t done = 0; done < n;) {
 			ssize_t w = pwrite(fd, ep.base + off + done, n - done, (off_t)(off + done));

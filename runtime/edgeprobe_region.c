@@ -149,11 +149,15 @@ EP_SHARED void ep_say(const char *msg, int err) {
 	(void)r;
 }
 
+/* Virtual space the rings may reserve (all threads): 1 GiB is 65,536 events
+ * per ring at the default 1024 threads; EDGEPROBE_RING_MAX sets it instead. */
+#define EP_RING_BUDGET (1ull << 30)
+
 EP_STATIC int ep_make_region(void) {
 	uint32_t nf = ep_pow2(ep_env_u64("EDGEPROBE_MAX_FUNCS", EP_DEF_FUNCS, EP_MAX_FUNCS_CAP));
 	uint32_t nt = (uint32_t)ep_env_u64("EDGEPROBE_MAX_THREADS", EP_DEF_THREADS, EP_MAX_THREADS_CAP);
 	uint64_t re = ep_env_u64("EDGEPROBE_RING_EVENTS", EP_DEF_RING, EP_MAX_RING_CAP);
-	uint32_t nr = re ? ep_pow2(re) : 0;
+	uint32_t rdef = re ? ep_pow2(re) : 0; /* the size rings start with */
 	uint32_t sd = (uint32_t)ep_env_u64("EDGEPROBE_STACK_DEPTH", EP_DEF_STACK, EP_MAX_STACK_CAP);
 	uint64_t lo = ep_env_u64("EDGEPROBE_LOCAL_FUNCS", EP_DEF_LOCAL, EP_MAX_LOCAL_CAP);
 	uint32_t nl = lo ? ep_pow2(lo) : 0;
@@ -161,6 +165,24 @@ EP_STATIC int ep_make_region(void) {
 		nt = 1;
 	if (sd == 0)
 		sd = 1;
+	/* Ring capacity: what a capture may ask for (--ring-events) without a
+	 * restart. Reserved, not committed: a memfd page costs memory only once
+	 * written, and a ring writes only its first ring_size cells. */
+	uint32_t nr = 0;
+	if (rdef) {
+		uint64_t rmax = ep_env_u64("EDGEPROBE_RING_MAX", 0, EP_MAX_RING_CAP);
+		if (rmax) {
+			nr = ep_pow2(rmax);
+		} else if (ep_env_u64("EDGEPROBE_RESERVE", 0, 1)) {
+			nr = rdef; /* everything allocated up front: no reserve beyond it */
+		} else {
+			nr = EP_MAX_RING_CAP;
+			while (nr > rdef && (uint64_t)nr * sizeof(struct ep_event) * nt > EP_RING_BUDGET)
+				nr >>= 1;
+		}
+		if (nr < rdef)
+			nr = rdef;
+	}
 
 	uint64_t local_bytes = (uint64_t)nl * sizeof(struct ep_local);
 	uint64_t stack_off = (sizeof(struct ep_thread) + local_bytes + 63) & ~63ull;
@@ -171,6 +193,18 @@ EP_STATIC int ep_make_region(void) {
 	uint64_t ring_off = thread_off + (uint64_t)nt * tsize;
 	uint64_t size = ring_off + (uint64_t)nt * rstride;
 	size = (size + 4095) & ~4095ull;
+	if (nr > rdef) {
+		/* Address space for the reserve (a process under RLIMIT_AS may not
+		 * have it): without it, rings of the start size only. */
+		void *probe = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		if (probe == MAP_FAILED) {
+			nr = rdef;
+			rstride = ((uint64_t)nr * sizeof(struct ep_event) + 63) & ~63ull;
+			size = (ring_off + (uint64_t)nt * rstride + 4095) & ~4095ull;
+		} else {
+			munmap(probe, size);
+		}
+	}
 	if (size > EP_REGION_CAP || tsize > 0xffffffffull) {
 		ep_say("limits give a region that is too large", 0);
 		return -1;
@@ -207,6 +241,13 @@ EP_STATIC int ep_make_region(void) {
 		ep_say("cannot map the shared-memory file", errno);
 		goto fail;
 	}
+	if (nr > rdef) {
+		/* A core dump would read every reserved ring page (and make shmem
+		 * allocate it): the rings stay out of core dumps. */
+		uint64_t lo = (ring_off + 4095) & ~4095ull;
+		if (size > lo)
+			madvise((char *)m + lo, size - lo, MADV_DONTDUMP);
+	}
 
 	struct ep_header *h = m;
 	h->version = EP_VERSION;
@@ -235,6 +276,8 @@ EP_STATIC int ep_make_region(void) {
 	h->ring_off = ring_off;
 	h->ring_stride = rstride;
 	h->ring_events = nr;
+	h->ring_def = rdef;
+	h->ring_req = rdef;
 	h->event_size = sizeof(struct ep_event);
 	h->max_probe = nf < EP_PROBE_LIMIT ? nf : EP_PROBE_LIMIT;
 	h->calib_ns = ep_cal_ns;

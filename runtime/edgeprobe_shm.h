@@ -12,7 +12,8 @@
  *   [thread_off, +max_threads*thread_size) thread slots, each:
  *        struct ep_thread, then ep_local[local_funcs] at thread_local_off,
  *        then ep_frame[stack_depth] at thread_stack_off
- *   [ring_off, +max_threads*ring_stride)  ep_event[ring_events] per slot
+ *   [ring_off, +max_threads*ring_stride)  ep_event[ring_events] per slot, of
+ *        which the first ep_thread.ring_size are in use
  *   [maps_off, +maps_len)           output files only: a copy of /proc/self/maps
  *
  * All multi-byte fields are little-endian, naturally aligned, and every
@@ -30,10 +31,12 @@
 #include <stdint.h>
 
 #define EP_MAGIC 0x3142525045474445ull /* "EDGEPRB1" as little-endian bytes */
-#define EP_VERSION 4u /* 2: fentry_mode and the fentry_* counters (padding, zero, in version 1);
+#define EP_VERSION 5u /* 2: fentry_mode and the fentry_* counters (padding, zero, in version 1);
                         * 3: ep_func.gen in place of the 64th histogram bucket, ep_frame.gen;
                         * 4: ep_frame.sp (exits match entries by stack position), ep_func.deep_*
-                        *    in place of histogram buckets 61 and 62, ep_thread loss counters */
+                        *    in place of histogram buckets 61 and 62, ep_thread loss counters;
+                        * 5: header.argplan (argument / return-value capture, EP_CTL_ARGS),
+                        *    EP_EV_DATA records in the rings */
 #define EP_HEADER_SIZE 4096u
 #define EP_HIST_BUCKETS 61u /* bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2);
                               * the last bucket also takes everything longer */
@@ -60,6 +63,11 @@
 #define EP_CTL_TRACE 1u  /* append enter/exit events to the per-thread rings */
 #define EP_CTL_NOTIME 2u /* count only: no clock reads, no latency */
 #define EP_CTL_PAUSE 4u  /* record nothing (hooks return at once) */
+/* With EP_CTL_TRACE: after the ENTER (EXIT) event of a fentry function that
+ * has a plan in header.argplan, append an EP_EV_DATA record with the argument
+ * (return-value) registers the plan names. A bit of its own, far from the
+ * low ones other features take. */
+#define EP_CTL_ARGS 0x100u
 
 /* ep_thread.state */
 #define EP_SLOT_FREE 0u
@@ -69,8 +77,54 @@
 #define EP_EV_ENTER 0u
 #define EP_EV_EXIT 1u
 #define EP_EV_THREAD 2u /* a thread claimed this slot; fn holds its tid */
+#define EP_EV_DATA 3u   /* a payload record: see below */
 #define EP_EV_KIND_SHIFT 62
 #define EP_EV_TS_MASK ((1ull << 62) - 1)
+
+/* EP_EV_DATA: the record right after the ENTER (args) or EXIT (return value)
+ * event it belongs to, published with it in one head update by its thread:
+ *     tsk = EP_EV_DATA << 62 | sub << 60 | slots << 52 | spec (the plan used)
+ *     fn  = the function key
+ * followed by `slots` 16-byte ring cells holding little-endian 64-bit words:
+ *   args (sub 1): the integer argument registers of spec's mask (rdi, rsi,
+ *     rdx, rcx, r8, r9 order), the low 8 bytes of the SSE registers of its
+ *     mask (xmm0..xmm7), the stack argument bytes (from entry rsp + 8), then
+ *     for each string register (rdi.. order) a status word (bits 0-7: bytes
+ *     copied, bit 8: a NUL ended them, bit 9: unreadable) and the bytes,
+ *     NUL excluded, zero-padded to whole words;
+ *   return (sub 2): rax, rdx, xmm0, xmm1 as the mask says, then the string
+ *     at rax (status word and bytes) when the plan asks for it.
+ * Words past the last are zero up to the end of the last cell. */
+#define EP_DATA_ARGS 1u
+#define EP_DATA_RET 2u
+#define EP_DATA_SUB_SHIFT 60
+#define EP_DATA_SLOTS_SHIFT 52
+#define EP_DATA_SPEC_MASK ((1ull << 52) - 1)
+#define EP_STR_MAX 64u      /* bytes copied from a char * */
+#define EP_STACK_MAX 64u    /* bytes of stack arguments copied */
+#define EP_STR_COMPLETE 0x100u
+#define EP_STR_FAULT 0x200u
+
+/* A capture plan's spec word (header.argplan[].spec and EP_EV_DATA). */
+#define EP_PLAN_INT(s) ((uint32_t)(s) & 0x3fu)           /* bits 0-5: rdi..r9 */
+#define EP_PLAN_SSE(s) ((uint32_t)((s) >> 8) & 0xffu)    /* bits 8-15: xmm0..xmm7 */
+#define EP_PLAN_STR(s) ((uint32_t)((s) >> 16) & 0x3fu)   /* bits 16-21: char * among rdi..r9 */
+#define EP_PLAN_STACK(s) ((uint32_t)((s) >> 24) & 0x7fu) /* bits 24-30: stack bytes (<= 64) */
+#define EP_PLAN_RINT(s) ((uint32_t)((s) >> 32) & 3u)     /* bits 32-33: rax, rdx */
+#define EP_PLAN_RSSE(s) ((uint32_t)((s) >> 34) & 3u)     /* bits 34-35: xmm0, xmm1 */
+#define EP_PLAN_RSTR (1ull << 36)                        /* the return value is a char * */
+#define EP_PLAN_ENTRY (1ull << 40)                       /* record the arguments */
+#define EP_PLAN_EXIT (1ull << 41)                        /* record the return value */
+
+/* header.argplan: open addressing, home (key * golden ratio) >> 57 (top 7
+ * bits), at most EP_ARGPLANS probes. Written by a capture while
+ * EP_CTL_ARGS is clear (spec first, then key with release order), read by
+ * hooks (key with acquire order, then spec); cleared after the bit is. */
+#define EP_ARGPLANS 128u
+struct ep_argplan {
+	uint64_t key;  /* function key; 0 = empty */
+	uint64_t spec; /* EP_PLAN_* */
+};
 
 struct ep_header {
 	/* identity: immutable once magic is published */
@@ -101,7 +155,9 @@ struct ep_header {
 	uint32_t frame_size;       /* 124 */
 	uint64_t ring_off;         /* 128 */
 	uint64_t ring_stride;      /* 136: bytes per slot's ring */
-	uint32_t ring_events;      /* 144: 0 (no tracing) or a power of two */
+	uint32_t ring_events;      /* 144: 0 (no tracing) or a power of two: each slot's ring
+	                            * capacity (version 5; its pages are touched only as far
+	                            * as the slot's ring_size reaches) */
 	uint32_t event_size;       /* 148 */
 	uint32_t max_probe;        /* 152: linear-probe limit in the function table */
 	uint32_t _pad0;            /* 156 */
@@ -117,7 +173,12 @@ struct ep_header {
 	uint64_t _pad2[5];  /* 216 */
 	/* control line: written by readers */
 	uint32_t control;    /* 256 */
-	uint32_t _pad3[15];  /* 260 */
+	uint32_t _pad3[13];  /* 260 */
+	/* 312: the ring size (events, a power of two <= ring_events) a capture
+	 * asks for; each thread switches to it at its next event once its ring
+	 * is empty (ep_thread.ring_size). Version 5. */
+	uint32_t ring_req;
+	uint32_t ring_def;   /* 316: the size rings start with (EDGEPROBE_RING_EVENTS) */
 	/* global counters (atomic RMW; only touched off the fast path) */
 	uint64_t funcs_used;       /* 320: distinct keys in the function table */
 	uint64_t func_drop_enters; /* 328: enters dropped: no table slot within max_probe */
@@ -132,7 +193,9 @@ struct ep_header {
 	uint64_t fentry_sites;     /* 392: distinct __fentry__ call sites decoded */
 	uint64_t fentry_bad_sites; /* 400: sites whose call was not recognised (keyed EP_KEY_BARE, entries only) */
 	uint64_t fentry_unwound;   /* 408: hijacked frames the unwinder walked through (exceptions, pthread_exit) */
-	uint64_t _pad4[460];       /* 416 .. 4096 */
+	uint64_t _pad4[204];       /* 416 .. 2048 */
+	/* argument capture plans (version 5) */
+	struct ep_argplan argplan[EP_ARGPLANS]; /* 2048 .. 4096 */
 };
 
 /* One function (hash-table slot): 576 bytes. */
@@ -183,7 +246,14 @@ struct ep_thread {
 	uint64_t _pad1;           /* 120 */
 	/* ring consumer line (readers) */
 	uint64_t ring_tail;       /* 128: events consumed; only a consuming reader writes it */
-	uint64_t _pad2[7];        /* 136 */
+	uint64_t _pad2[6];        /* 136 */
+	/* 184: events this slot's ring holds now (a power of two <= ring_events;
+	 * 0: not used yet). Written by the owner only while the ring is empty,
+	 * before the head that publishes an event written with it (version 5);
+	 * read by the owner at each event (this line changes only when a reader
+	 * consumes) and by readers after the head. */
+	uint32_t ring_size;
+	uint32_t _pad5;           /* 188 */
 };
 
 /* Per-thread counter cache entry: 48 bytes, written only by the slot owner. */

@@ -173,6 +173,13 @@ func TestSessionRow(t *testing.T) {
 	requireKeys(t, h, "session.toggles_per_s", "session_throughput_ratio.1k")
 }
 
+// TestArgsRow runs row 1d: every traced run must keep all its events
+// (the row fails otherwise) and each variant gets its figure.
+func TestArgsRow(t *testing.T) {
+	h := harness(t, "args")
+	requireKeys(t, h, "args.timing", "args.trace", "args.args", "args.args_str", "args_ratio.args")
+}
+
 func TestThroughputRow(t *testing.T) {
 	h := harness(t, "throughput")
 	requireKeys(t, h, "throughput_ratio.1k", "throughput_ratio.max")

@@ -15,6 +15,8 @@ var (
 	ErrLayout    = errors.New("shm: inconsistent region layout")
 	ErrReadOnly  = errors.New("shm: region opened read-only")
 	ErrNoSlot    = errors.New("shm: no such thread slot")
+	ErrArgPlans  = errors.New("shm: cannot record these arguments")
+	ErrRingSize  = errors.New("shm: ring size not available")
 )
 
 func layoutErr(field string, v uint64, why string) error {

@@ -7,7 +7,7 @@ package shm
 const Magic uint64 = 0x3142525045474445
 
 // Version is the layout version this package reads.
-const Version uint32 = 4
+const Version uint32 = 5
 
 // MinVersion is the oldest layout version this package still reads. Version
 // 4 moved the function entry's last histogram buckets (giving the deep-entry
@@ -54,6 +54,9 @@ const (
 	CtlTrace  uint32 = 1 // append enter/exit events to the per-thread rings
 	CtlNoTime uint32 = 2 // count only: no clock reads, no latency
 	CtlPause  uint32 = 4 // record nothing
+	// CtlArgs (with CtlTrace): fentry functions with a plan in the header's
+	// ArgPlan table get an EvData record after their entry and exit events.
+	CtlArgs uint32 = 0x100
 )
 
 // Event kinds.
@@ -61,7 +64,57 @@ const (
 	EvEnter  = 0
 	EvExit   = 1
 	EvThread = 2 // a thread claimed the slot; Event.Addr holds its tid
+	EvData   = 3 // arguments or a return value: Event.Sub, Spec, Data
 )
+
+// EvData records (runtime/edgeprobe_shm.h describes the payload).
+const (
+	DataArgs = 1 // after an EvEnter: argument registers, stack bytes, strings
+	DataRet  = 2 // after an EvExit: return registers, string
+
+	dataSubShift   = 60
+	dataSlotsShift = 52
+	dataSpecMask   = 1<<52 - 1
+
+	StrMax      = 64    // bytes copied from a char *
+	StackMax    = 64    // bytes of stack arguments copied
+	StrComplete = 0x100 // string status: a NUL ended the bytes
+	StrFault    = 0x200 // string status: unreadable
+
+	// ArgPlans is the size of the header's plan table.
+	ArgPlans = 128
+)
+
+// Plan spec bits (a plan's Spec and an EvData record's).
+const (
+	PlanEntry uint64 = 1 << 40 // record the arguments
+	PlanExit  uint64 = 1 << 41 // record the return value
+	PlanRStr  uint64 = 1 << 36 // the return value is a char *
+)
+
+// PlanSpec packs what to copy: integer argument registers (bit i: rdi, rsi,
+// rdx, rcx, r8, r9), SSE argument registers (xmm0..7), those integer
+// registers that hold a char *, stack bytes (<= StackMax), return integer
+// registers (rax, rdx), return SSE registers (xmm0, xmm1).
+func PlanSpec(intRegs, sseRegs, strRegs uint8, stack int, retInt, retSSE uint8) uint64 {
+	stack = min(max(stack, 0), StackMax)
+	return uint64(intRegs&0x3f) | uint64(sseRegs)<<8 | uint64(strRegs&0x3f)<<16 | uint64(stack)<<24 |
+		uint64(retInt&3)<<32 | uint64(retSSE&3)<<34
+}
+
+// SpecInt and friends unpack a spec.
+func SpecInt(s uint64) uint8  { return uint8(s & 0x3f) }
+func SpecSSE(s uint64) uint8  { return uint8(s >> 8) }
+func SpecStr(s uint64) uint8  { return uint8(s>>16) & 0x3f }
+func SpecStack(s uint64) int  { return int(s>>24) & 0x7f }
+func SpecRInt(s uint64) uint8 { return uint8(s>>32) & 3 }
+func SpecRSSE(s uint64) uint8 { return uint8(s>>34) & 3 }
+
+// argPlan is struct ep_argplan.
+type argPlan struct {
+	Key  uint64
+	Spec uint64
+}
 
 const (
 	evKindShift = 62
@@ -114,7 +167,9 @@ type Header struct {
 	_          [5]uint64
 
 	Control uint32
-	_       [15]uint32
+	_       [13]uint32
+	RingReq uint32 // version 5: the ring size a capture asks for
+	RingDef uint32 // version 5: the size rings start with
 
 	FuncsUsed       uint64
 	FuncDropEnters  uint64
@@ -128,7 +183,8 @@ type Header struct {
 	FentrySites     uint64
 	FentryBadSites  uint64
 	FentryUnwound   uint64
-	_               [460]uint64
+	_               [204]uint64
+	ArgPlan         [ArgPlans]argPlan // version 5
 }
 
 // funcEntry is struct ep_func.
@@ -169,7 +225,9 @@ type threadSlot struct {
 	FentryRestored uint64
 	_              uint64
 	RingTail       uint64
-	_              [7]uint64
+	_              [6]uint64
+	RingSize       uint32 // version 5: events the slot's ring holds now (0: unused)
+	_              uint32
 }
 
 // localEntry is struct ep_local.

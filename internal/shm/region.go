@@ -24,6 +24,7 @@ type Region struct {
 	mem      []byte
 	hdr      Header // validated copy of the immutable geometry
 	writable bool
+	dataBuf  []uint64 // Consume's payload buffer for EvData records
 }
 
 // Errors of OpenPID; test with errors.Is. ErrNoRuntime also matches
@@ -189,6 +190,7 @@ func (r *Region) Header() Header {
 	p := (*Header)(unsafe.Pointer(&r.mem[0]))
 	h.State = atomic.LoadUint32(&p.State)
 	h.Control = atomic.LoadUint32(&p.Control)
+	h.RingReq = atomic.LoadUint32(&p.RingReq)
 	h.ExitMono = atomic.LoadUint64(&p.ExitMono)
 	h.ExitTSC = atomic.LoadUint64(&p.ExitTSC)
 	h.FuncsUsed = atomic.LoadUint64(&p.FuncsUsed)
@@ -432,6 +434,7 @@ type Thread struct {
 	RingHead       uint64
 	RingTail       uint64
 	RingDropped    uint64
+	RingSize       uint32 // events the slot's ring holds now (version 5; 0: unused)
 	DeepLost       uint64 // frames deeper than the shadow stack found dead (functions unknown)
 	AbandonedHooks uint64 // hooks a signal handler longjmp'd out of
 	FentryRestored uint64 // dead hijacked fentry frames whose return slot was given back
@@ -460,6 +463,7 @@ func (r *Region) Threads() []Thread {
 			RingHead:       atomic.LoadUint64(&s.RingHead),
 			RingTail:       atomic.LoadUint64(&s.RingTail),
 			RingDropped:    atomic.LoadUint64(&s.RingDropped),
+			RingSize:       atomic.LoadUint32(&s.RingSize),
 			DeepLost:       atomic.LoadUint64(&s.DeepLost),
 			AbandonedHooks: atomic.LoadUint64(&s.AbandonedHooks),
 			FentryRestored: atomic.LoadUint64(&s.FentryRestored),
