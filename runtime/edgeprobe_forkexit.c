@@ -71,8 +71,31 @@ EP_STATIC int ep_page_zero(const char *p, size_t n) {
 	return 1;
 }
 
+/* Write n bytes from src at file offset off, zero pages as holes; 0 on an
+ * error. */
+EP_STATIC int ep_write_range(int fd, const char *src, uint64_t n, uint64_t off) {
+	const uint64_t chunk = 4096;
+	for (uint64_t at = 0; at < n; at += chunk) {
+		size_t k = n - at < chunk ? (size_t)(n - at) : (size_t)chunk;
+		if (ep_page_zero(src + at, k))
+			continue;
+		for (size_t done = 0; done < k;) {
+			ssize_t w = pwrite(fd, src + at + done, k - done, (off_t)(off + at + done));
+			if (w <= 0) {
+				if (w < 0 && errno == EINTR)
+					continue;
+				return 0;
+			}
+			done += (size_t)w;
+		}
+	}
+	return 1;
+}
+
 /* Write the region (zero pages as holes) and a copy of /proc/self/maps to
- * ep_out via a temporary file and rename. */
+ * ep_out via a temporary file and rename. Only the function-table segments
+ * in use are written (the output's max_funcs is their slots): the rest of
+ * the table is address space the process never used. */
 EP_STATIC void ep_write_output(void) {
 	/* A fresh temporary beside the output (O_EXCL | O_NOFOLLOW: never a file
 	 * or symlink someone planted), renamed over it: rename replaces a
@@ -93,23 +116,15 @@ EP_STATIC void ep_write_output(void) {
 		ep_say("cannot write EDGEPROBE_OUTPUT", errno);
 		return;
 	}
-	int ok = 1;
-	const size_t chunk = 4096;
-	for (uint64_t off = EP_HEADER_SIZE; off < ep.size && ok; off += chunk) {
-		size_t n = ep.size - off < chunk ? (size_t)(ep.size - off) : chunk;
-		if (ep_page_zero(ep.base + off, n))
-			continue;
-		for (size_t done = 0; done < n;) {
-			ssize_t w = pwrite(fd, ep.base + off + done, n - done, (off_t)(off + done));
-			if (w <= 0) {
-				if (w < 0 && errno == EINTR)
-					continue;
-				ok = 0;
-				break;
-			}
-			done += (size_t)w;
-		}
-	}
+	const struct ep_header *h = ep.hdr;
+	uint32_t segs = __atomic_load_n(&h->func_segs, __ATOMIC_ACQUIRE);
+	uint64_t used = (uint64_t)h->func_first << (segs - 1);
+	uint64_t keys_off = h->keys_off;
+	uint64_t func_off = (keys_off + used * sizeof(uint64_t) + 63) & ~63ull;
+	uint64_t size = (func_off + used * sizeof(struct ep_func) + 4095) & ~4095ull;
+	int ok = ep_write_range(fd, ep.base + EP_HEADER_SIZE, keys_off - EP_HEADER_SIZE, EP_HEADER_SIZE) &&
+		 ep_write_range(fd, ep.base + keys_off, used * sizeof(uint64_t), keys_off) &&
+		 ep_write_range(fd, (const char *)ep.funcs, used * sizeof(struct ep_func), func_off);
 	uint64_t mlen = 0;
 	int mfd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
 	if (mfd >= 0) {
@@ -120,7 +135,7 @@ EP_STATIC void ep_write_output(void) {
 				continue;
 			if (r <= 0)
 				break;
-			if (pwrite(fd, buf, (size_t)r, (off_t)(ep.size + mlen)) != r) {
+			if (pwrite(fd, buf, (size_t)r, (off_t)(size + mlen)) != r) {
 				ok = 0;
 				break;
 			}
@@ -128,11 +143,15 @@ EP_STATIC void ep_write_output(void) {
 		}
 		close(mfd);
 	}
-	if (ftruncate(fd, (off_t)(ep.size + mlen)) != 0)
+	if (ftruncate(fd, (off_t)(size + mlen)) != 0)
 		ok = 0;
 	struct ep_header hcopy;
 	memcpy(&hcopy, ep.hdr, sizeof hcopy);
-	hcopy.maps_off = mlen ? ep.size : 0;
+	hcopy.region_size = size;
+	hcopy.max_funcs = (uint32_t)used;
+	hcopy.func_segs = segs;
+	hcopy.func_off = func_off;
+	hcopy.maps_off = mlen ? size : 0;
 	hcopy.maps_len = mlen;
 	if (pwrite(fd, &hcopy, sizeof hcopy, 0) != (ssize_t)sizeof hcopy)
 		ok = 0;

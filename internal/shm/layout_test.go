@@ -41,6 +41,7 @@ func TestLayoutMatchesC(t *testing.T) {
 		"EP_FENTRY_USED": uint64(FentryUsed), "EP_FENTRY_EXITS": uint64(FentryExits),
 		"EP_FENTRY_EXITS_OFF": uint64(FentryExitsOff), "EP_FENTRY_SHSTK": uint64(FentrySHSTK),
 		"EP_EV_KIND_SHIFT": evKindShift, "EP_EV_TS_MASK": evTSMask,
+		"EP_HASH_MUL": hashMul, "EP_HASH_STEP": hashStep,
 	}
 	sizes := map[string]uintptr{"ep_func": funcSize, "ep_thread": threadSize, "ep_local": localSize, "ep_frame": frameSize, "ep_event": eventSize, "ep_header": HeaderSize}
 	seenFields := map[string]int{}

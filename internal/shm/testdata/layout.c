@@ -16,6 +16,7 @@ int main(void) {
 	C(EP_CTL_TRACE); C(EP_CTL_NOTIME); C(EP_CTL_PAUSE); C(EP_SLOT_OWNED);
 	C(EP_FENTRY_USED); C(EP_FENTRY_EXITS); C(EP_FENTRY_EXITS_OFF); C(EP_FENTRY_SHSTK);
 	C(EP_EV_ENTER); C(EP_EV_EXIT); C(EP_EV_THREAD); C(EP_EV_KIND_SHIFT); C(EP_EV_TS_MASK);
+	C(EP_HASH_MUL); C(EP_HASH_STEP);
 	F(ep_header, magic); F(ep_header, version); F(ep_header, header_size); F(ep_header, region_size);
 	F(ep_header, pid); F(ep_header, ppid); F(ep_header, hist_buckets); F(ep_header, clock_kind);
 	F(ep_header, tsc_mult); F(ep_header, tsc0); F(ep_header, mono0); F(ep_header, real0);
@@ -23,9 +24,10 @@ int main(void) {
 	F(ep_header, max_threads); F(ep_header, thread_size); F(ep_header, thread_local_off);
 	F(ep_header, local_funcs); F(ep_header, local_size); F(ep_header, thread_stack_off);
 	F(ep_header, stack_depth); F(ep_header, frame_size); F(ep_header, ring_off); F(ep_header, ring_stride);
-	F(ep_header, ring_events); F(ep_header, event_size); F(ep_header, max_probe); F(ep_header, calib_ns);
+	F(ep_header, ring_events); F(ep_header, event_size); F(ep_header, max_probe); F(ep_header, func_first); F(ep_header, calib_ns);
 	F(ep_header, maps_off); F(ep_header, maps_len); F(ep_header, init_mono); F(ep_header, state);
-	F(ep_header, exit_mono); F(ep_header, exit_tsc); F(ep_header, control); F(ep_header, funcs_used);
+	F(ep_header, exit_mono); F(ep_header, exit_tsc);
+	F(ep_header, keys_off); F(ep_header, func_segs); F(ep_header, control); F(ep_header, funcs_used);
 	F(ep_header, func_drop_enters); F(ep_header, func_drop_exits); F(ep_header, threads_claimed);
 	F(ep_header, threads_active); F(ep_header, thread_overflows); F(ep_header, thread_drop_hits);
 	F(ep_header, preinit_drops); F(ep_header, late_drops); F(ep_header, fentry_mode);
