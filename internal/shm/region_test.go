@@ -239,31 +239,9 @@ func TestIdleRegionMemory(t *testing.T) {
 // region mapping (/memfd:edgeprobe in smaps).
 func regionRss(t testing.TB, pid int) (rss, size int) {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
+	m, err := ReadMemory(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	in, found := false, false
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 6 && strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":") {
-			in = strings.HasPrefix(strings.Join(f[5:], " "), MemfdName+" ") || strings.Join(f[5:], " ") == MemfdName
-			found = found || in
-			continue
-		}
-		if !in || len(f) < 2 {
-			continue
-		}
-		n, _ := strconv.Atoi(f[1])
-		switch f[0] {
-		case "Rss:":
-			rss += n
-		case "Size:":
-			size += n
-		}
-	}
-	if !found {
-		t.Fatalf("pid %d maps no %s", pid, MemfdName)
-	}
-	return rss, size
+	return int(m.ResidentKiB), int(m.SizeKiB)
 }
