@@ -121,3 +121,35 @@ func checkGrown(t *testing.T, r *Region, maps []byte, n int, want map[string]ee,
 		}
 	}
 }
+
+// TestFunctionTableAddressLimit: under an address-space limit (RLIMIT_AS,
+// 1 GiB) the table's full cap cannot be mapped; the runtime halves the cap
+// until the region fits instead of recording nothing, and the 20,000
+// functions are still every one counted exactly.
+func TestFunctionTableAddressLimit(t *testing.T) {
+	testutil.RequireTool(t, "prlimit")
+	lib := buildRuntime(t, "gcc")
+	const n, passes, threads = 20000, 1, 2
+	name := fmt.Sprintf("counted%d", n)
+	bin := testutil.Build(t, testutil.Spec{Sources: []string{testutil.Generated(t, name, cgen.Counted(n))}, Opt: "-O0", Name: name}).Path
+	dir := t.TempDir()
+	stop, out := filepath.Join(dir, "stop"), filepath.Join(dir, "out")
+	if err := os.WriteFile(stop, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// prlimit sets the limit and execs the program (the preloaded runtime
+	// in prlimit itself is gone with the exec).
+	got := mustRun(t, lib, "prlimit", []string{"EDGEPROBE_OUTPUT=" + out}, "--as=1073741824", bin, stop, fmt.Sprint(passes), fmt.Sprint(threads))
+	if len(got) < 6 || got[:6] != "ready " {
+		t.Fatalf("output %q", got)
+	}
+	r := openOutput(t, out)
+	want := map[string]ee{}
+	var total uint64
+	for i := 0; i < n; i++ {
+		c := passes * threads * cgen.CountedCalls(i)
+		want[fmt.Sprintf("f%d", i)] = ee{c, c}
+		total += c
+	}
+	checkGrown(t, r, r.Maps(), n, want, total, 0)
+}
