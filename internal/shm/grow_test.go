@@ -81,6 +81,26 @@ func checkGrown(t *testing.T, r *Region, maps []byte, n int, want map[string]ee,
 	t.Helper()
 	c := r.Counters()
 	h := r.Header()
+	// The reader's probe sequence is the runtime's: every key is found by
+	// lookup (NewGeneration's path) at the slot the runtime claimed for it,
+	// in whichever segment, and a key never recorded is not found.
+	found := 0
+	for i := uint64(0); i < r.FuncSlots(); i++ {
+		key := *r.keyAt(i)
+		if key == 0 {
+			continue
+		}
+		found++
+		if e := r.lookup(key); e != r.funcAt(i) {
+			t.Fatalf("key %#x claimed at slot %d: lookup finds %p, want %p", key, i, e, r.funcAt(i))
+		}
+	}
+	if uint64(found) != c.FuncsUsed {
+		t.Errorf("%d keys in the table, funcs_used %d", found, c.FuncsUsed)
+	}
+	if e := r.lookup(1); e != nil {
+		t.Errorf("lookup of a key never recorded found %p", e)
+	}
 	if capSlots != 0 {
 		// The cap holds: the table stops at it, and every call of a function
 		// it had no room for is counted as dropped, never lost silently.

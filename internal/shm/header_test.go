@@ -128,6 +128,9 @@ func FuzzParseHeader(f *testing.F) {
 		r.Threads()
 		r.Counters()
 		r.Maps()
+		r.FuncSlots()
+		r.lookup(1)
+		r.lookup(0x4011d6)
 		for i := 0; i < int(h.MaxThreads) && i < 8; i++ {
 			r.Events(i)
 		}
