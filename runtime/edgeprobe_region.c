@@ -237,6 +237,18 @@ EP_STATIC int ep_make_region(void) {
 		ep_say("cannot map the shared-memory file", errno);
 		goto fail;
 	}
+	/* A core dump reads every page of a shared mapping (and makes shmem
+	 * allocate the untouched ones): the table's reserve beyond its first
+	 * segment, up to 2.4 GiB, stays out of core dumps. */
+	if (nf > nf0) {
+		uint64_t k0 = (g.keys_off + (uint64_t)nf0 * sizeof(uint64_t) + 4095) & ~4095ull;
+		uint64_t f0 = (g.func_off + (uint64_t)nf0 * sizeof(struct ep_func) + 4095) & ~4095ull;
+		uint64_t fk = g.func_off & ~4095ull; /* the keys' end shares a page with the counters' start */
+		if (fk > k0)
+			madvise((char *)m + k0, fk - k0, MADV_DONTDUMP);
+		if (size > f0)
+			madvise((char *)m + f0, size - f0, MADV_DONTDUMP);
+	}
 	/* Pay for what is used: a memfd has no size limit of its own, so its
 	 * untouched pages cost nothing and a later page fault can only meet
 	 * the memory limits any allocation meets (no SIGBUS from a full

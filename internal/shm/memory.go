@@ -14,6 +14,10 @@ import (
 type Memory struct {
 	ResidentKiB uint64 // pages in memory (Rss): what the region costs
 	SizeKiB     uint64 // address space (Size): the tables up to their caps
+	// DumpedKiB is the address space a core dump of the process would
+	// read (mappings without VmFlags "dd", MADV_DONTDUMP): the reserves
+	// beyond what a small program uses are left out.
+	DumpedKiB uint64
 }
 
 // ReadMemory reads the region's resident and mapped size in process pid.
@@ -26,6 +30,7 @@ func ReadMemory(pid int) (Memory, error) {
 	}
 	var m Memory
 	in, found := false, false
+	var size uint64 // of the current mapping
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
@@ -42,6 +47,16 @@ func ReadMemory(pid int) (Memory, error) {
 		if !in || len(f) < 2 {
 			continue
 		}
+		if f[0] == "VmFlags:" {
+			dd := false
+			for _, fl := range f[1:] {
+				dd = dd || fl == "dd"
+			}
+			if !dd {
+				m.DumpedKiB += size
+			}
+			continue
+		}
 		n, err := strconv.ParseUint(f[1], 10, 64)
 		if err != nil {
 			continue
@@ -51,6 +66,7 @@ func ReadMemory(pid int) (Memory, error) {
 			m.ResidentKiB += n
 		case "Size:":
 			m.SizeKiB += n
+			size = n
 		}
 	}
 	if !found {
