@@ -507,7 +507,7 @@ func (r *Region) Threads() []Thread {
 // the sums over thread slots.
 type Counters struct {
 	FuncsUsed       uint64
-	FuncDropEnters  uint64 // function table full
+	FuncDropEnters  uint64 // function table at its cap (every segment full along the key's probe sequence)
 	FuncDropExits   uint64
 	ThreadsClaimed  uint64
 	ThreadsActive   uint64
