@@ -8,13 +8,31 @@
  * mapped MAP_SHARED:
  *
  *   [0, 4096)                       struct ep_header
- *   [func_off, +max_funcs*func_size)     struct ep_func[max_funcs]   (hash table)
  *   [thread_off, +max_threads*thread_size) thread slots, each:
  *        struct ep_thread, then ep_local[local_funcs] at thread_local_off,
  *        then ep_frame[stack_depth] at thread_stack_off
  *   [ring_off, +max_threads*ring_stride)  ep_event[ring_events] per slot, of
  *        which the first ep_thread.ring_size are in use
+ *   [keys_off, +max_funcs*8)        uint64_t keys[max_funcs]: the function table's keys
+ *   [func_off, +max_funcs*func_size) struct ep_func[max_funcs]: their counters
  *   [maps_off, +maps_len)           output files only: a copy of /proc/self/maps
+ *
+ * The function table grows without moving (D35): it is a chain of segments
+ * of open-addressed slots, segment 0 holding func_first slots [0, func_first)
+ * and segment k >= 1 holding func_first << (k-1) slots from index
+ * func_first << (k-1), so that the segments are contiguous and max_funcs (a
+ * power of two, the cap) = func_first << (segments - 1). The file is sized
+ * for all of them at start-up and untouched pages cost nothing; func_segs
+ * counts the segments in use (only grows, CAS; slots beyond
+ * func_first << (func_segs - 1) are all empty). A key's probe sequence is
+ * max_probe slots from its home in segment 0, then max_probe slots from its
+ * home in segment 1, and so on: home_k = (h_k >> 32) & (slots_k - 1),
+ * h_0 = key * EP_HASH_MUL, h_(k+1) = (h_k ^ (h_k >> 29)) * EP_HASH_STEP. A key
+ * is claimed (CAS from 0) in the first empty slot of its sequence, a segment
+ * being counted in func_segs before any key is claimed in it; keys are never
+ * removed, so a key is found at the one slot it was claimed in, and a reader
+ * meeting an empty slot in the sequence knows the key is absent. An output
+ * file keeps only the segments in use (its max_funcs = the slots in use).
  *
  * All multi-byte fields are little-endian, naturally aligned, and every
  * section starts on a 64-byte boundary. Offsets and sizes are in the header;
@@ -35,9 +53,15 @@
                         * 3: ep_func.gen in place of the 64th histogram bucket, ep_frame.gen;
                         * 4: ep_frame.sp (exits match entries by stack position), ep_func.deep_*
                         *    in place of histogram buckets 61 and 62, ep_thread loss counters;
-                        * 5: header.argplan (argument / return-value capture, EP_CTL_ARGS),
-                        *    EP_EV_DATA records in the rings */
+                        * 5: the function table grows in segments (func_first, func_segs), its
+                        *    keys in their own array (keys_off), placed after the rings;
+                        *    header.argplan (argument / return-value capture, EP_CTL_ARGS),
+                        *    EP_EV_DATA records in the rings; rings sized per capture
+                        *    (ring_req, ring_def, ep_thread.ring_size) */
 #define EP_HEADER_SIZE 4096u
+/* The function table's hash (see the layout above). */
+#define EP_HASH_MUL 0x9E3779B97F4A7C15ull
+#define EP_HASH_STEP 0xBF58476D1CE4E5B9ull
 #define EP_HIST_BUCKETS 61u /* bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2);
                               * the last bucket also takes everything longer */
 
@@ -141,8 +165,8 @@ struct ep_header {
 	uint64_t mono0;        /* 56: CLOCK_MONOTONIC ns at tsc0 */
 	/* geometry */
 	uint64_t real0;            /* 64: CLOCK_REALTIME ns at mono0 */
-	uint64_t func_off;         /* 72 */
-	uint32_t max_funcs;        /* 80: hash-table slots, a power of two */
+	uint64_t func_off;         /* 72: ep_func[max_funcs] */
+	uint32_t max_funcs;        /* 80: function-table slots over every segment, a power of two */
 	uint32_t func_size;        /* 84 */
 	uint64_t thread_off;       /* 88 */
 	uint32_t max_threads;      /* 96 */
@@ -159,8 +183,8 @@ struct ep_header {
 	                            * capacity (version 5; its pages are touched only as far
 	                            * as the slot's ring_size reaches) */
 	uint32_t event_size;       /* 148 */
-	uint32_t max_probe;        /* 152: linear-probe limit in the function table */
-	uint32_t _pad0;            /* 156 */
+	uint32_t max_probe;        /* 152: linear-probe limit in each function-table segment */
+	uint32_t func_first;       /* 156: slots of the function table's segment 0, a power of two */
 	uint64_t calib_ns;         /* 160: length of the TSC calibration */
 	uint64_t maps_off;         /* 168: output files: offset of the /proc/self/maps copy, else 0 */
 	uint64_t maps_len;         /* 176 */
@@ -170,7 +194,10 @@ struct ep_header {
 	uint32_t fentry_mode; /* 196: EP_FENTRY_* (version 2) */
 	uint64_t exit_mono; /* 200: CLOCK_MONOTONIC ns at exit */
 	uint64_t exit_tsc;  /* 208: ticks at exit (check the calibration against exit_mono) */
-	uint64_t _pad2[5];  /* 216 */
+	uint64_t keys_off;  /* 216: uint64_t keys[max_funcs] (geometry, version 5) */
+	uint32_t func_segs; /* 224: function-table segments in use, >= 1 (grows by CAS) */
+	uint32_t _pad2a;    /* 228 */
+	uint64_t _pad2[3];  /* 232 */
 	/* control line: written by readers */
 	uint32_t control;    /* 256 */
 	uint32_t _pad3[13];  /* 260 */
@@ -181,7 +208,7 @@ struct ep_header {
 	uint32_t ring_def;   /* 316: the size rings start with (EDGEPROBE_RING_EVENTS) */
 	/* global counters (atomic RMW; only touched off the fast path) */
 	uint64_t funcs_used;       /* 320: distinct keys in the function table */
-	uint64_t func_drop_enters; /* 328: enters dropped: no table slot within max_probe */
+	uint64_t func_drop_enters; /* 328: enters dropped: no slot in any segment up to max_funcs */
 	uint64_t func_drop_exits;  /* 336 */
 	uint64_t threads_claimed;  /* 344: slot claims since start */
 	uint64_t threads_active;   /* 352 */
@@ -200,7 +227,7 @@ struct ep_header {
 
 /* One function (hash-table slot): 576 bytes. */
 struct ep_func {
-	uint64_t addr;      /* 0: key (runtime address); 0 = empty; set once by CAS */
+	uint64_t addr;      /* 0: a copy of keys[i] (the table), written after the claim; 0 = not yet */
 	uint64_t entries;   /* 8: enters counted here (threads without a local entry) */
 	uint64_t exits;     /* 16 */
 	uint64_t sum_ns;    /* 24: latency sum of exits counted here */

@@ -10,9 +10,17 @@ const Magic uint64 = 0x3142525045474445
 const Version uint32 = 5
 
 // MinVersion is the oldest layout version this package still reads. Version
-// 4 moved the function entry's last histogram buckets (giving the deep-entry
-// counters their place) and grew the frame, so older regions are not read.
-const MinVersion uint32 = 4
+// 5 made the function table a chain of segments with its keys in an array of
+// their own, after the rings, so older regions are not read.
+const MinVersion uint32 = 5
+
+// The function table's hash (runtime/edgeprobe_shm.h: EP_HASH_MUL,
+// EP_HASH_STEP): segment k of a key's probe sequence starts at the top 32
+// bits of h_k, h_0 = key * hashMul, h_(k+1) = (h_k ^ h_k>>29) * hashStep.
+const (
+	hashMul  uint64 = 0x9E3779B97F4A7C15
+	hashStep uint64 = 0xBF58476D1CE4E5B9
+)
 
 const (
 	HeaderSize  = 4096 // bytes of Header
@@ -154,7 +162,7 @@ type Header struct {
 	RingEvents     uint32
 	EventSize      uint32
 	MaxProbe       uint32
-	_              uint32
+	FuncFirst      uint32 // slots of the function table's segment 0
 	CalibNs        uint64
 	MapsOff        uint64
 	MapsLen        uint64
@@ -164,7 +172,10 @@ type Header struct {
 	FentryMode uint32
 	ExitMono   uint64
 	ExitTSC    uint64
-	_          [5]uint64
+	KeysOff    uint64 // the function table's keys: MaxFuncs uint64s
+	FuncSegs   uint32 // function-table segments in use (grows while the process runs)
+	_          uint32
+	_          [3]uint64
 
 	Control uint32
 	_       [13]uint32
@@ -189,7 +200,7 @@ type Header struct {
 
 // funcEntry is struct ep_func.
 type funcEntry struct {
-	Addr        uint64
+	Addr        uint64 // a copy of the slot's key, written after the claim (the keys array is the table)
 	Entries     uint64
 	Exits       uint64
 	SumNs       uint64

@@ -48,6 +48,7 @@ func TestLayoutMatchesC(t *testing.T) {
 		"EP_ARGPLANS": ArgPlans, "EP_PLAN_ENTRY": PlanEntry, "EP_PLAN_EXIT": PlanExit, "EP_PLAN_RSTR": PlanRStr,
 		"SPEC_INT": uint64(SpecInt(layoutSpec)), "SPEC_SSE": uint64(SpecSSE(layoutSpec)), "SPEC_STR": uint64(SpecStr(layoutSpec)),
 		"SPEC_STACK": uint64(SpecStack(layoutSpec)), "SPEC_RINT": uint64(SpecRInt(layoutSpec)), "SPEC_RSSE": uint64(SpecRSSE(layoutSpec)),
+		"EP_HASH_MUL": hashMul, "EP_HASH_STEP": hashStep,
 	}
 	sizes := map[string]uintptr{"ep_func": funcSize, "ep_thread": threadSize, "ep_local": localSize, "ep_frame": frameSize, "ep_event": eventSize, "ep_header": HeaderSize, "ep_argplan": 16}
 	seenFields := map[string]int{}

@@ -23,6 +23,7 @@ int main(void) {
 	printf("const.SPEC_INT %u\nconst.SPEC_SSE %u\nconst.SPEC_STR %u\nconst.SPEC_STACK %u\nconst.SPEC_RINT %u\nconst.SPEC_RSSE %u\n",
 	       EP_PLAN_INT(0x0f2a15a5c3e7ull), EP_PLAN_SSE(0x0f2a15a5c3e7ull), EP_PLAN_STR(0x0f2a15a5c3e7ull),
 	       EP_PLAN_STACK(0x0f2a15a5c3e7ull), EP_PLAN_RINT(0x0f2a15a5c3e7ull), EP_PLAN_RSSE(0x0f2a15a5c3e7ull)); C(EP_EV_KIND_SHIFT); C(EP_EV_TS_MASK);
+	C(EP_HASH_MUL); C(EP_HASH_STEP);
 	F(ep_header, magic); F(ep_header, version); F(ep_header, header_size); F(ep_header, region_size);
 	F(ep_header, pid); F(ep_header, ppid); F(ep_header, hist_buckets); F(ep_header, clock_kind);
 	F(ep_header, tsc_mult); F(ep_header, tsc0); F(ep_header, mono0); F(ep_header, real0);
@@ -30,9 +31,10 @@ int main(void) {
 	F(ep_header, max_threads); F(ep_header, thread_size); F(ep_header, thread_local_off);
 	F(ep_header, local_funcs); F(ep_header, local_size); F(ep_header, thread_stack_off);
 	F(ep_header, stack_depth); F(ep_header, frame_size); F(ep_header, ring_off); F(ep_header, ring_stride);
-	F(ep_header, ring_events); F(ep_header, event_size); F(ep_header, max_probe); F(ep_header, calib_ns);
+	F(ep_header, ring_events); F(ep_header, event_size); F(ep_header, max_probe); F(ep_header, func_first); F(ep_header, calib_ns);
 	F(ep_header, maps_off); F(ep_header, maps_len); F(ep_header, init_mono); F(ep_header, state);
-	F(ep_header, exit_mono); F(ep_header, exit_tsc); F(ep_header, control);
+	F(ep_header, exit_mono); F(ep_header, exit_tsc);
+	F(ep_header, keys_off); F(ep_header, func_segs); F(ep_header, control);
 	F(ep_header, ring_req); F(ep_header, ring_def); F(ep_thread, ring_size); F(ep_header, funcs_used);
 	F(ep_header, func_drop_enters); F(ep_header, func_drop_exits); F(ep_header, threads_claimed);
 	F(ep_header, threads_active); F(ep_header, thread_overflows); F(ep_header, thread_drop_hits);
