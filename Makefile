@@ -72,6 +72,8 @@ fuzz:
 	$(FUZZ) '^FuzzReader$$' ./internal/perfetto
 	$(FUZZ) '^FuzzParseObject$$' ./internal/inject
 	$(FUZZ) '^FuzzSessionLine$$' ./internal/cli
+	$(FUZZ) '^FuzzSessionResultJSON$$' ./internal/cli
+	$(FUZZ) '^FuzzRecords$$' ./internal/capture
 	$(FUZZ) '^FuzzBuildID$$' ./internal/elfnote
 
 demo: build

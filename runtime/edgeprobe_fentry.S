@@ -97,6 +97,7 @@ __fentry__:
 	movq	%r10, 56(%rsp)
 	movq	8(%rbp), %rdi		/* return address into the probed function */
 	leaq	16(%rbp), %rsi		/* its return slot */
+	movq	%rsp, %rdx		/* the saved registers (argument capture) */
 	call	ep_fentry_enter
 	testl	%eax, %eax
 	jnz	.Lenter_slow
@@ -120,6 +121,10 @@ __fentry__:
 	VSAVE
 	movq	8(%rbp), %rdi
 	leaq	16(%rbp), %rsi
+	movq	%rbp, %rdx		/* the saved registers: (rbp & -16) - 64 */
+	andq	$-16, %rdx
+	subq	$64, %rdx
+	movq	%rsp, %rcx		/* the xsave area (xmm0-7 at 160) */
 	call	ep_fentry_enter_slow
 	VRESTORE
 	movq	%rbp, %rsp		/* back to the save area */
@@ -156,6 +161,7 @@ ep_fentry_return:
 	movaps	%xmm0, 16(%rbx)
 	movaps	%xmm1, 32(%rbx)
 	leaq	8(%rbp), %rdi		/* rsp at the trampoline: slot + 8 */
+	movq	%rbx, %rsi		/* the saved return registers (return-value capture) */
 	call	ep_fentry_exit		/* rax = original return address, rdx = need slow path */
 	testq	%rdx, %rdx
 	jnz	.Lexit_slow
@@ -177,6 +183,7 @@ ep_fentry_return:
 .Lexit_slow:
 	VSAVE
 	leaq	8(%rbp), %rdi
+	movq	%rbx, %rsi
 	call	ep_fentry_exit_slow
 	movq	%rax, 48(%rbx)
 	VRESTORE

@@ -373,7 +373,11 @@ EP_COLD uint32_t ep_fentry_resync(struct ep_thread *th, uint64_t slot, uint64_t 
 	return n;
 }
 
-EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow, uint64_t here, uint64_t hret) {
+/* gregs: __fentry__'s save area (rax, rdi..r9, r10); vsave: the slow path's
+ * xsave area (NULL on the fast path: xmm0-7 are live). Both are only read
+ * by the argument capture (edgeprobe_args.c). */
+EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow, uint64_t here, uint64_t hret,
+                                   const uint64_t *gregs, const void *vsave) {
 	struct ep_thread *th = ep_tls.slot;
 	if (unlikely((uintptr_t)th < EP_SLOT_MIN)) {
 		if (th == EP_TS_NONE && may_slow && !ep_tls.busy && __atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) != 3)
@@ -403,6 +407,9 @@ EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow, 
 		key &= ~EP_SITE_R10;
 		slotp++;
 	}
+	uint64_t h0 = 0;
+	if (unlikely(ctl & EP_CTL_ARGS))
+		h0 = th->ring_head;
 	if (likely(ep_tls.rs_state == EP_RS_ON && !(key & EP_KEY_BARE))) {
 		uint64_t slot = (uint64_t)(uintptr_t)slotp;
 		uint64_t orig = *slotp;
@@ -428,6 +435,8 @@ EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow, 
 	} else {
 		ep_count_entry(th, key, ctl, 0);
 	}
+	if (unlikely(ctl & EP_CTL_ARGS))
+		ep_args_entry(th, key, h0, gregs, slotp, vsave);
 	ep_sample_end(th, t0);
 	SIGFENCE();
 	ep_tls.busy = 0;
@@ -436,11 +445,14 @@ EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow, 
 
 /* Called by __fentry__ with xmm0-7 saved: must not call into libc. Returns 1
  * for the slow path (the caller saves the whole vector state first). */
-__attribute__((visibility("hidden"), no_instrument_function)) int ep_fentry_enter(uint64_t ret, uint64_t *slotp) {
-	return ep_fentry_enter_impl(ret, slotp, 1, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0));
+__attribute__((visibility("hidden"), no_instrument_function)) int ep_fentry_enter(uint64_t ret, uint64_t *slotp,
+                                                                               const uint64_t *gregs) {
+	return ep_fentry_enter_impl(ret, slotp, 1, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0), gregs, NULL);
 }
 
-__attribute__((visibility("hidden"), no_instrument_function, cold)) void ep_fentry_enter_slow(uint64_t ret, uint64_t *slotp) {
+__attribute__((visibility("hidden"), no_instrument_function, cold)) void ep_fentry_enter_slow(uint64_t ret, uint64_t *slotp,
+                                                                                            const uint64_t *gregs,
+                                                                                            const void *vsave) {
 	uint64_t here = EP_HERE(), hret = (uint64_t)(uintptr_t)__builtin_return_address(0);
 	if (ep_tls.slot == EP_TS_NONE)
 		ep_claim();
@@ -454,7 +466,7 @@ __attribute__((visibility("hidden"), no_instrument_function, cold)) void ep_fent
 		SIGFENCE();
 		ep_tls.busy = 0;
 	}
-	ep_fentry_enter_impl(ret, slotp, 0, here, hret);
+	ep_fentry_enter_impl(ret, slotp, 0, here, hret, gregs, vsave);
 }
 
 /* A return through a slot with no entry cannot happen: an entry leaves the
@@ -515,7 +527,10 @@ EP_COLD uint32_t ep_rs_unlink(struct ep_thread *th, uint32_t i, uint32_t n, uint
 	return w;
 }
 
-EP_INLINE struct ep_ret2 ep_fentry_exit_impl(uint64_t sp, int may_slow, uint64_t here, uint64_t hret) {
+/* rregs: the trampoline's save area (rax, rdx, xmm0, xmm1), read only by
+ * the return-value capture. */
+EP_INLINE struct ep_ret2 ep_fentry_exit_impl(uint64_t sp, int may_slow, uint64_t here, uint64_t hret,
+                                             const uint64_t *rregs) {
 	uint64_t slot = sp - 8;
 	struct ep_rframe *rs = ep_tls.rs;
 	uint32_t n = ep_tls.rs_n, i;
@@ -544,8 +559,12 @@ EP_INLINE struct ep_ret2 ep_fentry_exit_impl(uint64_t sp, int may_slow, uint64_t
 	uint32_t ctl = LOAD(&ep.hdr->control);
 	uint64_t t0 = ep_sample_start(th, ctl);
 	ep_tls.rs_n = likely(i + 1 == n) ? i : ep_rs_unlink(th, i, n, here);
-	if (likely(!(ctl & EP_CTL_PAUSE)))
+	if (likely(!(ctl & EP_CTL_PAUSE))) {
+		uint64_t h0 = unlikely(ctl & EP_CTL_ARGS) ? th->ring_head : 0;
 		ep_fentry_record_exit(th, &f, ctl);
+		if (unlikely(ctl & EP_CTL_ARGS))
+			ep_args_exit(th, f.key, h0, rregs);
+	}
 	ep_sample_end(th, t0);
 	SIGFENCE();
 	ep_tls.busy = 0;
@@ -553,14 +572,15 @@ EP_INLINE struct ep_ret2 ep_fentry_exit_impl(uint64_t sp, int may_slow, uint64_t
 }
 
 /* Called by ep_fentry_return with rax, rdx, xmm0, xmm1 saved (no libc). */
-__attribute__((visibility("hidden"), no_instrument_function)) struct ep_ret2 ep_fentry_exit(uint64_t sp) {
-	return ep_fentry_exit_impl(sp, 1, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0));
+__attribute__((visibility("hidden"), no_instrument_function)) struct ep_ret2 ep_fentry_exit(uint64_t sp, const uint64_t *rregs) {
+	return ep_fentry_exit_impl(sp, 1, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0), rregs);
 }
 
-__attribute__((visibility("hidden"), no_instrument_function, cold)) uint64_t ep_fentry_exit_slow(uint64_t sp) {
+__attribute__((visibility("hidden"), no_instrument_function, cold)) uint64_t ep_fentry_exit_slow(uint64_t sp,
+                                                                                               const uint64_t *rregs) {
 	if (ep_tls.slot == EP_TS_NONE)
 		ep_claim();
-	return ep_fentry_exit_impl(sp, 0, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0)).ret;
+	return ep_fentry_exit_impl(sp, 0, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0), rregs).ret;
 }
 
 /* ---- unwinding through hijacked frames ----

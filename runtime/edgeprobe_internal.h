@@ -19,6 +19,7 @@
  *                         trampoline (site table, return-address stack,
  *                         unwinder personality); edgeprobe_fentry.S the rest
  *   edgeprobe_rings.c     per-thread event rings (EDGEPROBE_TRACE)
+ *   edgeprobe_args.c      fentry argument / return-value records (EP_CTL_ARGS)
  *   edgeprobe_forkexit.c  fork handlers, constructor, destructor and the
  *                         EDGEPROBE_OUTPUT dump
  *   this header           build attributes, limits, process-wide and
@@ -240,6 +241,11 @@ EP_SHARED void ep_thread_dtor(void *v);
 /* edgeprobe_rings.c */
 EP_SHARED void ep_trace(struct ep_thread *th, uint32_t kind, uint64_t key);
 EP_SHARED_COLD void ep_trace_thread(struct ep_thread *th, pid_t tid);
+
+/* edgeprobe_args.c (argument capture, EP_CTL_ARGS) */
+EP_SHARED_COLD void ep_args_entry(struct ep_thread *th, uint64_t key, uint64_t h0, const uint64_t *gregs,
+                                  const uint64_t *slot, const void *vsave);
+EP_SHARED_COLD void ep_args_exit(struct ep_thread *th, uint64_t key, uint64_t h0, const uint64_t *rregs);
 
 /* edgeprobe_fentry.c */
 EP_SHARED uint32_t ep_fentry_mode(void);

@@ -4,27 +4,56 @@
  * producer (the thread itself: ring_head, with release order on each
  * publish), single consumer (hotpatch, which advances ring_tail). A full ring
  * drops the event and counts it (ring_dropped); it never blocks and never
- * overwrites unread events.
+ * overwrites unread events. Each slot's ring has its own size
+ * (ep_thread.ring_size, up to the capacity ring_events the region reserves):
+ * a capture asks for a size (header.ring_req) and each thread takes it at
+ * its next event once its ring is empty, so no event is ever read with
+ * another size than it was written with (docs/runtime.md, "Trace rings").
  *
  * Locking: none; async-signal-safe (a handler's hook that interrupts a hook of
  * the same thread is dropped before it gets here, so one writer at a time).
  */
 #include "edgeprobe_internal.h"
 
+/* The ring size a capture asked for (ring_req), once this slot's ring is
+ * empty: every unconsumed event was written with the size in force, so a
+ * reader indexes them all with the one it reads after the head. A bad
+ * request (a reader's bug) means the default. */
+EP_COLD uint32_t ep_ring_switch(struct ep_thread *th, uint32_t size, uint32_t req) {
+	if (req == 0 || req > ep.ring_events || (req & (req - 1)))
+		req = LOAD(&ep.hdr->ring_def);
+	if (req == size || !req)
+		return size;
+	if (size && th->ring_head != __atomic_load_n(&th->ring_tail, __ATOMIC_ACQUIRE))
+		return size; /* not drained yet: switch at a later event */
+	STORE(&th->ring_size, req); /* ordered before the next head by its release store */
+	return req;
+}
+
+/* This slot's ring size for its next event (0: no rings). */
+EP_INLINE uint32_t ep_ring_size(struct ep_thread *th) {
+	uint32_t size = th->ring_size;
+	uint32_t req = LOAD(&ep.hdr->ring_req); /* the control word's cache line */
+	if (unlikely(req != size))
+		size = ep_ring_switch(th, size, req);
+	return size;
+}
+
 /* An event of this thread (EDGEPROBE_TRACE); dropped and counted when the
  * ring is full. */
 EP_SHARED void ep_trace(struct ep_thread *th, uint32_t kind, uint64_t key) {
 	if (!ep.ring_events)
 		return;
+	uint32_t size = ep_ring_size(th);
 	uint64_t h = th->ring_head;
-	if (h - th->ring_tail_cache >= ep.ring_events) {
+	if (h - th->ring_tail_cache >= size) {
 		th->ring_tail_cache = __atomic_load_n(&th->ring_tail, __ATOMIC_ACQUIRE);
-		if (h - th->ring_tail_cache >= ep.ring_events) {
+		if (h - th->ring_tail_cache >= size) {
 			OWN_ADD(&th->ring_dropped, 1);
 			return;
 		}
 	}
-	struct ep_event *e = ep_ring(th) + (h & ep.ring_mask);
+	struct ep_event *e = ep_ring(th) + (h & (size - 1));
 	STORE(&e->tsk, ((uint64_t)kind << EP_EV_KIND_SHIFT) | (ep_mono_ns() & EP_EV_TS_MASK));
 	STORE(&e->fn, key);
 	__atomic_store_n(&th->ring_head, h + 1, __ATOMIC_RELEASE);
@@ -32,10 +61,11 @@ EP_SHARED void ep_trace(struct ep_thread *th, uint32_t kind, uint64_t key) {
 
 /* The thread event a thread's ring starts with (slot claim). */
 EP_SHARED_COLD void ep_trace_thread(struct ep_thread *got, pid_t tid) {
+	uint32_t size = ep_ring_size(got);
 	uint64_t h = got->ring_head;
 	uint64_t tail = __atomic_load_n(&got->ring_tail, __ATOMIC_ACQUIRE);
-	if (h - tail < ep.ring_events) {
-		struct ep_event *e = ep_ring(got) + (h & ep.ring_mask);
+	if (h - tail < size) {
+		struct ep_event *e = ep_ring(got) + (h & (size - 1));
 		e->tsk = ((uint64_t)EP_EV_THREAD << EP_EV_KIND_SHIFT) | (ep_mono_ns() & EP_EV_TS_MASK);
 		e->fn = (uint64_t)tid;
 		__atomic_store_n(&got->ring_head, h + 1, __ATOMIC_RELEASE);

@@ -8,12 +8,31 @@
  * mapped MAP_SHARED:
  *
  *   [0, 4096)                       struct ep_header
- *   [func_off, +max_funcs*func_size)     struct ep_func[max_funcs]   (hash table)
  *   [thread_off, +max_threads*thread_size) thread slots, each:
  *        struct ep_thread, then ep_local[local_funcs] at thread_local_off,
  *        then ep_frame[stack_depth] at thread_stack_off
- *   [ring_off, +max_threads*ring_stride)  ep_event[ring_events] per slot
+ *   [ring_off, +max_threads*ring_stride)  ep_event[ring_events] per slot, of
+ *        which the first ep_thread.ring_size are in use
+ *   [keys_off, +max_funcs*8)        uint64_t keys[max_funcs]: the function table's keys
+ *   [func_off, +max_funcs*func_size) struct ep_func[max_funcs]: their counters
  *   [maps_off, +maps_len)           output files only: a copy of /proc/self/maps
+ *
+ * The function table grows without moving (D35): it is a chain of segments
+ * of open-addressed slots, segment 0 holding func_first slots [0, func_first)
+ * and segment k >= 1 holding func_first << (k-1) slots from index
+ * func_first << (k-1), so that the segments are contiguous and max_funcs (a
+ * power of two, the cap) = func_first << (segments - 1). The file is sized
+ * for all of them at start-up and untouched pages cost nothing; func_segs
+ * counts the segments in use (only grows, CAS; slots beyond
+ * func_first << (func_segs - 1) are all empty). A key's probe sequence is
+ * max_probe slots from its home in segment 0, then max_probe slots from its
+ * home in segment 1, and so on: home_k = (h_k >> 32) & (slots_k - 1),
+ * h_0 = key * EP_HASH_MUL, h_(k+1) = (h_k ^ (h_k >> 29)) * EP_HASH_STEP. A key
+ * is claimed (CAS from 0) in the first empty slot of its sequence, a segment
+ * being counted in func_segs before any key is claimed in it; keys are never
+ * removed, so a key is found at the one slot it was claimed in, and a reader
+ * meeting an empty slot in the sequence knows the key is absent. An output
+ * file keeps only the segments in use (its max_funcs = the slots in use).
  *
  * All multi-byte fields are little-endian, naturally aligned, and every
  * section starts on a 64-byte boundary. Offsets and sizes are in the header;
@@ -34,12 +53,20 @@
                         * 3: ep_func.gen in place of the 64th histogram bucket, ep_frame.gen;
                         * 4: ep_frame.sp (exits match entries by stack position), ep_func.deep_*
                         *    in place of histogram buckets 61 and 62, ep_thread loss counters;
-                        * 5: header.gen, ep_func.gen takes its values (an exit compares the
-                        *    frame's generation with one word on the control line); quotas:
-                        *    header.quota_k/quota_epoch, ep_func.quota in place of histogram
-                        *    bucket 60, ep_thread.quota_skips, hook_ticks, hook_samples;
-                        *    trace filters: header.filter_depth, filter_tid */
+                        * 5: the function table grows in segments (func_first, func_segs), its
+                        *    keys in their own array (keys_off), placed after the rings;
+                        *    header.argplan (argument / return-value capture, EP_CTL_ARGS),
+                        *    EP_EV_DATA records in the rings; rings sized per capture
+                        *    (ring_req, ring_def, ep_thread.ring_size); header.gen, ep_func.gen
+                        *    takes its values (an exit compares the frame's generation with
+                        *    one word on the control line); quotas: header.quota_k/quota_epoch,
+                        *    ep_func.quota in place of histogram bucket 60,
+                        *    ep_thread.quota_skips, hook_ticks, hook_samples; trace filters:
+                        *    header.filter_depth, filter_tid */
 #define EP_HEADER_SIZE 4096u
+/* The function table's hash (see the layout above). */
+#define EP_HASH_MUL 0x9E3779B97F4A7C15ull
+#define EP_HASH_STEP 0xBF58476D1CE4E5B9ull
 #define EP_HIST_BUCKETS 60u /* bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2);
                               * the last bucket also takes everything longer */
 
@@ -68,6 +95,11 @@
 #define EP_CTL_QUOTA 8u  /* per-function quotas: at most quota_k recorded calls per quota_epoch */
 #define EP_CTL_FILTER 16u /* trace events only for calls within filter_depth and filter_tid */
 #define EP_FILTER_TIDS 8u
+/* With EP_CTL_TRACE: after the ENTER (EXIT) event of a fentry function that
+ * has a plan in header.argplan, append an EP_EV_DATA record with the argument
+ * (return-value) registers the plan names. A bit of its own, far from the
+ * low ones other features take. */
+#define EP_CTL_ARGS 0x100u
 
 /* ep_thread.state */
 #define EP_SLOT_FREE 0u
@@ -77,8 +109,54 @@
 #define EP_EV_ENTER 0u
 #define EP_EV_EXIT 1u
 #define EP_EV_THREAD 2u /* a thread claimed this slot; fn holds its tid */
+#define EP_EV_DATA 3u   /* a payload record: see below */
 #define EP_EV_KIND_SHIFT 62
 #define EP_EV_TS_MASK ((1ull << 62) - 1)
+
+/* EP_EV_DATA: the record right after the ENTER (args) or EXIT (return value)
+ * event it belongs to, published with it in one head update by its thread:
+ *     tsk = EP_EV_DATA << 62 | sub << 60 | slots << 52 | spec (the plan used)
+ *     fn  = the function key
+ * followed by `slots` 16-byte ring cells holding little-endian 64-bit words:
+ *   args (sub 1): the integer argument registers of spec's mask (rdi, rsi,
+ *     rdx, rcx, r8, r9 order), the low 8 bytes of the SSE registers of its
+ *     mask (xmm0..xmm7), the stack argument bytes (from entry rsp + 8), then
+ *     for each string register (rdi.. order) a status word (bits 0-7: bytes
+ *     copied, bit 8: a NUL ended them, bit 9: unreadable) and the bytes,
+ *     NUL excluded, zero-padded to whole words;
+ *   return (sub 2): rax, rdx, xmm0, xmm1 as the mask says, then the string
+ *     at rax (status word and bytes) when the plan asks for it.
+ * Words past the last are zero up to the end of the last cell. */
+#define EP_DATA_ARGS 1u
+#define EP_DATA_RET 2u
+#define EP_DATA_SUB_SHIFT 60
+#define EP_DATA_SLOTS_SHIFT 52
+#define EP_DATA_SPEC_MASK ((1ull << 52) - 1)
+#define EP_STR_MAX 64u      /* bytes copied from a char * */
+#define EP_STACK_MAX 64u    /* bytes of stack arguments copied */
+#define EP_STR_COMPLETE 0x100u
+#define EP_STR_FAULT 0x200u
+
+/* A capture plan's spec word (header.argplan[].spec and EP_EV_DATA). */
+#define EP_PLAN_INT(s) ((uint32_t)(s) & 0x3fu)           /* bits 0-5: rdi..r9 */
+#define EP_PLAN_SSE(s) ((uint32_t)((s) >> 8) & 0xffu)    /* bits 8-15: xmm0..xmm7 */
+#define EP_PLAN_STR(s) ((uint32_t)((s) >> 16) & 0x3fu)   /* bits 16-21: char * among rdi..r9 */
+#define EP_PLAN_STACK(s) ((uint32_t)((s) >> 24) & 0x7fu) /* bits 24-30: stack bytes (<= 64) */
+#define EP_PLAN_RINT(s) ((uint32_t)((s) >> 32) & 3u)     /* bits 32-33: rax, rdx */
+#define EP_PLAN_RSSE(s) ((uint32_t)((s) >> 34) & 3u)     /* bits 34-35: xmm0, xmm1 */
+#define EP_PLAN_RSTR (1ull << 36)                        /* the return value is a char * */
+#define EP_PLAN_ENTRY (1ull << 40)                       /* record the arguments */
+#define EP_PLAN_EXIT (1ull << 41)                        /* record the return value */
+
+/* header.argplan: open addressing, home (key * golden ratio) >> 57 (top 7
+ * bits), at most EP_ARGPLANS probes. Written by a capture while
+ * EP_CTL_ARGS is clear (spec first, then key with release order), read by
+ * hooks (key with acquire order, then spec); cleared after the bit is. */
+#define EP_ARGPLANS 128u
+struct ep_argplan {
+	uint64_t key;  /* function key; 0 = empty */
+	uint64_t spec; /* EP_PLAN_* */
+};
 
 struct ep_header {
 	/* identity: immutable once magic is published */
@@ -95,8 +173,8 @@ struct ep_header {
 	uint64_t mono0;        /* 56: CLOCK_MONOTONIC ns at tsc0 */
 	/* geometry */
 	uint64_t real0;            /* 64: CLOCK_REALTIME ns at mono0 */
-	uint64_t func_off;         /* 72 */
-	uint32_t max_funcs;        /* 80: hash-table slots, a power of two */
+	uint64_t func_off;         /* 72: ep_func[max_funcs] */
+	uint32_t max_funcs;        /* 80: function-table slots over every segment, a power of two */
 	uint32_t func_size;        /* 84 */
 	uint64_t thread_off;       /* 88 */
 	uint32_t max_threads;      /* 96 */
@@ -109,10 +187,12 @@ struct ep_header {
 	uint32_t frame_size;       /* 124 */
 	uint64_t ring_off;         /* 128 */
 	uint64_t ring_stride;      /* 136: bytes per slot's ring */
-	uint32_t ring_events;      /* 144: 0 (no tracing) or a power of two */
+	uint32_t ring_events;      /* 144: 0 (no tracing) or a power of two: each slot's ring
+	                            * capacity (version 5; its pages are touched only as far
+	                            * as the slot's ring_size reaches) */
 	uint32_t event_size;       /* 148 */
-	uint32_t max_probe;        /* 152: linear-probe limit in the function table */
-	uint32_t _pad0;            /* 156 */
+	uint32_t max_probe;        /* 152: linear-probe limit in each function-table segment */
+	uint32_t func_first;       /* 156: slots of the function table's segment 0, a power of two */
 	uint64_t calib_ns;         /* 160: length of the TSC calibration */
 	uint64_t maps_off;         /* 168: output files: offset of the /proc/self/maps copy, else 0 */
 	uint64_t maps_len;         /* 176 */
@@ -122,21 +202,28 @@ struct ep_header {
 	uint32_t fentry_mode; /* 196: EP_FENTRY_* (version 2) */
 	uint64_t exit_mono; /* 200: CLOCK_MONOTONIC ns at exit */
 	uint64_t exit_tsc;  /* 208: ticks at exit (check the calibration against exit_mono) */
-	uint64_t _pad2[5];  /* 216 */
+	uint64_t keys_off;  /* 216: uint64_t keys[max_funcs] (geometry, version 5) */
+	uint32_t func_segs; /* 224: function-table segments in use, >= 1 (grows by CAS) */
+	uint32_t _pad2a;    /* 228 */
+	uint64_t _pad2[3];  /* 232 */
 	/* control line: written by readers */
 	uint32_t control;    /* 256 */
-	uint32_t _pad3a[2];  /* 260: (reserved: the ring size a capture asks for, branch "args") */
-	uint32_t gen;        /* 268: process-wide generation (version 5): hotpatch adds 1 and stores
+	uint32_t gen;        /* 260: process-wide generation (version 5): hotpatch adds 1 and stores
 	                      * the result in ep_func.gen of each function it is about to turn on */
-	uint32_t quota_k;     /* 272: EP_CTL_QUOTA: calls a function may record per quota epoch */
-	uint32_t quota_epoch; /* 276: the current quota epoch (a reader adds 1 to start the next) */
+	uint32_t quota_k;     /* 264: EP_CTL_QUOTA: calls a function may record per quota epoch */
+	uint32_t quota_epoch; /* 268: the current quota epoch (a reader adds 1 to start the next) */
 	/* EP_CTL_FILTER (set by a capture before it turns tracing on) */
-	uint32_t filter_depth;                /* 280: trace calls at shadow-stack depth < this (0: any) */
-	int32_t filter_tid[EP_FILTER_TIDS];   /* 284: trace only these threads (first 0: every thread) */
-	uint32_t _pad3[1];                    /* 316 */
+	uint32_t filter_depth;                /* 272: trace calls at shadow-stack depth < this (0: any) */
+	int32_t filter_tid[EP_FILTER_TIDS];   /* 276: trace only these threads (first 0: every thread) */
+	uint32_t _pad3[1];                    /* 308 */
+	/* 312: the ring size (events, a power of two <= ring_events) a capture
+	 * asks for; each thread switches to it at its next event once its ring
+	 * is empty (ep_thread.ring_size). Version 5. */
+	uint32_t ring_req;
+	uint32_t ring_def;   /* 316: the size rings start with (EDGEPROBE_RING_EVENTS) */
 	/* global counters (atomic RMW; only touched off the fast path) */
 	uint64_t funcs_used;       /* 320: distinct keys in the function table */
-	uint64_t func_drop_enters; /* 328: enters dropped: no table slot within max_probe */
+	uint64_t func_drop_enters; /* 328: enters dropped: no slot in any segment up to max_funcs */
 	uint64_t func_drop_exits;  /* 336 */
 	uint64_t threads_claimed;  /* 344: slot claims since start */
 	uint64_t threads_active;   /* 352 */
@@ -148,12 +235,14 @@ struct ep_header {
 	uint64_t fentry_sites;     /* 392: distinct __fentry__ call sites decoded */
 	uint64_t fentry_bad_sites; /* 400: sites whose call was not recognised (keyed EP_KEY_BARE, entries only) */
 	uint64_t fentry_unwound;   /* 408: hijacked frames the unwinder walked through (exceptions, pthread_exit) */
-	uint64_t _pad4[460];       /* 416 .. 4096 */
+	uint64_t _pad4[204];       /* 416 .. 2048 */
+	/* argument capture plans (version 5) */
+	struct ep_argplan argplan[EP_ARGPLANS]; /* 2048 .. 4096 */
 };
 
 /* One function (hash-table slot): 576 bytes. */
 struct ep_func {
-	uint64_t addr;      /* 0: key (runtime address); 0 = empty; set once by CAS */
+	uint64_t addr;      /* 0: a copy of keys[i] (the table), written after the claim; 0 = not yet */
 	uint64_t entries;   /* 8: enters counted here (threads without a local entry) */
 	uint64_t exits;     /* 16 */
 	uint64_t sum_ns;    /* 24: latency sum of exits counted here */
@@ -211,7 +300,14 @@ struct ep_thread {
 	uint64_t hook_samples;    /* 144: hooks sampled */
 	uint32_t sample_left;     /* 152: the owner's own: hooks until the next sampled one */
 	uint32_t _pad3;           /* 156 */
-	uint64_t _pad2[4];        /* 160 */
+	uint64_t _pad2[3];        /* 160 */
+	/* 184: events this slot's ring holds now (a power of two <= ring_events;
+	 * 0: not used yet). Written by the owner only while the ring is empty,
+	 * before the head that publishes an event written with it (version 5);
+	 * read by the owner at each event (this line changes only when a reader
+	 * consumes) and by readers after the head. */
+	uint32_t ring_size;
+	uint32_t _pad5;           /* 188 */
 };
 
 /* Per-thread counter cache entry: 48 bytes, written only by the slot owner. */

@@ -173,6 +173,26 @@ func TestSessionRow(t *testing.T) {
 	requireKeys(t, h, "session.toggles_per_s", "session_throughput_ratio.1k")
 }
 
+// TestArgsRow runs row 1d: every traced run must keep all its events
+// (the row fails otherwise) and each variant gets its figure.
+func TestArgsRow(t *testing.T) {
+	h := harness(t, "args")
+	requireKeys(t, h, "args.timing", "args.trace", "args.args", "args.args_str", "args_ratio.args")
+}
+
+// TestRegionRow: the row runs, and an idle preloaded process meets the
+// region memory goal (the row itself checks what was recorded).
+func TestRegionRow(t *testing.T) {
+	h := harness(t, "region")
+	requireKeys(t, h, "region.idle_kib", "region.all20k_kib")
+	idle, _ := h.Rep.Values["region.idle_kib"].(float64)
+	all, _ := h.Rep.Values["region.all20k_kib"].(float64)
+	t.Logf("region resident: idle %v KiB, all enabled %v KiB", idle, all)
+	if idle > RegionGoalKiB || all <= idle {
+		t.Errorf("region resident idle %v KiB (goal <= %d), all enabled %v KiB", idle, RegionGoalKiB, all)
+	}
+}
+
 func TestThroughputRow(t *testing.T) {
 	h := harness(t, "throughput")
 	requireKeys(t, h, "throughput_ratio.1k", "throughput_ratio.max")

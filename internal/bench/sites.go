@@ -69,22 +69,24 @@ func flipper(ctx context.Context, mem xmod.Mem, sites []xmod.Site) func(on bool)
 }
 
 // checkLive verifies a toggle target's probes work: with probes on, the hook
-// counts grow; with them off, they stay put. set switches them.
+// counts grow; with them off, they stay put. set switches them. Each half
+// waits until the executors have made liveCalls calls (they are pinned to
+// one core that other load may hold for a while), so neither half passes
+// for want of calls, and the target is known to have run its hooks.
 func checkLive(ctx context.Context, t *Target, set func(on bool) error) error {
 	if err := set(true); err != nil {
 		return err
 	}
-	time.Sleep(5 * time.Millisecond)
+	time.Sleep(5 * time.Millisecond) // calls already past their entry finish
 	a, err := t.Counts(ctx)
 	if err != nil {
 		return err
 	}
-	time.Sleep(10 * time.Millisecond)
-	b, err := t.Counts(ctx)
+	b, err := awaitCalls(ctx, t, a, liveCalls)
 	if err != nil {
-		return err
+		return fmt.Errorf("probes enabled: %w", err)
 	}
-	if b.Calls > a.Calls && b.Enters == a.Enters {
+	if b.Enters == a.Enters { // some rows enable the entry probe alone
 		return fmt.Errorf("probes enabled but no hook ran: %+v then %+v", a, b)
 	}
 	if err := set(false); err != nil {
@@ -95,15 +97,40 @@ func checkLive(ctx context.Context, t *Target, set func(on bool) error) error {
 	if err != nil {
 		return err
 	}
-	time.Sleep(10 * time.Millisecond)
-	d, err := t.Counts(ctx)
+	d, err := awaitCalls(ctx, t, c, liveCalls)
 	if err != nil {
-		return err
+		return fmt.Errorf("probes disabled: %w", err)
 	}
 	if d.Enters != c.Enters {
 		return fmt.Errorf("probes disabled but hooks still ran: %+v then %+v", c, d)
 	}
 	return nil
+}
+
+// liveCalls is how many calls checkLive waits for in each state; stallLimit
+// how long it, and a measuring window, wait for the executors to run at all.
+const (
+	liveCalls  = 100
+	stallLimit = 60 * time.Second
+)
+
+// errNoProgress: the executors did not run at all, for stallLimit.
+var errNoProgress = fmt.Errorf("the executors made no progress in %v (no CPU time, no calls)", stallLimit)
+
+// awaitCalls polls t's counts until the executors have made n calls since
+// from, and returns those counts; errNoProgress after stallLimit.
+func awaitCalls(ctx context.Context, t *Target, from Counts, n uint64) (Counts, error) {
+	deadline := time.Now().Add(stallLimit)
+	for {
+		c, err := t.Counts(ctx)
+		if err != nil || c.Calls >= from.Calls+n {
+			return c, err
+		}
+		if time.Now().After(deadline) {
+			return c, fmt.Errorf("%w: %+v then %+v", errNoProgress, from, c)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 func tempFile(dir, pattern string) string {

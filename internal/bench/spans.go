@@ -56,6 +56,7 @@ func (h *Harness) measureSpans(ctx context.Context, bin string, l *probelist.Lis
 	if err != nil {
 		return nil, nil, err
 	}
+	s.SetBrief(true) // as hotpatch session and a hotpatch call without --json or -v
 	closed := false
 	defer func() {
 		if !closed {

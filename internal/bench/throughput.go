@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -51,8 +50,9 @@ type throughputRun struct {
 	mem *ptrace.Mem
 	set func(on bool) error
 	// async, when set, is what the paced toggler calls (set waits for the
-	// toggle to be done; async only sends it: row 7's session).
-	async func(on bool) error
+	// toggle to be done; async only sends n alternating toggles, the first
+	// turning the probes on if on: row 7's session).
+	async func(on bool, n int) error
 }
 
 func (h *Harness) startThroughput(ctx context.Context) (*throughputRun, error) {
@@ -106,6 +106,18 @@ func (r *throughputRun) window(ctx context.Context) (win, error) {
 	if err != nil {
 		return win{}, err
 	}
+	// Executors that got no CPU at all in the window (other load on their
+	// core) measured nothing: the window goes on, a Window at a time, until
+	// they have run (stallLimit at most). The rates below are per executor
+	// CPU-second and per wall second of the whole window, and a toggled
+	// window in which they ran less than half the time is still set aside
+	// as starved (measure).
+	for deadline := t0.Add(stallLimit); (b.CPUNs <= a.CPUNs || b.Calls == a.Calls) && time.Now().Before(deadline); {
+		time.Sleep(r.h.Cfg.Window)
+		if b, err = r.t.Counts(ctx); err != nil {
+			return win{}, err
+		}
+	}
 	v1, i1 := ctxSwitches(r.t.Pid)
 	w := win{calls: float64(b.Calls - a.Calls), enters: float64(b.Enters - a.Enters),
 		cpu: float64(b.CPUNs-a.CPUNs) / 1e9, wall: time.Since(t0).Seconds(), vol: float64(v1 - v0), invol: float64(i1 - i0)}
@@ -125,6 +137,10 @@ func (r *throughputRun) toggled(ctx context.Context, rate int) (w win, achieved 
 		unpin := r.h.pinHarness()
 		defer unpin()
 		close(started)
+		if r.async != nil {
+			done <- r.burst(rate, &stop, &n)
+			return
+		}
 		period := time.Duration(0)
 		if rate > 0 {
 			period = time.Second / time.Duration(rate)
@@ -132,9 +148,6 @@ func (r *throughputRun) toggled(ctx context.Context, rate int) (w win, achieved 
 		next := time.Now()
 		v := false
 		toggle := r.set
-		if r.async != nil {
-			toggle = r.async
-		}
 		for !stop.Load() {
 			if period > 0 {
 				for time.Now().Before(next) {
@@ -168,6 +181,43 @@ func (r *throughputRun) toggled(ctx context.Context, rate int) (w win, achieved 
 	return
 }
 
+// burstTick is how often the session's toggler sends its lines.
+const burstTick = time.Millisecond
+
+// burst is the paced toggler for a session (async): each burstTick it sends
+// the lines the rate asks for in one write and sleeps, instead of spinning
+// until each toggle is due as the synchronous toggler does: a spinning
+// harness would take the very core the session runs on (the harness's),
+// and what is measured is the target's slowdown, not the harness's. The
+// session reads whatever is waiting as one batch either way. Rate 0: as
+// fast as the pipe takes them.
+func (r *throughputRun) burst(rate int, stop *atomic.Bool, n *int64) error {
+	per := 1000
+	if rate > 0 {
+		per = max(1, int(int64(rate)*int64(burstTick)/int64(time.Second)))
+	}
+	next := time.Now()
+	v := false
+	for !stop.Load() {
+		if err := r.async(v, per); err != nil {
+			return err
+		}
+		if per%2 == 1 {
+			v = !v
+		}
+		atomic.AddInt64(n, int64(per))
+		if rate > 0 {
+			next = next.Add(burstTick)
+			if d := time.Until(next); d > 0 {
+				time.Sleep(d)
+			} else if -d > burstTick {
+				next = time.Now() // fell behind: no catch-up burst
+			}
+		}
+	}
+	return r.set(true)
+}
+
 // rateCell is what the rounds measured at one toggle rate.
 type rateCell struct {
 	calls, enters, achieved, ratio, wallRatio, share, vol, invol []float64
@@ -196,15 +246,20 @@ func (m *throughputSamples) cell(rate int) *rateCell {
 func (r *throughputRun) measure(ctx context.Context) (*throughputSamples, error) {
 	cfg := r.h.Cfg
 	m := &throughputSamples{cells: map[int]*rateCell{}}
-	// A steady window in which the executors got no CPU at all (other load
-	// on the machine; they are pinned to one core) is taken again, twice at
-	// most: it measures nothing, and the round needs its baseline.
+	// A steady window waits for the executors to run (window); one in
+	// which they never did fails the row. One in which they ran less than
+	// half the time (other load on their core) is taken again, twice at
+	// most: a starved baseline would make every toggled window of the round
+	// look faster than untoggled. A round whose baseline stays starved is
+	// set aside as its toggled windows would be.
+	starved := func(w win) bool { return w.cpu < 0.5*w.wall*float64(cfg.Executors) }
 	steady := func() (win, error) {
 		for attempt := 0; ; attempt++ {
 			w, err := r.window(ctx)
-			if err != errNoProgress || attempt == 2 {
+			if err != nil || !starved(w) || attempt == 2 {
 				return w, err
 			}
+			r.h.logf("steady window: executors on CPU %.0f%% of %.0f ms: taken again", 100*w.cpu/w.wall/float64(cfg.Executors), 1e3*w.wall)
 		}
 	}
 	for rep := 0; rep < cfg.Reps; rep++ {
@@ -222,6 +277,13 @@ func (r *throughputRun) measure(ctx context.Context) (*throughputSamples, error)
 		if err != nil {
 			return nil, err
 		}
+		if starved(a) || starved(i) {
+			r.h.logf("round %d: the steady baseline stayed starved: set aside", rep)
+			for _, rate := range cfg.Rates {
+				m.cell(rate).starved++
+			}
+			continue
+		}
 		ra, ri := a.calls/a.cpu, i.calls/i.cpu // calls per executor CPU-second
 		m.act, m.inert = append(m.act, ra), append(m.inert, ri)
 		m.actWall, m.inertWall = append(m.actWall, a.calls/a.wall), append(m.inertWall, i.calls/i.wall)
@@ -237,7 +299,9 @@ func (r *throughputRun) measure(ctx context.Context) (*throughputSamples, error)
 			// A window where the executors hardly ran says nothing about the
 			// cost of a toggle: counted and reported, not used. (Other load
 			// is the usual cause; see the report for a stall seen here.)
-			if w.cpu < 0.5*w.wall*float64(cfg.Executors) {
+			if starved(w) {
+				r.h.logf("toggling at %s/s: executors on CPU %.0f%% of the %.0f ms window (%.0f calls, %.0f voluntary / %.0f involuntary switches): set aside as starved",
+					rateName(rate), 100*w.cpu/w.wall/float64(cfg.Executors), 1e3*w.wall, w.calls, w.vol, w.invol)
 				cl.starved++
 				continue
 			}
@@ -331,6 +395,3 @@ func ctxSwitches(pid int) (vol, invol uint64) {
 	}
 	return
 }
-
-// errNoProgress: the executors did not run at all during a window.
-var errNoProgress = errors.New("the executors made no progress over the window (no CPU time, no calls)")

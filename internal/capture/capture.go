@@ -34,6 +34,13 @@ type Options struct {
 	MaxDepth int
 	Tids     []int
 	Rate     uint64
+	// Args and Retval (trace only): globs over the names of enabled fentry
+	// functions whose arguments / return values the trace records.
+	Args, Retval []string
+	// RingEvents (trace only): the size of every thread's event ring for
+	// the capture, a power of two (0: the process's default); rings take it
+	// when the capture starts and go back to the default after.
+	RingEvents uint32
 	// Progress, if set, is called about ten times a second.
 	Progress func(elapsed time.Duration, detail string)
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sort"
 	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/report"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
+	"golang.org/x/sys/unix"
 )
 
 // TraceResult summarises a trace capture.
@@ -24,7 +26,47 @@ type TraceResult struct {
 	// RateEpochs is how many one-second quota epochs a --rate capture ran
 	// (each function recorded at most Rate calls in each).
 	RateEpochs int
+	// ArgFuncs is how many functions' arguments or return values were
+	// recorded; Notes say what --args/--retval matched but could not record.
+	ArgFuncs int
+	Notes    []string
+	// RingEvents is the ring size the capture ran with, RingCapacity the
+	// largest it could have asked for without restarting the process.
+	RingEvents, RingCapacity uint32
+	// Threads: per thread, the events kept and those its full ring
+	// dropped, busiest first.
+	Threads []ThreadDrops
 }
+
+// ThreadDrops is one thread's share of a capture.
+type ThreadDrops struct {
+	Tid     int32  `json:"tid"`
+	Events  uint64 `json:"events"`
+	Dropped uint64 `json:"dropped"`
+}
+
+// SuggestRing is a ring size that would have kept what r dropped whatever
+// the timing of the drains: one that holds the busiest thread's whole
+// capture, as a power of two up to the capacity the process reserved; 0
+// when nothing was dropped. (Rates averaged over the capture say nothing of
+// bursts, which is when rings fill.)
+func (r *TraceResult) SuggestRing() uint32 {
+	if r.Dropped == 0 {
+		return 0
+	}
+	var busiest uint64
+	for _, t := range r.Threads {
+		busiest = max(busiest, t.Events+t.Dropped)
+	}
+	n := uint64(max(r.RingEvents, 1)) * 2
+	for n <= busiest {
+		n *= 2
+	}
+	return uint32(min(n, uint64(max(r.RingCapacity, r.RingEvents))))
+}
+
+// drainPeriod is how often a trace empties the rings.
+const drainPeriod = 5 * time.Millisecond
 
 // Trace enables the selection, switches the runtime's event rings on,
 // drains them every few milliseconds for o.Duration into sink (as a
@@ -44,37 +86,169 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		return nil, fmt.Errorf("%s is read-only to us: tracing needs to switch the rings on", s.region.Path())
 	}
 	res = &TraceResult{}
+	var plans map[uint64]*argFunc
+	if len(o.Args)+len(o.Retval) > 0 {
+		if s.enabled == nil {
+			return nil, fmt.Errorf("--args and --retval record functions the capture enables: add --enable: %w", ErrArgs)
+		}
+		if plans, res.Notes, err = planArgs(o.PID, s.hp.Targets(), s.enabled.Sites, o.Args, o.Retval); err != nil {
+			return nil, err
+		}
+		specs := map[uint64]uint64{}
+		for k, f := range plans {
+			specs[k] = f.spec()
+		}
+		if err := s.region.SetArgPlans(specs); err != nil {
+			return nil, fmt.Errorf("%v: %w", err, ErrArgs)
+		}
+		defer s.region.ClearArgPlans()
+		res.ArgFuncs = len(plans)
+	}
 	m := calltrace.NewMatcher(sink)
 	conv := newConverter(s.sym)
 	var sinkErr error
 	tids := map[int]int32{} // slot -> the thread that owns it now
+	// An entry (exit) of a function whose arguments (return value) are
+	// recorded waits for the data record that follows it in its ring,
+	// published a moment after the event itself, perhaps after this drain.
+	type held struct {
+		tid int32
+		e   shm.Event
+		f   *argFunc
+	}
+	pend := map[int]*held{}
+	perTid := map[int32]*ThreadDrops{}
+	thread := func(tid int32) *ThreadDrops {
+		t := perTid[tid]
+		if t == nil {
+			t = &ThreadDrops{Tid: tid}
+			perTid[tid] = t
+		}
+		return t
+	}
+	add := func(tid int32, e shm.Event, args []calltrace.Value, ret *calltrace.Value) {
+		if res.Limited || sinkErr != nil {
+			return
+		}
+		res.Events++
+		thread(tid).Events++
+		ev := conv.event(tid, e)
+		ev.Args, ev.Ret = args, ret
+		if sinkErr = m.Add(ev); sinkErr != nil {
+			return
+		}
+		res.Limited = o.MaxCalls > 0 && m.Calls >= uint64(o.MaxCalls)
+	}
+	flush := func(slot int) { // the held event had no record
+		h := pend[slot]
+		if h == nil {
+			return
+		}
+		delete(pend, slot)
+		if h.e.Kind == shm.EvEnter {
+			add(h.tid, h.e, missingArgs(h.f, noArgRecord), nil)
+		} else {
+			add(h.tid, h.e, nil, missingRet(h.f, noRetRecord))
+		}
+	}
+	withData := func(slot int, e shm.Event) {
+		h := pend[slot]
+		if h == nil || h.e.Addr != e.Addr || (e.Sub == shm.DataArgs) != (h.e.Kind == shm.EvEnter) {
+			return // a record whose event was consumed without it (a capture before this one)
+		}
+		delete(pend, slot)
+		if e.Sub == shm.DataArgs {
+			args := missingArgs(h.f, badRecord)
+			if r, ok := entryRegs(e.Spec, e.Data); ok && covers(e.Spec, h.f.plan, true) {
+				args = h.f.sig.DecodeArgs(r)
+			}
+			add(h.tid, h.e, args, nil)
+			return
+		}
+		ret := missingRet(h.f, badRecord)
+		if r, ok := exitRegs(e.Spec, e.Data); ok && covers(e.Spec, h.f.plan, false) {
+			ret = h.f.sig.DecodeRet(r)
+		}
+		add(h.tid, h.e, nil, ret)
+	}
+	// Drops: a full ring drops the newest events, so what a drain finds
+	// dropped since the last one was lost after the events it consumed; a
+	// Lost event marks the gap there, on the thread's track.
+	lastDropped := map[int]uint64{}
+	lastNs := map[int]uint64{}
+	lost := func(slot int, keep bool) {
+		d := s.region.RingDropped(slot)
+		delta := d - lastDropped[slot]
+		lastDropped[slot] = d
+		if !keep || delta == 0 || res.Limited || sinkErr != nil {
+			return
+		}
+		flush(slot)
+		ts := lastNs[slot]
+		if ts == 0 {
+			ts = monoNow()
+		}
+		ev := calltrace.Event{Kind: calltrace.Lost, Thread: tids[slot], TimeNs: ts, Count: delta}
+		sinkErr = m.Add(&ev)
+	}
 	drain := func(keep bool) {
 		for _, th := range s.region.Threads() {
 			if _, ok := tids[th.Index]; !ok {
 				tids[th.Index] = th.Tid
 			}
 			s.region.Consume(th.Index, func(e shm.Event) {
+				if e.TimeNs != 0 {
+					lastNs[th.Index] = e.TimeNs
+				}
 				if e.Kind == shm.EvThread {
+					flush(th.Index)
 					tids[th.Index] = int32(e.Addr) // the slot changed hands
 					return
 				}
 				if !keep || res.Limited || sinkErr != nil {
 					return
 				}
-				res.Events++
-				if sinkErr = m.Add(conv.event(tids[th.Index], e)); sinkErr != nil {
+				if e.Kind == shm.EvData {
+					withData(th.Index, e)
 					return
 				}
-				res.Limited = o.MaxCalls > 0 && m.Calls >= uint64(o.MaxCalls)
+				flush(th.Index)
+				if f := plans[e.Addr]; f != nil && (e.Kind == shm.EvEnter && f.args || e.Kind == shm.EvExit && f.rets) {
+					pend[th.Index] = &held{tids[th.Index], e, f}
+					return
+				}
+				add(tids[th.Index], e, nil, nil)
 			})
+			lost(th.Index, keep)
 		}
 	}
 	drain(false) // whatever an earlier tracer left behind
 	if err := s.setFilters(o); err != nil {
 		return nil, err
 	}
+	res.RingCapacity, res.RingEvents = s.region.RingCapacity(), s.region.RingDefault()
+	if o.RingEvents != 0 {
+		// The rings are empty now: each thread takes the new size at its
+		// first event of the capture.
+		if err := s.region.SetRingEvents(o.RingEvents); err != nil {
+			return nil, err
+		}
+		res.RingEvents = o.RingEvents
+		defer func() {
+			s.region.SetRingEvents(0)
+			s.region.ReleaseRings() // after the last drain: what is left was consumed
+		}()
+	}
 	dropped0 := s.region.Counters().RingDropped
-	if err := s.region.SetTrace(true); err != nil {
+	slotDropped0 := map[int]uint64{}
+	for _, th := range s.region.Threads() {
+		slotDropped0[th.Index] = th.RingDropped
+	}
+	ctl := shm.CtlTrace
+	if plans != nil {
+		ctl |= shm.CtlArgs // with the rings, in one store: no event without its record
+	}
+	if err := s.region.SetControl(ctl, 0); err != nil {
 		return nil, err
 	}
 	start := time.Now()
@@ -89,7 +263,7 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	}
 	limitCtx, stopEarly := context.WithCancel(ctx)
 	defer stopEarly()
-	ticker(limitCtx, o.Duration, 5*time.Millisecond, o.Progress, func(time.Duration) string {
+	ticker(limitCtx, o.Duration, drainPeriod, o.Progress, func(time.Duration) string {
 		if o.Rate > 0 && time.Since(epochStart) >= time.Second {
 			epochStart = time.Now()
 			if _, err := s.region.NextQuotaEpoch(); err == nil {
@@ -101,9 +275,27 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		}
 		return fmt.Sprintf("%d calls", m.Calls)
 	})
-	offErr := s.region.SetTrace(false)
+	offErr := s.region.SetControl(0, ctl)
 	res.Dropped = s.region.Counters().RingDropped - dropped0
 	drain(true) // what the rings hold is kept unless the limit was reached
+	for slot := range pend {
+		flush(slot)
+	}
+	for _, th := range s.region.Threads() {
+		if d := th.RingDropped - slotDropped0[th.Index]; d > 0 {
+			thread(tids[th.Index]).Dropped += d
+		}
+	}
+	for _, t := range perTid {
+		res.Threads = append(res.Threads, *t)
+	}
+	sort.Slice(res.Threads, func(i, j int) bool {
+		a, b := res.Threads[i], res.Threads[j]
+		if a.Events+a.Dropped != b.Events+b.Dropped {
+			return a.Events+a.Dropped > b.Events+b.Dropped
+		}
+		return a.Tid < b.Tid
+	})
 	res.Duration = time.Since(start)
 	if sinkErr != nil {
 		return res, sinkErr
@@ -181,4 +373,13 @@ func (s *session) setFilters(o Options) error {
 		}
 	}
 	return nil
+}
+
+// monoNow is CLOCK_MONOTONIC now, the runtime's clock.
+func monoNow() uint64 {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) != nil {
+		return 0
+	}
+	return uint64(ts.Nano())
 }

@@ -169,9 +169,12 @@ func newTraceCmd(stdout, stderr io.Writer, inj *injectFlags) *cobra.Command {
 		maxDepth int
 		tids     []int
 		rate     uint64
+		argPats  []string
+		retPats  []string
+		ringEv   uint32
 	)
 	cmd := &cobra.Command{
-		Use:   "trace --pid N --enable SEL --duration D -o FILE [--format perfetto|chrome-json|text]",
+		Use:   "trace --pid N --enable SEL --duration D -o FILE [--format perfetto|chrome-json|text] [--args GLOB] [--retval GLOB]",
 		Short: "Record every call of the selected functions for a while, as a trace",
 		Long: `trace turns on the selected probes, switches the runtime's per-thread event rings on,
 collects them for the duration, then switches them off and puts every probe back as it
@@ -186,13 +189,25 @@ Formats (--format; by default chosen from the output's extension: .json is chrom
   text         the per-thread call graph with durations, like uftrace replay; to stdout
                without -o. 'hotpatch replay FILE' prints a saved Perfetto trace this way.
 
+Arguments and return values (--args GLOB, --retval GLOB; fentry probes, -pg -mfentry):
+the enabled functions whose names GLOB matches have their argument registers copied at
+entry and their return registers at the return, named and typed from the program's DWARF
+(build with -g): handle_request(req=0x7f3a.., len=512) = 0. A char * is copied as a
+string of up to 64 bytes at entry, never faulting the process (an unreadable pointer is
+shown as such). What cannot be recorded says why: stack arguments past 64 bytes, the
+unnamed arguments of a variadic function, long double return values, structs returned
+in memory. cyg probes (-finstrument-functions) record which function ran and when, not
+its arguments: their hooks run after the prologue, where the arguments are wherever the
+compiler put them. At most 128 functions per capture. docs/tracing.md has the details.
+
 Filters, enforced inside the target's runtime while the trace runs and removed after it:
 --max-depth N records only calls fewer than N probed calls deep on their thread,
 --tid T (repeatable, up to 8) only the threads named, --rate N at most N calls per function
 per second (the calls over it are neither traced nor counted while the trace runs).`,
 		Example: `  hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.pftrace
   hotpatch trace --pid 4242 --enable parse --duration 200ms --format text | less
-  hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.json   # chrome-json`,
+  hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.json   # chrome-json
+  hotpatch trace --pid 4242 --enable 'handle_*' --args 'handle_*' --retval 'handle_*' --duration 1s --format text`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := tf.check(); err != nil {
@@ -212,6 +227,9 @@ per second (the calls over it are neither traced nor counted while the trace run
 			}
 			if duration <= 0 {
 				return usagef("trace needs a positive --duration")
+			}
+			if ringEv&(ringEv-1) != 0 {
+				return usagef("--ring-events %d is not a power of two", ringEv)
 			}
 			if !cmd.Flags().Changed("max-calls") && format != formatChrome {
 				maxCalls = 0 // the streaming formats hold nothing in memory
@@ -265,11 +283,14 @@ per second (the calls over it are neither traced nor counted while the trace run
 					return usagef("--tid %d is not a thread id", t)
 				}
 			}
-			res, err := capture.Trace(ctx, capture.Options{PID: tf.pid, ProbeFiles: tf.probes, Selectors: sels, Duration: duration, MaxCalls: maxCalls,
-				MaxDepth: maxDepth, Tids: tids, Rate: rate, Progress: progress}, sink)
+			res, err := capture.Trace(ctx, capture.Options{PID: tf.pid, ProbeFiles: tf.probes, Selectors: sels, Duration: duration, MaxCalls: maxCalls, Progress: progress,
+				Args: argPats, Retval: retPats, RingEvents: ringEv, MaxDepth: maxDepth, Tids: tids, Rate: rate}, sink)
 			endProgress(stderr, progress)
 			if err != nil {
 				return classify(err)
+			}
+			for _, n := range res.Notes {
+				fmt.Fprintf(stderr, "hotpatch: trace: %s\n", n)
 			}
 			if tracer != nil {
 				if err := tracer.Write(out); err != nil {
@@ -285,7 +306,11 @@ per second (the calls over it are neither traced nor counted while the trace run
 			}
 			summary := map[string]any{"output": name, "format": format, "calls": res.Calls, "events": res.Events,
 				"dropped_events": res.Dropped, "unpaired_exits": res.Unpaired, "unwound_calls": res.Unwound, "open_calls": res.Open,
-				"duration_ns": res.Duration.Nanoseconds(), "stopped_at_max_calls": res.Limited, "rate_epochs": res.RateEpochs}
+				"duration_ns": res.Duration.Nanoseconds(), "stopped_at_max_calls": res.Limited, "arg_functions": res.ArgFuncs,
+				"ring_events": res.RingEvents, "ring_capacity": res.RingCapacity, "threads": res.Threads, "rate_epochs": res.RateEpochs}
+			if n := res.SuggestRing(); n != 0 {
+				summary["suggested_ring_events"] = n
+			}
 			summaryOut := stdout
 			if file == nil {
 				summaryOut = stderr // stdout holds the call graph
@@ -298,6 +323,9 @@ per second (the calls over it are neither traced nor counted while the trace run
 			if res.Limited {
 				fmt.Fprintf(summaryOut, "stopped early at --max-calls %d\n", maxCalls)
 			}
+			if res.Dropped > 0 {
+				fmt.Fprintln(summaryOut, dropMessage(res))
+			}
 			return nil
 		},
 	}
@@ -306,6 +334,9 @@ per second (the calls over it are neither traced nor counted while the trace run
 	cmd.Flags().DurationVar(&duration, "duration", 0, "how long to record")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write the trace to `FILE` (text: stdout without it)")
 	cmd.Flags().StringVar(&format, "format", "", "perfetto, chrome-json or text (default: from the output's extension)")
+	cmd.Flags().StringArrayVar(&argPats, "args", nil, "record the arguments of the enabled fentry functions `GLOB` names (repeatable)")
+	cmd.Flags().StringArrayVar(&retPats, "retval", nil, "record the return values of the enabled fentry functions `GLOB` names (repeatable)")
+	cmd.Flags().Uint32Var(&ringEv, "ring-events", 0, "size every thread's event ring to `N` events for the capture (a power of two; default: the process's, EDGEPROBE_RING_EVENTS); bigger rings drop less")
 	cmd.Flags().IntVar(&maxCalls, "max-calls", 1000000, "stop early once this many calls are captured (0: no limit; default no limit but for chrome-json, which is held in memory)")
 	cmd.Flags().IntVar(&maxDepth, "max-depth", 0, "record only calls fewer than `N` probed calls deep on their thread (0: any)")
 	cmd.Flags().IntSliceVar(&tids, "tid", nil, "record only thread `T` (repeatable, up to 8)")
@@ -451,4 +482,36 @@ the call into the hook itself is not included), unless --hit-cost gives one.`,
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write the pprof profile to `FILE`")
 	cmd.Flags().IntVar(&top, "top", 20, "rows in the text summary (0: all)")
 	return cmd
+}
+
+// dropMessage says which threads lost events and the flag that keeps them.
+func dropMessage(res *capture.TraceResult) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d events dropped by full rings (", res.Dropped)
+	n := 0
+	for _, t := range res.Threads {
+		if t.Dropped == 0 {
+			continue
+		}
+		if n == 4 {
+			b.WriteString(", ...")
+			break
+		}
+		if n > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "thread %d: %d of %d", t.Tid, t.Dropped, t.Events+t.Dropped)
+		n++
+	}
+	fmt.Fprintf(&b, ") with rings of %d events", res.RingEvents)
+	switch s := res.SuggestRing(); {
+	case s > res.RingEvents:
+		fmt.Fprintf(&b, "; --ring-events %d keeps them", s)
+		if s == res.RingCapacity {
+			fmt.Fprintf(&b, " (the most this process reserved: EDGEPROBE_RING_MAX at its start allows more)")
+		}
+	default:
+		fmt.Fprintf(&b, ", the most this process reserved: start it with EDGEPROBE_RING_MAX=%d for bigger rings, or trace fewer functions", 2*uint64(res.RingCapacity))
+	}
+	return b.String()
 }

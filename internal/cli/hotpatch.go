@@ -155,7 +155,8 @@ not exist or exited while hotpatch worked on it.`,
 			if err != nil {
 				return usageError{err}
 			}
-			req := hotpatch.Request{PID: tf.pid, ProbeFiles: tf.probes, Protocol: protocol, Int3Wait: wait, WaitLock: waitLock}
+			req := hotpatch.Request{PID: tf.pid, ProbeFiles: tf.probes, Protocol: protocol, Int3Wait: wait, WaitLock: waitLock,
+				Brief: !tf.json && !verbose} // the sites are printed only with --json or -v
 			for _, a := range actions {
 				sel, err := probelist.ParseSelector(a[1:], kind)
 				if err != nil {

@@ -29,6 +29,13 @@ func (f *injectFlags) register(cmd *cobra.Command) {
 // if need be (docs/injection.md), and prints its one-line note on stderr.
 func ensureRuntime(ctx context.Context, pid int, f *injectFlags, waitLock bool, stderr io.Writer) (*hotpatch.RuntimeStatus, error) {
 	st, err := hotpatch.EnsureRuntime(ctx, pid, hotpatch.RuntimeOptions{NoInject: f.noInject, File: f.runtime, WaitLock: waitLock})
+	reportRuntime(st, f, stderr)
+	return st, err
+}
+
+// reportRuntime prints what EnsureRuntime did: its note, and with -v the
+// slots left alone and how the load went.
+func reportRuntime(st *hotpatch.RuntimeStatus, f *injectFlags, stderr io.Writer) {
 	if st != nil {
 		if st.Note != "" {
 			fmt.Fprintln(stderr, st.Note)
@@ -42,5 +49,4 @@ func ensureRuntime(ctx context.Context, pid int, f *injectFlags, waitLock bool, 
 			}
 		}
 	}
-	return st, err
 }

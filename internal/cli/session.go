@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -48,9 +49,10 @@ hotpatch call would (the same checks, all or nothing per command), and their res
 written together: stream commands for throughput, or wait for each result.
 
 The session holds the process (its attach is the per-process lock) from start to end, so
-no other hotpatch interleaves. Like an enabling hotpatch call, it first makes sure the
-process runs the runtime, loading it if need be (--no-inject refuses instead;
-docs/injection.md). End of input, quit, SIGINT, SIGTERM, SIGHUP and SIGQUIT end it
+no other hotpatch interleaves. Before its first enable, as an enabling hotpatch call does,
+it makes sure the process runs the runtime, loading it if need be under the session's own
+attach (--no-inject makes that enable fail instead; docs/injection.md); a session that only
+disables never loads it. End of input, quit, SIGINT, SIGTERM, SIGHUP and SIGQUIT end it
 cleanly: the command in progress finishes (or rolls back, per its protocol), the tracer
 detaches, probes stay as the commands left them. Exit status: 0 if the session ran
 (whatever its commands' results), 1 if it could not start or stdout failed, 2 usage,
@@ -86,12 +88,6 @@ func runSession(tf targetFlags, protocol string, waitLock bool, inj *injectFlags
 	}
 	ctx, stop := signalContext()
 	defer stop()
-	// As an enabling hotpatch does, before the session takes the process:
-	// make sure its probes record into the runtime (loading it if need be;
-	// --no-inject refuses instead).
-	if _, err := ensureRuntime(ctx, tf.pid, inj, waitLock, stderr); err != nil {
-		return classify(err)
-	}
 	// A session's live heap is its targets; each toggle leaves a few
 	// hundred bytes of garbage. Collecting at 8x the live heap instead of
 	// 2x costs a few MiB and takes most of the collector out of a toggle.
@@ -100,7 +96,8 @@ func runSession(tf targetFlags, protocol string, waitLock bool, inj *injectFlags
 	if err != nil {
 		return classify(err)
 	}
-	sess := &scriptSession{s: s, protocol: protocol, wait: wait, start: time.Now()}
+	s.SetBrief(true) // results carry counts, not sites
+	sess := &scriptSession{s: s, protocol: protocol, wait: wait, start: time.Now(), inj: inj, stderr: stderr}
 	err = sess.serve(ctx, in, stdout)
 	if cerr := s.Close(); cerr != nil && err == nil && sess.gone == nil {
 		err = cerr
@@ -123,6 +120,45 @@ type scriptSession struct {
 	errors   int
 	quit     bool
 	gone     error // the process exited: the session ends with hotpatch's exit status 4
+	// parsed remembers the actions of each enable/disable line seen (a
+	// script repeats the same few lines), so a repeated line is not split
+	// and parsed again.
+	parsed map[string]parsedLine
+	enc    []byte // a result line being encoded
+	// The runtime is made sure of (loaded if need be) before the first
+	// enable, as an enabling hotpatch call does; a session that only
+	// disables never loads it (D48).
+	inj       *injectFlags
+	stderr    io.Writer
+	runtimeOK bool
+}
+
+type parsedLine struct {
+	verb    string
+	actions []hotpatch.Action
+}
+
+// appendJSON appends r as json.Marshal would write it: by hand for the
+// plain result of an enable or disable that succeeded (the line a streaming
+// script gets 100,000 times a second), through json.Marshal otherwise.
+// TestSessionResultJSON holds the two to the same bytes.
+func (r *sessionResult) appendJSON(b []byte) ([]byte, error) {
+	if r.OK && r.Error == "" && r.Exit == 0 && r.Commands == nil && r.Toggles == nil && r.Errors == nil && r.SessionNS == nil &&
+		r.Warnings == nil && r.Repaired == nil && (r.Command == "enable" || r.Command == "disable") {
+		b = append(b, `{"line":`...)
+		b = strconv.AppendInt(b, int64(r.Line), 10)
+		b = append(b, `,"ok":true,"command":"`...)
+		b = append(b, r.Command...)
+		b = append(b, `","changed":`...)
+		b = strconv.AppendInt(b, int64(r.Changed), 10)
+		b = append(b, `,"unchanged":`...)
+		b = strconv.AppendInt(b, int64(r.Unchanged), 10)
+		b = append(b, `,"elapsed_ns":`...)
+		b = strconv.AppendInt(b, r.ElapsedNS, 10)
+		return append(b, '}'), nil
+	}
+	j, err := json.Marshal(r)
+	return append(b, j...), err
 }
 
 type sessionResult struct {
@@ -190,10 +226,11 @@ func (ss *scriptSession) serve(ctx context.Context, in io.Reader, out io.Writer)
 		}
 		results := ss.run(ctx, batch)
 		for i := range results {
-			b, err := json.Marshal(&results[i])
+			b, err := results[i].appendJSON(ss.enc[:0])
 			if err != nil {
 				return err
 			}
+			ss.enc = b
 			w.Write(b)
 			w.WriteByte('\n')
 		}
@@ -249,6 +286,10 @@ func (ss *scriptSession) run(ctx context.Context, batch []string) []sessionResul
 // command needs every thread traced and must be run outside Batch.
 func (ss *scriptSession) one(ctx context.Context, line string, inBatch bool) (r *sessionResult, again bool) {
 	ss.line++
+	if p, ok := ss.parsed[line]; ok {
+		ss.commands++
+		return ss.apply(ctx, &sessionResult{Line: ss.line, Command: p.verb}, p.actions, inBatch)
+	}
 	f := strings.Fields(line)
 	if len(f) == 0 || strings.HasPrefix(f[0], "#") {
 		return nil, false
@@ -284,6 +325,35 @@ func (ss *scriptSession) one(ctx context.Context, line string, inBatch bool) (r 
 	actions, err := parseActions(f[0] == "enable", f[1:])
 	if err != nil {
 		return fail(err)
+	}
+	if ss.parsed == nil || len(ss.parsed) >= 4096 {
+		ss.parsed = map[string]parsedLine{}
+	}
+	ss.parsed[line] = parsedLine{verb: f[0], actions: actions}
+	return ss.apply(ctx, res, actions, inBatch)
+}
+
+// apply carries out one enable or disable command.
+func (ss *scriptSession) apply(ctx context.Context, res *sessionResult, actions []hotpatch.Action, inBatch bool) (*sessionResult, bool) {
+	fail := func(err error) (*sessionResult, bool) {
+		ss.errors++
+		if hotpatch.Gone(err) {
+			ss.gone, ss.quit = err, true
+		}
+		res.OK, res.Error, res.Exit = false, oneLine(err), exitCode(classify(err))
+		return res, false
+	}
+	if !ss.runtimeOK && actions[0].Enable {
+		if inBatch {
+			ss.commands--
+			return nil, true // loading needs the tracer outside Batch
+		}
+		st, err := ss.s.EnsureRuntime(ctx, hotpatch.RuntimeOptions{NoInject: ss.inj.noInject, File: ss.inj.runtime})
+		reportRuntime(st, ss.inj, ss.stderr)
+		if err != nil {
+			return fail(err)
+		}
+		ss.runtimeOK = true
 	}
 	t0 := time.Now()
 	ar, err := ss.s.Apply(ctx, actions, ss.protocol, ss.wait)

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"encoding/json"
 	"reflect"
 	"strings"
 	"testing"
@@ -70,6 +71,52 @@ func FuzzSessionLine(f *testing.F) {
 			if x.Selector.Pattern == "" {
 				t.Fatalf("%q: an action without a selector: %+v", line, a)
 			}
+		}
+	})
+}
+
+// TestSessionResultJSON: the hand-written encoding of a plain result is
+// byte for byte what json.Marshal writes, and every other result goes
+// through json.Marshal.
+func TestSessionResultJSON(t *testing.T) {
+	n, ns := 3, int64(99)
+	for _, r := range []sessionResult{
+		{Line: 1, OK: true, Command: "enable", Changed: 2, ElapsedNS: 1234},
+		{Line: 1 << 40, OK: true, Command: "disable", Unchanged: 7, ElapsedNS: -1},
+		{Line: 0, OK: true, Command: "enable"},
+		{Line: 5, OK: false, Command: "enable", Error: "no \"probe\" <matches>\n", Exit: 3},
+		{Line: 6, OK: true, Command: "stats", Commands: &n, Toggles: &n, Errors: &n, SessionNS: &ns},
+		{Line: 7, OK: true, Command: "enable", Changed: 1, Warnings: []string{"a writer"}},
+		{Line: 8, OK: true, Command: "enab\u2028le"},
+		{Line: 9, OK: true, Command: "quit"},
+	} {
+		want, err := json.Marshal(&r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := r.appendJSON([]byte("prefix"))
+		if err != nil || string(got) != "prefix"+string(want) {
+			t.Errorf("%+v:\n got %s (%v)\nwant prefix%s", r, got, err, want)
+		}
+	}
+}
+
+// FuzzSessionResultJSON: whatever a result holds, appendJSON writes what
+// json.Marshal writes.
+func FuzzSessionResultJSON(f *testing.F) {
+	f.Add(1, true, "enable", 2, 0, int64(1234), "", 0)
+	f.Add(7, true, "disable", 0, 9, int64(-5), "", 0)
+	f.Add(3, false, "enable", 0, 0, int64(0), "no probe matched \"x\"", 3)
+	f.Add(4, true, "enab\u2028le<&>", 1, 1, int64(1), "", 0)
+	f.Fuzz(func(t *testing.T, line int, ok bool, command string, changed, unchanged int, ns int64, errText string, exit int) {
+		r := sessionResult{Line: line, OK: ok, Command: command, Changed: changed, Unchanged: unchanged, ElapsedNS: ns, Error: errText, Exit: exit}
+		want, err := json.Marshal(&r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := r.appendJSON(nil)
+		if err != nil || string(got) != string(want) {
+			t.Fatalf("%+v:\n got %s (%v)\nwant %s", r, got, err, want)
 		}
 	})
 }

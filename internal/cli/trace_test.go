@@ -14,6 +14,8 @@ func TestTraceUsage(t *testing.T) {
 	oneLineError(t, runHotpatch("trace", "--pid", "1", "--duration", "1s", "--format", "xml", "-o", out), ExitUsage, "hotpatch", "--format must be")
 	oneLineError(t, runHotpatch("trace", "--pid", "1", "--duration", "1s", "--format", "perfetto"), ExitUsage, "hotpatch", "needs -o FILE")
 	oneLineError(t, runHotpatch("trace", "--pid", "1", "-o", out), ExitUsage, "hotpatch", "positive --duration")
+	oneLineError(t, runHotpatch("trace", "--pid", "1", "--duration", "1s", "--ring-events", "1000", "-o", out), ExitUsage, "hotpatch", "not a power of two")
+	oneLineError(t, runHotpatch("trace", "--pid", "1", "--duration", "1s", "--ring-events", "-1", "-o", out), ExitUsage, "hotpatch", "ring-events")
 	oneLineError(t, runHotpatch("trace", "--pid", "99999999", "--duration", "1s", "-o", out), ExitGone, "hotpatch", "no such process")
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Errorf("a failed trace left %d files in its directory", len(ents))

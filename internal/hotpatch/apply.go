@@ -43,6 +43,7 @@ type Request struct {
 	Protocol   string        // one of the Proto* constants; "" is auto
 	Int3Wait   time.Duration // 0: xmod.DefaultWait
 	WaitLock   bool          // queue behind another hotpatch instead of failing
+	Brief      bool          // Result.Sites only if something failed (Session.SetBrief)
 }
 
 // SiteResult is what happened to one selected site.
@@ -108,6 +109,7 @@ func Apply(ctx context.Context, req Request) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.SetBrief(req.Brief)
 	res, err := s.Apply(ctx, req.Actions, req.Protocol, req.Int3Wait)
 	if cerr := s.Close(); cerr != nil && err == nil {
 		err = cerr
@@ -128,8 +130,14 @@ type Session struct {
 	mem     *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
 	noSpans bool        // every flip site written alone (SetSpanWrites)
 	inBatch bool        // inside Batch: the tracer may not change
-	// resolved remembers what lists of actions selected (resolveCached).
-	resolved map[string][]selected
+	brief   bool        // Result.Sites only when something failed (SetBrief)
+	// prepared remembers what lists of actions selected, ready to apply
+	// (prepare); preparedSites counts their sites, to bound the memory.
+	prepared      map[string]*prepared
+	preparedSites int
+	// Scratch of large flip batches, kept from one batch to the next:
+	// a span's three copies, and the file's bytes of a span.
+	spanScratch, fileScratch []byte
 	// verified: probes from list files already checked against a scan.
 	verified map[verifiedKey]bool
 }
@@ -218,51 +226,47 @@ func (s *Session) attach(full bool) error {
 // Apply performs the actions. On any error before the first write, nothing
 // is written; once writing, a cancelled ctx (SIGINT) or the target exiting
 // ends the batch with every site in one of its two forms.
+//
+// What a list of actions selects is prepared once per session (prepare):
+// the selection, its sites checked and sorted, each site's protocol, and
+// (once it passed) the check of listed probes against a scan. Every Apply
+// still reads every site before writing (refusing the whole request if
+// any is foreign, repairing torn ones), writes through the protocols, and
+// reads every site back (but those a span's clean read-back has just shown
+// in their new form: docs/decisions.md, D50).
 func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, int3Wait time.Duration) (*Result, error) {
 	start := time.Now()
-	sel, err := s.resolveCached(actions)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.verify(sel); err != nil {
-		return nil, err
-	}
 	if protocol == "" {
 		protocol = ProtoAuto
 	}
-	sites := make([]xmod.Site, len(sel)) // once: a 40,000-site batch reads them three times
-	for i, c := range sel {
-		sites[i] = siteOf(c)
-	}
-	byProto := map[string][]xmod.Change{}
-	protoOf := make([]string, len(sel))
-	for i, c := range sel {
-		p := protocolFor(protocol, c.probe)
-		if p == ProtoFlip && c.probe.DifferingBytes() != 1 {
-			return nil, fmt.Errorf("probe %d (%s %s) is a %s placeholder: %w; use --protocol auto or int3",
-				c.probe.ID, c.probe.Kind, c.probe.Function, c.probe.Placeholder, ErrNotFlippable)
-		}
-		protoOf[i] = p
-		if byProto[p] == nil {
-			byProto[p] = make([]xmod.Change, 0, len(sel))
-		}
-		byProto[p] = append(byProto[p], xmod.Change{Site: sites[i], On: c.on})
-	}
-	onlyFlip := len(byProto) == 1 && byProto[ProtoFlip] != nil
-	if err := s.attach(!onlyFlip); err != nil {
-		return nil, err
-	}
-	before, err := siteStates(s.reader(), sites)
+	p, err := s.prepare(actions, protocol)
 	if err != nil {
 		return nil, err
 	}
-	res := &Result{PID: s.pid, Sites: make([]SiteResult, 0, len(sel))}
+	if !p.verified {
+		if err := s.verify(p.sel); err != nil {
+			return nil, err
+		}
+		p.verified = true
+	}
+	if p.protoErr != nil {
+		return nil, p.protoErr
+	}
+	if err := s.attach(!p.onlyFlip); err != nil {
+		return nil, err
+	}
+	before, err := p.batch.Classify(s.reader(), p.before)
+	if err != nil {
+		return nil, err
+	}
+	p.before = before
+	res := &Result{PID: s.pid}
 	// A site a killed hotpatch left mid-patch is ours: make it whole first
 	// (and say so), rather than refusing it as foreign forever.
 	var torn []selected
 	for i, st := range before {
-		if st == stateTorn {
-			torn = append(torn, sel[i])
+		if st == xmod.StateTorn {
+			torn = append(torn, p.sel[i])
 		}
 	}
 	if len(torn) > 0 {
@@ -271,52 +275,68 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 		if err != nil {
 			return res, err
 		}
-		if before, err = siteStates(s.reader(), sites); err != nil {
+		if before, err = p.batch.Classify(s.reader(), p.before); err != nil {
 			return res, err
 		}
+		p.before = before
 	}
 	// Refuse the whole request if any site is foreign, so that no protocol's
 	// batch is written before another's is refused: all or nothing.
 	for i, st := range before {
-		if st == "foreign" {
+		if st == xmod.StateInvalid || st == xmod.StateTorn {
 			return nil, fmt.Errorf("%v in %s holds neither its active nor its inert bytes: %w (nothing was written)",
-				siteOf(sel[i]), sel[i].target.Object.Path, ErrStale)
+				p.sites[i], p.sel[i].target.Object.Path, ErrStale)
 		}
 	}
-	s.newGeneration(sel, before)
+	s.newGeneration(p, before)
 	var runErr error
-	for _, p := range []string{ProtoFlip, ProtoStop, ProtoInt3, ProtoInt3Async} {
-		changes := byProto[p]
+	for _, proto := range []string{ProtoFlip, ProtoStop, ProtoInt3, ProtoInt3Async} {
+		changes := p.byProto[proto]
 		if len(changes) == 0 {
 			continue
 		}
 		var r xmod.Result
 		var err error
-		if p == ProtoFlip {
+		switch {
+		case proto == ProtoFlip && p.onlyFlip:
+			r, err = s.flipPrepared(ctx, p, before, res)
+		case proto == ProtoFlip:
 			r, err = s.flip(ctx, changes, res)
-		} else {
-			r, err = run(ctx, s.tracer, p, changes, int3Wait)
+		default:
+			r, err = run(ctx, s.tracer, proto, changes, int3Wait)
 		}
 		res.Changed += r.Changed
 		res.Unchanged += r.Unchanged
 		res.Held += r.Held
 		if err != nil {
-			runErr = fmt.Errorf("%s protocol: %w", p, err)
+			runErr = fmt.Errorf("%s protocol: %w", proto, err)
 			break
 		}
 	}
-	after, afterErr := siteStates(s.reader(), sites)
+	// The read after: every site, but those a span's clean read-back has
+	// just shown in their new form (D50).
+	var after []xmod.State
+	var afterErr error
+	if p.onlyFlip && runErr == nil {
+		after, afterErr = p.batch.ClassifyAfterFlip(s.reader(), p.after)
+	} else {
+		after, afterErr = p.batch.Classify(s.reader(), p.after)
+	}
+	if afterErr == nil {
+		p.after = after
+	}
 	res.ElapsedNS = time.Since(start).Nanoseconds()
 	res.OK = runErr == nil && afterErr == nil
-	for i, c := range sel {
-		r := SiteResult{Object: c.target.Object.Path, ID: c.probe.ID, Function: c.probe.Function, Kind: c.probe.Kind, Provider: c.probe.Provider,
-			Address: "0x" + strconv.FormatUint(c.target.Object.Runtime(uint64(c.probe.Address)), 16),
-			Want:    onOff(c.on), Before: before[i], Protocol: protoOf[i], After: "unknown"}
-		if afterErr == nil {
-			r.After = after[i]
+	if res.OK {
+		for i, c := range p.sel {
+			if want := stateOf(c.on); after[i] != want {
+				res.OK = false
+				break
+			}
 		}
-		res.OK = res.OK && r.After == r.Want
-		res.Sites = append(res.Sites, r)
+	}
+	if !s.brief || !res.OK || runErr != nil {
+		res.Sites = p.results(before, after, afterErr)
 	}
 	if runErr == nil && afterErr != nil {
 		runErr = fmt.Errorf("reading sites back: %w", afterErr)
@@ -333,23 +353,37 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	return res, runErr
 }
 
+func stateOf(on bool) xmod.State {
+	if on {
+		return xmod.StateActive
+	}
+	return xmod.StateInert
+}
+
+// SetBrief makes Apply leave Result.Sites nil when every site ended in the
+// asked state and nothing failed: a session's script reads the counts, and
+// 40,000 per-site results cost more than the toggle (see D46). A failed
+// request still lists every site.
+func (s *Session) SetBrief(on bool) { s.brief = on }
+
 // newGeneration tells the runtime, just before their probes go on, that the
 // functions about to be enabled start a new generation: a shadow frame left
 // by a call whose exit was missed while they were off must not be matched by
 // the exit of a call that entered unseen (see shm.Region.NewGeneration).
-func (s *Session) newGeneration(sel []selected, before []string) {
+func (s *Session) newGeneration(p *prepared, before []xmod.State) {
 	if s.region == nil {
 		return
 	}
-	var keys []uint64
-	for i, c := range sel {
-		if c.on && before[i] != "on" && c.probe.Resolved && c.probe.FunctionAddress != 0 {
+	keys := p.gen[:0]
+	for i, c := range p.sel {
+		if c.on && before[i] != xmod.StateActive && c.probe.Resolved && c.probe.FunctionAddress != 0 {
 			keys = append(keys, c.target.Object.Runtime(uint64(c.probe.FunctionAddress)))
 		}
 	}
 	if len(keys) > 0 {
 		s.region.NewGeneration(keys)
 	}
+	p.gen = keys
 }
 
 // Gone reports whether err says the target process does not exist or

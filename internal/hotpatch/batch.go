@@ -2,7 +2,11 @@ package hotpatch
 
 import (
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
+
+	"github.com/edgeprobe/edgeprobe/internal/xmod"
 )
 
 // ErrNeedsFullAttach is returned by Apply inside Batch when a request needs
@@ -26,11 +30,37 @@ func (s *Session) Batch(fn func() error) error {
 	return s.tracer.Do(fn)
 }
 
-// resolveCached is resolve, remembered per list of actions: a session
-// script toggles the same few selections over and over, and the targets
-// (hence what a selector matches) do not change during a Session.
-func (s *Session) resolveCached(actions []Action) ([]selected, error) {
+// prepared is what one list of actions (with one protocol) selects, with
+// what every Apply of it needs computed once: a session script toggles the
+// same few selections over and over, and the targets (hence what a
+// selector matches) do not change during a Session. A 40,000-site batch
+// would otherwise build, name, sort and check its sites, look each up in
+// the verified set and format its address on every call.
+type prepared struct {
+	sel      []selected
+	sites    []xmod.Site // sel's sites, in sel's order
+	protoOf  []string    // each site's protocol
+	byProto  map[string][]xmod.Change
+	onlyFlip bool
+	protoErr error          // --protocol flip asked of a site it cannot toggle
+	batch    *xmod.Prepared // every site: the reads, and the writes when onlyFlip
+	verified bool           // listed probes checked against a scan (verify)
+	// Scratch reused by each Apply (a Session is used by one goroutine).
+	before, after []xmod.State
+	gen           []uint64
+	addrs         []string // run-time addresses, formatted on first need
+}
+
+// maxPreparedSites bounds the sites a session keeps prepared (a profile
+// builds a new selection per epoch); past it the cache starts over.
+const maxPreparedSites = 1 << 20
+
+// prepare returns the prepared selection of actions under protocol,
+// building it on first use.
+func (s *Session) prepare(actions []Action, protocol string) (*prepared, error) {
 	var b strings.Builder
+	b.WriteString(protocol)
+	b.WriteByte(1)
 	for _, a := range actions {
 		if a.Enable {
 			b.WriteByte('+')
@@ -47,16 +77,57 @@ func (s *Session) resolveCached(actions []Action) ([]selected, error) {
 		b.WriteByte(1)
 	}
 	key := b.String()
-	if sel, ok := s.resolved[key]; ok {
-		return sel, nil
+	if p, ok := s.prepared[key]; ok {
+		return p, nil
 	}
 	sel, err := resolve(s.targets, actions)
 	if err != nil {
 		return nil, err
 	}
-	if s.resolved == nil || len(s.resolved) >= 4096 {
-		s.resolved = map[string][]selected{}
+	p := &prepared{sel: sel, sites: make([]xmod.Site, len(sel)), protoOf: make([]string, len(sel)), byProto: map[string][]xmod.Change{}}
+	all := make([]xmod.Change, len(sel))
+	for i, c := range sel {
+		p.sites[i] = siteOf(c)
+		all[i] = xmod.Change{Site: p.sites[i], On: c.on}
+		pr := protocolFor(protocol, c.probe)
+		if pr == ProtoFlip && c.probe.DifferingBytes() != 1 && p.protoErr == nil {
+			p.protoErr = fmt.Errorf("probe %d (%s %s) is a %s placeholder: %w; use --protocol auto or int3",
+				c.probe.ID, c.probe.Kind, c.probe.Function, c.probe.Placeholder, ErrNotFlippable)
+		}
+		p.protoOf[i] = pr
+		if p.byProto[pr] == nil {
+			p.byProto[pr] = make([]xmod.Change, 0, len(sel))
+		}
+		p.byProto[pr] = append(p.byProto[pr], all[i])
 	}
-	s.resolved[key] = sel
-	return sel, nil
+	p.onlyFlip = len(p.byProto) == 1 && p.byProto[ProtoFlip] != nil
+	if p.batch, err = xmod.Prepare(all); err != nil {
+		return nil, err
+	}
+	if s.prepared == nil || s.preparedSites+len(sel) > maxPreparedSites || len(s.prepared) >= 4096 {
+		s.prepared, s.preparedSites = map[string]*prepared{}, 0
+	}
+	s.prepared[key] = p
+	s.preparedSites += len(sel)
+	return p, nil
+}
+
+// results is every site's SiteResult for one Apply.
+func (p *prepared) results(before, after []xmod.State, afterErr error) []SiteResult {
+	if p.addrs == nil {
+		p.addrs = make([]string, len(p.sel))
+		for i := range p.sel {
+			p.addrs[i] = "0x" + strconv.FormatUint(p.sites[i].Addr, 16)
+		}
+	}
+	out := make([]SiteResult, len(p.sel))
+	for i, c := range p.sel {
+		r := &out[i]
+		*r = SiteResult{Object: c.target.Object.Path, ID: c.probe.ID, Function: c.probe.Function, Kind: c.probe.Kind, Provider: c.probe.Provider,
+			Address: p.addrs[i], Want: onOff(c.on), Before: stateName(before[i]), Protocol: p.protoOf[i], After: "unknown"}
+		if afterErr == nil {
+			r.After = stateName(after[i])
+		}
+	}
+	return out
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/edgeprobe/edgeprobe/internal/inject"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
+	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 )
 
@@ -54,6 +55,40 @@ type RuntimeStatus struct {
 // is reported as it is: nothing to do. With NoInject, slots to route are an
 // ErrNoRuntime error instead.
 func EnsureRuntime(ctx context.Context, pid int, opts RuntimeOptions) (*RuntimeStatus, error) {
+	return ensureRuntime(ctx, pid, opts, nil)
+}
+
+// EnsureRuntime is EnsureRuntime for the session's process under the lock
+// the session holds (its tracer), so no other hotpatch can take the
+// process between the session's commands and the load. A load upgrades
+// the session's tracer to every thread (inject.Load), which it then stays.
+// Not inside Batch (ErrNeedsFullAttach: run it outside).
+func (s *Session) EnsureRuntime(ctx context.Context, opts RuntimeOptions) (*RuntimeStatus, error) {
+	if s.tracer == nil {
+		return nil, fmt.Errorf("pid %d: %w", s.pid, ptrace.ErrDetached)
+	}
+	if s.inBatch {
+		return nil, ErrNeedsFullAttach
+	}
+	st, err := ensureRuntime(ctx, s.pid, opts, &Lock{t: s.tracer})
+	if st != nil && st.Load != nil {
+		s.full = true // inject.Load upgraded the tracer
+	}
+	if err == nil && s.region == nil {
+		if r, rerr := shm.OpenPID(s.pid); rerr == nil {
+			if r.Writable() {
+				s.region = r
+			} else {
+				r.Close()
+			}
+		}
+	}
+	return st, err
+}
+
+// ensureRuntime is EnsureRuntime; held, when set, is the lock the caller
+// already holds (a Session's), used instead of taking one.
+func ensureRuntime(ctx context.Context, pid int, opts RuntimeOptions, held *Lock) (*RuntimeStatus, error) {
 	// Looking takes no lock (stats may run beside a trace that holds it);
 	// changing anything does, and looks again under it.
 	p, err := inject.Inspect(pid)
@@ -81,12 +116,14 @@ func EnsureRuntime(ctx context.Context, pid int, opts RuntimeOptions) (*RuntimeS
 			return st, err
 		}
 	}
-	var lock *Lock
+	lock := held
 	if !opts.NoInject {
-		if lock, err = AcquireLockContext(ctx, pid, opts.WaitLock); err != nil {
-			return st, err
+		if lock == nil {
+			if lock, err = AcquireLockContext(ctx, pid, opts.WaitLock); err != nil {
+				return st, err
+			}
+			defer lock.Release()
 		}
-		defer lock.Release()
 		if p, err = inject.Inspect(pid); err != nil {
 			return st, err
 		}

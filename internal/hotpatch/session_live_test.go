@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeprobe/edgeprobe/internal/inject"
+	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
 
@@ -280,5 +282,83 @@ func TestSessionTargetExits(t *testing.T) {
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != 4 || len(rest) > 0 {
 		t.Fatalf("session: %v, then %q (stderr %q); want exit 4 and nothing more", err, rest, ss.stderr.String())
+	}
+}
+
+// TestSessionLazyRuntime: a session on a program started without the
+// runtime (glibc's empty hooks) loads it only at its first enable: disables
+// before it leave the process as it was; the enable loads it under the
+// session's own attach, and its probes record. With --no-inject that enable
+// fails with its own result line and the session goes on.
+func TestSessionLazyRuntime(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.Runtime(t, "gcc")
+	t.Setenv(EnvRuntime, lib)
+	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"mt.c"}})
+	mapsRuntime := func(pid int) bool {
+		p, err := inject.Inspect(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Runtime != nil
+	}
+	for _, noInject := range []bool{false, true} {
+		t.Run(fmt.Sprintf("no-inject=%v", noInject), func(t *testing.T) {
+			p := testutil.Start(t, nil, fx.Path)
+			progress := p.Symbol(fx.Path, "progress")
+			s := &subject{Process: p}
+			var args []string
+			if noInject {
+				args = append(args, "--no-inject")
+			}
+			ss := startSession(t, s, args...)
+			ss.send(t, "disable *", "disable work")
+			for i := 1; i <= 2; i++ {
+				if l := ss.read(t); !l.OK || l.Line != i {
+					t.Fatalf("line %d: %+v (stderr %q)", i, l, ss.stderr.String())
+				}
+			}
+			if mapsRuntime(p.Pid) {
+				t.Fatal("the runtime was loaded by a session that had only disabled")
+			}
+			ss.send(t, "enable work", "disable *")
+			l := ss.read(t)
+			if noInject {
+				if l.OK || l.Exit == 0 || !strings.Contains(l.Error, "--no-inject") {
+					t.Fatalf("enable under --no-inject: %+v", l)
+				}
+			} else if !l.OK || l.Changed == 0 {
+				t.Fatalf("enable work: %+v (stderr %q)", l, ss.stderr.String())
+			}
+			if l := ss.read(t); !l.OK {
+				t.Fatalf("disable * after the enable: %+v", l)
+			}
+			if got := mapsRuntime(p.Pid); got == noInject {
+				t.Fatalf("runtime mapped after the enable: %v, want %v (stderr %q)", got, !noInject, ss.stderr.String())
+			}
+			if !noInject {
+				// It records: enable again and wait for work's calls to show.
+				ss.send(t, "enable work")
+				if l := ss.read(t); !l.OK {
+					t.Fatalf("enable work again: %+v", l)
+				}
+				p.AwaitProgress(progress, 20000)
+				r, err := shm.OpenPID(p.Pid)
+				if err != nil {
+					t.Fatalf("the runtime's region: %v", err)
+				}
+				n := len(r.Functions())
+				r.Close()
+				if n == 0 {
+					t.Fatal("the loaded runtime recorded no function")
+				}
+			}
+			ss.in.Close()
+			ss.wait(t)
+			if tp := tracerOf(p.Pid); tp != 0 {
+				t.Fatalf("after the session, TracerPid is %d", tp)
+			}
+			p.Finish()
+		})
 	}
 }

@@ -3,9 +3,12 @@ package report
 import (
 	"fmt"
 	"io"
+	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/edgeprobe/edgeprobe/internal/calltrace"
+	"github.com/edgeprobe/edgeprobe/internal/dwarfargs"
 	"github.com/edgeprobe/edgeprobe/internal/perfetto"
 )
 
@@ -142,14 +145,30 @@ func fromArg(a perfetto.Arg) calltrace.Value {
 			v.Fields = append(v.Fields, fromArg(d))
 		}
 	default:
-		if strings.HasPrefix(a.Str, "?(") && strings.HasSuffix(a.Str, ")") {
+		switch {
+		case strings.HasPrefix(a.Str, "?(") && strings.HasSuffix(a.Str, ")"):
 			v.Kind, v.Note = calltrace.Missing, a.Str[2:len(a.Str)-1]
-		} else {
+		case a.Str == "NULL": // a NULL char * (toArg writes its text)
+			v.Kind = calltrace.String
+		case len(a.Str) == dwarfargs.StringMax+3 && strings.HasSuffix(a.Str, "..."):
+			// a string cut at the capture's bound (toArg appends "..."): a
+			// string copied whole is shorter than the bound, so this one
+			// cannot be a whole string ending in dots
+			v.Kind, v.Uint, v.Str, v.Truncated = calltrace.String, 1, a.Str[:dwarfargs.StringMax], true
+		default:
 			v.Kind, v.Uint, v.Str = calltrace.String, 1, a.Str
+			// an unreadable char *: "0x10 (unreadable)"
+			if m := unreadableArg.FindStringSubmatch(a.Str); m != nil {
+				if p, err := strconv.ParseUint(m[1], 16, 64); err == nil && p != 0 {
+					v.Uint, v.Str, v.Note = p, "", m[2]
+				}
+			}
 		}
 	}
 	return v
 }
+
+var unreadableArg = regexp.MustCompile(`^0x([0-9a-f]+) \((unreadable)\)$`)
 
 // ReplayPerfetto reads a Perfetto trace (one this package wrote, or any of
 // thread-track slices) and passes its calls to sink, in the file's order.

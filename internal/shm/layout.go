@@ -10,9 +10,17 @@ const Magic uint64 = 0x3142525045474445
 const Version uint32 = 5
 
 // MinVersion is the oldest layout version this package still reads. Version
-// 4 moved the function entry's last histogram buckets (giving the deep-entry
-// counters their place) and grew the frame, so older regions are not read.
+// 5 made the function table a chain of segments with its keys in an array of
+// their own, after the rings, so older regions are not read.
 const MinVersion uint32 = 5
+
+// The function table's hash (runtime/edgeprobe_shm.h: EP_HASH_MUL,
+// EP_HASH_STEP): segment k of a key's probe sequence starts at the top 32
+// bits of h_k, h_0 = key * hashMul, h_(k+1) = (h_k ^ h_k>>29) * hashStep.
+const (
+	hashMul  uint64 = 0x9E3779B97F4A7C15
+	hashStep uint64 = 0xBF58476D1CE4E5B9
+)
 
 const (
 	HeaderSize  = 4096 // bytes of Header
@@ -56,6 +64,9 @@ const (
 	CtlPause  uint32 = 4  // record nothing
 	CtlQuota  uint32 = 8  // per-function quotas: at most QuotaK recorded calls per quota epoch
 	CtlFilter uint32 = 16 // trace events only within Header.FilterDepth and FilterTid
+	// CtlArgs (with CtlTrace): fentry functions with a plan in the header's
+	// ArgPlan table get an EvData record after their entry and exit events.
+	CtlArgs uint32 = 0x100
 
 	// FilterTids is how many threads a trace filter can name.
 	FilterTids = 8
@@ -66,7 +77,57 @@ const (
 	EvEnter  = 0
 	EvExit   = 1
 	EvThread = 2 // a thread claimed the slot; Event.Addr holds its tid
+	EvData   = 3 // arguments or a return value: Event.Sub, Spec, Data
 )
+
+// EvData records (runtime/edgeprobe_shm.h describes the payload).
+const (
+	DataArgs = 1 // after an EvEnter: argument registers, stack bytes, strings
+	DataRet  = 2 // after an EvExit: return registers, string
+
+	dataSubShift   = 60
+	dataSlotsShift = 52
+	dataSpecMask   = 1<<52 - 1
+
+	StrMax      = 64    // bytes copied from a char *
+	StackMax    = 64    // bytes of stack arguments copied
+	StrComplete = 0x100 // string status: a NUL ended the bytes
+	StrFault    = 0x200 // string status: unreadable
+
+	// ArgPlans is the size of the header's plan table.
+	ArgPlans = 128
+)
+
+// Plan spec bits (a plan's Spec and an EvData record's).
+const (
+	PlanEntry uint64 = 1 << 40 // record the arguments
+	PlanExit  uint64 = 1 << 41 // record the return value
+	PlanRStr  uint64 = 1 << 36 // the return value is a char *
+)
+
+// PlanSpec packs what to copy: integer argument registers (bit i: rdi, rsi,
+// rdx, rcx, r8, r9), SSE argument registers (xmm0..7), those integer
+// registers that hold a char *, stack bytes (<= StackMax), return integer
+// registers (rax, rdx), return SSE registers (xmm0, xmm1).
+func PlanSpec(intRegs, sseRegs, strRegs uint8, stack int, retInt, retSSE uint8) uint64 {
+	stack = min(max(stack, 0), StackMax)
+	return uint64(intRegs&0x3f) | uint64(sseRegs)<<8 | uint64(strRegs&0x3f)<<16 | uint64(stack)<<24 |
+		uint64(retInt&3)<<32 | uint64(retSSE&3)<<34
+}
+
+// SpecInt and friends unpack a spec.
+func SpecInt(s uint64) uint8  { return uint8(s & 0x3f) }
+func SpecSSE(s uint64) uint8  { return uint8(s >> 8) }
+func SpecStr(s uint64) uint8  { return uint8(s>>16) & 0x3f }
+func SpecStack(s uint64) int  { return int(s>>24) & 0x7f }
+func SpecRInt(s uint64) uint8 { return uint8(s>>32) & 3 }
+func SpecRSSE(s uint64) uint8 { return uint8(s>>34) & 3 }
+
+// argPlan is struct ep_argplan.
+type argPlan struct {
+	Key  uint64
+	Spec uint64
+}
 
 const (
 	evKindShift = 62
@@ -106,7 +167,7 @@ type Header struct {
 	RingEvents     uint32
 	EventSize      uint32
 	MaxProbe       uint32
-	_              uint32
+	FuncFirst      uint32 // slots of the function table's segment 0
 	CalibNs        uint64
 	MapsOff        uint64
 	MapsLen        uint64
@@ -116,18 +177,22 @@ type Header struct {
 	FentryMode uint32
 	ExitMono   uint64
 	ExitTSC    uint64
-	_          [5]uint64
+	KeysOff    uint64 // the function table's keys: MaxFuncs uint64s
+	FuncSegs   uint32 // function-table segments in use (grows while the process runs)
+	_          uint32
+	_          [3]uint64
 
 	Control    uint32
-	_          [2]uint32 // reserved (the ring size a capture asks for, branch "args")
-	Gen        uint32    // process-wide generation: NewGeneration adds 1 and stores it in each function's Gen
-	QuotaK     uint32    // CtlQuota: calls a function may record per quota epoch
-	QuotaEpoch uint32    // the current quota epoch
+	Gen        uint32 // process-wide generation: NewGeneration adds 1 and stores it in each function's Gen
+	QuotaK     uint32 // CtlQuota: calls a function may record per quota epoch
+	QuotaEpoch uint32 // the current quota epoch
 	// CtlFilter: trace events only below FilterDepth (0: any depth) and of
 	// the threads in FilterTid (first 0: every thread)
 	FilterDepth uint32
 	FilterTid   [FilterTids]int32
 	_           [1]uint32
+	RingReq     uint32 // version 5: the ring size a capture asks for
+	RingDef     uint32 // version 5: the size rings start with
 
 	FuncsUsed       uint64
 	FuncDropEnters  uint64
@@ -141,12 +206,13 @@ type Header struct {
 	FentrySites     uint64
 	FentryBadSites  uint64
 	FentryUnwound   uint64
-	_               [460]uint64
+	_               [204]uint64
+	ArgPlan         [ArgPlans]argPlan // version 5
 }
 
 // funcEntry is struct ep_func.
 type funcEntry struct {
-	Addr        uint64
+	Addr        uint64 // a copy of the slot's key, written after the claim (the keys array is the table)
 	Entries     uint64
 	Exits       uint64
 	SumNs       uint64
@@ -187,7 +253,9 @@ type threadSlot struct {
 	HookSamples    uint64
 	SampleLeft     uint32
 	_              uint32
-	_              [4]uint64
+	_              [3]uint64
+	RingSize       uint32 // version 5: events the slot's ring holds now (0: unused)
+	_              uint32
 }
 
 // localEntry is struct ep_local.

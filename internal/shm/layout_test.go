@@ -30,8 +30,9 @@ func TestLayoutMatchesC(t *testing.T) {
 	goTypes := map[string]reflect.Type{
 		"ep_header": reflect.TypeOf(Header{}), "ep_func": reflect.TypeOf(funcEntry{}),
 		"ep_thread": reflect.TypeOf(threadSlot{}), "ep_local": reflect.TypeOf(localEntry{}),
-		"ep_frame": reflect.TypeOf(frame{}), "ep_event": reflect.TypeOf(event{}),
+		"ep_frame": reflect.TypeOf(frame{}), "ep_event": reflect.TypeOf(event{}), "ep_argplan": reflect.TypeOf(argPlan{}),
 	}
+	const layoutSpec = 0x0f2a15a5c3e7
 	consts := map[string]uint64{
 		"EP_MAGIC": Magic, "EP_VERSION": uint64(Version), "EP_HEADER_SIZE": HeaderSize, "EP_HIST_BUCKETS": HistBuckets,
 		"EP_KEY_BARE": KeyBare, "EP_CLOCK_TSC": ClockTSC, "EP_CLOCK_MONO": ClockMono,
@@ -41,8 +42,15 @@ func TestLayoutMatchesC(t *testing.T) {
 		"EP_FENTRY_USED": uint64(FentryUsed), "EP_FENTRY_EXITS": uint64(FentryExits),
 		"EP_FENTRY_EXITS_OFF": uint64(FentryExitsOff), "EP_FENTRY_SHSTK": uint64(FentrySHSTK),
 		"EP_EV_KIND_SHIFT": evKindShift, "EP_EV_TS_MASK": evTSMask,
+		"EP_EV_DATA": EvData, "EP_CTL_ARGS": uint64(CtlArgs), "EP_DATA_ARGS": DataArgs, "EP_DATA_RET": DataRet,
+		"EP_DATA_SUB_SHIFT": dataSubShift, "EP_DATA_SLOTS_SHIFT": dataSlotsShift, "EP_DATA_SPEC_MASK": dataSpecMask,
+		"EP_STR_MAX": StrMax, "EP_STACK_MAX": StackMax, "EP_STR_COMPLETE": StrComplete, "EP_STR_FAULT": StrFault,
+		"EP_ARGPLANS": ArgPlans, "EP_PLAN_ENTRY": PlanEntry, "EP_PLAN_EXIT": PlanExit, "EP_PLAN_RSTR": PlanRStr,
+		"SPEC_INT": uint64(SpecInt(layoutSpec)), "SPEC_SSE": uint64(SpecSSE(layoutSpec)), "SPEC_STR": uint64(SpecStr(layoutSpec)),
+		"SPEC_STACK": uint64(SpecStack(layoutSpec)), "SPEC_RINT": uint64(SpecRInt(layoutSpec)), "SPEC_RSSE": uint64(SpecRSSE(layoutSpec)),
+		"EP_HASH_MUL": hashMul, "EP_HASH_STEP": hashStep,
 	}
-	sizes := map[string]uintptr{"ep_func": funcSize, "ep_thread": threadSize, "ep_local": localSize, "ep_frame": frameSize, "ep_event": eventSize, "ep_header": HeaderSize}
+	sizes := map[string]uintptr{"ep_func": funcSize, "ep_thread": threadSize, "ep_local": localSize, "ep_frame": frameSize, "ep_event": eventSize, "ep_header": HeaderSize, "ep_argplan": 16}
 	seenFields := map[string]int{}
 	sc := bufio.NewScanner(strings.NewReader(string(out)))
 	for sc.Scan() {
@@ -104,7 +112,7 @@ func TestLayoutMatchesC(t *testing.T) {
 // goField maps a C field name to its Go name: snake_case to CamelCase with
 // the initialisms used in layout.go.
 func goField(c string) string {
-	special := map[string]string{"tsc_mult": "TSCMult", "tsc0": "TSC0", "exit_tsc": "ExitTSC", "ts": "TS", "tsk": "TSK", "fn": "Fn", "calib_ns": "CalibNs"}
+	special := map[string]string{"tsc_mult": "TSCMult", "tsc0": "TSC0", "exit_tsc": "ExitTSC", "ts": "TS", "tsk": "TSK", "fn": "Fn", "calib_ns": "CalibNs", "argplan": "ArgPlan"}
 	if s, ok := special[c]; ok {
 		return s
 	}

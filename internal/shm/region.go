@@ -24,6 +24,7 @@ type Region struct {
 	mem      []byte
 	hdr      Header // validated copy of the immutable geometry
 	writable bool
+	dataBuf  []uint64 // Consume's payload buffer for EvData records
 }
 
 // Errors of OpenPID; test with errors.Is. ErrNoRuntime also matches
@@ -178,13 +179,14 @@ func (r *Region) u32(off uint64) uint32 {
 }
 
 var (
-	hdrControl = uint64(unsafe.Offsetof(Header{}.Control))
-	hdrGen     = uint64(unsafe.Offsetof(Header{}.Gen))
-	hdrQuotaK  = uint64(unsafe.Offsetof(Header{}.QuotaK))
-	hdrQuotaE  = uint64(unsafe.Offsetof(Header{}.QuotaEpoch))
-	hdrFDepth  = uint64(unsafe.Offsetof(Header{}.FilterDepth))
-	hdrFTid    = uint64(unsafe.Offsetof(Header{}.FilterTid))
-	hdrState   = uint64(unsafe.Offsetof(Header{}.State))
+	hdrControl  = uint64(unsafe.Offsetof(Header{}.Control))
+	hdrGen      = uint64(unsafe.Offsetof(Header{}.Gen))
+	hdrQuotaK   = uint64(unsafe.Offsetof(Header{}.QuotaK))
+	hdrQuotaE   = uint64(unsafe.Offsetof(Header{}.QuotaEpoch))
+	hdrFDepth   = uint64(unsafe.Offsetof(Header{}.FilterDepth))
+	hdrFTid     = uint64(unsafe.Offsetof(Header{}.FilterTid))
+	hdrState    = uint64(unsafe.Offsetof(Header{}.State))
+	hdrFuncSegs = uint64(unsafe.Offsetof(Header{}.FuncSegs))
 )
 
 // Header returns the header with its mutable fields (state, control,
@@ -194,6 +196,7 @@ func (r *Region) Header() Header {
 	p := (*Header)(unsafe.Pointer(&r.mem[0]))
 	h.State = atomic.LoadUint32(&p.State)
 	h.Control = atomic.LoadUint32(&p.Control)
+	h.RingReq = atomic.LoadUint32(&p.RingReq)
 	h.ExitMono = atomic.LoadUint64(&p.ExitMono)
 	h.ExitTSC = atomic.LoadUint64(&p.ExitTSC)
 	h.FuncsUsed = atomic.LoadUint64(&p.FuncsUsed)
@@ -209,6 +212,7 @@ func (r *Region) Header() Header {
 	h.FentrySites = atomic.LoadUint64(&p.FentrySites)
 	h.FentryBadSites = atomic.LoadUint64(&p.FentryBadSites)
 	h.FentryUnwound = atomic.LoadUint64(&p.FentryUnwound)
+	h.FuncSegs = r.funcSegs()
 	return h
 }
 
@@ -363,23 +367,51 @@ func (r *Region) HookCost() (ns float64, samples uint64) {
 }
 
 // lookup finds key's function entry the way the runtime's ep_gfind probes
-// the table: from the hash's upper half, at most MaxProbe slots on.
+// the table: MaxProbe slots from the key's home in each segment in use, in
+// order; an empty slot on the way means the key was never claimed.
 func (r *Region) lookup(key uint64) *funcEntry {
-	if r.hdr.MaxFuncs == 0 {
-		return nil
-	}
-	home := uint32((key * 0x9E3779B97F4A7C15) >> 32)
-	mask := r.hdr.MaxFuncs - 1
-	for p := uint32(0); p < r.hdr.MaxProbe; p++ {
-		e := r.funcAt(uint64((home + p) & mask))
-		switch atomic.LoadUint64(&e.Addr) {
-		case key:
-			return e
-		case 0:
-			return nil
+	segs := r.funcSegs()
+	h := key * hashMul
+	base, n := uint64(0), uint64(r.hdr.FuncFirst)
+	for seg := uint32(0); seg < segs; seg++ {
+		if seg > 1 {
+			n <<= 1
 		}
+		if seg > 0 {
+			base = n
+		}
+		home := h >> 32
+		for p := uint64(0); p < uint64(r.hdr.MaxProbe); p++ {
+			i := base + (home+p)&(n-1)
+			switch atomic.LoadUint64(r.keyAt(i)) {
+			case key:
+				return r.funcAt(i)
+			case 0:
+				return nil
+			}
+		}
+		h = (h ^ h>>29) * hashStep
 	}
 	return nil
+}
+
+// funcSegs is the number of function-table segments in use now (the runtime
+// only raises it), within what the geometry allows.
+func (r *Region) funcSegs() uint32 {
+	n := atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.mem[hdrFuncSegs])))
+	if max := r.hdr.funcSegsMax(); n > max {
+		n = max
+	}
+	if n == 0 {
+		n = 1
+	}
+	return n
+}
+
+// FuncSlots is the number of function-table slots in the segments in use
+// now: the table's size, which grows with the functions recorded.
+func (r *Region) FuncSlots() uint64 {
+	return uint64(r.hdr.FuncFirst) << (r.funcSegs() - 1)
 }
 
 // SetTrace switches the event rings on or off.
@@ -431,6 +463,10 @@ func (f *Func) MeanNs() uint64 {
 // Percentile estimates latency quantile q in [0,1] at bucket resolution.
 func (f *Func) Percentile(q float64) uint64 { return Percentile(&f.Hist, q, f.MinNs, f.MaxNs) }
 
+func (r *Region) keyAt(i uint64) *uint64 {
+	return (*uint64)(unsafe.Pointer(&r.mem[r.hdr.KeysOff+i*8]))
+}
+
 func (r *Region) funcAt(i uint64) *funcEntry {
 	return (*funcEntry)(unsafe.Pointer(&r.mem[r.hdr.FuncOff+i*funcSize]))
 }
@@ -450,17 +486,18 @@ func (r *Region) localAt(slot, i uint64) *localEntry {
 }
 
 // Functions snapshots the function table, each function's shared counters
-// plus every thread cache entry naming it, in table order.
+// plus every thread cache entry naming it, in table order. Only the segments
+// in use are read (the rest is address space no page of which was touched).
 func (r *Region) Functions() []Func {
-	n := uint64(r.hdr.MaxFuncs)
+	n := r.FuncSlots()
 	idx := make(map[uint32]int)
 	var out []Func
 	for i := uint64(0); i < n; i++ {
-		e := r.funcAt(i)
-		key := atomic.LoadUint64(&e.Addr)
+		key := atomic.LoadUint64(r.keyAt(i))
 		if key == 0 {
 			continue
 		}
+		e := r.funcAt(i)
 		f := Func{Addr: key &^ KeyBare, Bare: key&KeyBare != 0}
 		f.Entries = atomic.LoadUint64(&e.Entries)
 		f.Exits = atomic.LoadUint64(&e.Exits)
@@ -533,6 +570,7 @@ type Thread struct {
 	RingHead       uint64
 	RingTail       uint64
 	RingDropped    uint64
+	RingSize       uint32 // events the slot's ring holds now (version 5; 0: unused)
 	DeepLost       uint64 // frames deeper than the shadow stack found dead (functions unknown)
 	AbandonedHooks uint64 // hooks a signal handler longjmp'd out of
 	FentryRestored uint64 // dead hijacked fentry frames whose return slot was given back
@@ -564,6 +602,7 @@ func (r *Region) Threads() []Thread {
 			RingHead:       atomic.LoadUint64(&s.RingHead),
 			RingTail:       atomic.LoadUint64(&s.RingTail),
 			RingDropped:    atomic.LoadUint64(&s.RingDropped),
+			RingSize:       atomic.LoadUint32(&s.RingSize),
 			DeepLost:       atomic.LoadUint64(&s.DeepLost),
 			AbandonedHooks: atomic.LoadUint64(&s.AbandonedHooks),
 			FentryRestored: atomic.LoadUint64(&s.FentryRestored),
@@ -579,7 +618,7 @@ func (r *Region) Threads() []Thread {
 // the sums over thread slots.
 type Counters struct {
 	FuncsUsed       uint64
-	FuncDropEnters  uint64 // function table full
+	FuncDropEnters  uint64 // function table at its cap (every segment full along the key's probe sequence)
 	FuncDropExits   uint64
 	ThreadsClaimed  uint64
 	ThreadsActive   uint64

@@ -7,6 +7,9 @@
 //     store each, no stop, no wait. Works on a plain Mem (ptrace.OpenMem).
 //     With FlipOptions.Pristine, runs of sites in text nobody else has
 //     written are written as checked spans, read back (span.go).
+//     Prepared (prepared.go) is a batch checked and sorted once, for
+//     callers that apply it again and again: its Classify reads it, and
+//     its Flip writes from the states the caller's Classify just found.
 //   - Int3: any sites; the text_poke_bp order (int3 on byte 0, barrier,
 //     bytes 1..n-1, barrier, byte 0), threads that trap are held by the
 //     tracer. Each barrier is a time wait plus a per-thread serialisation

@@ -19,6 +19,9 @@ type FlipOptions struct {
 	Pristine Pristine
 	MaxSpan  uint64     // bytes per grouped read and span write; 0: DefaultMaxSpan
 	Stats    *SpanStats // filled in when Pristine is set; may be nil
+	// Scratch, if at least 3*(MaxSpan+16) bytes, holds a span's copies
+	// (a session reuses one for every batch instead of allocating it).
+	Scratch []byte
 }
 
 // Flip toggles sites whose two forms differ in exactly one byte by writing

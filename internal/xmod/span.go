@@ -3,6 +3,7 @@ package xmod
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sort"
@@ -147,15 +148,11 @@ func ClassifyRuns(m Mem, sites []Site, maxSpan uint64) ([]State, error) {
 // of the batch.
 func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptions) (Result, error) {
 	var res Result
-	w := &spanWriter{m: m, pr: opts.Pristine, st: opts.Stats, cs: cs, at: at}
-	if w.st == nil {
-		w.st = &SpanStats{}
-	}
 	maxSpan := opts.MaxSpan
 	if maxSpan == 0 {
 		maxSpan = DefaultMaxSpan
 	}
-	cur, err := readRunsOf(m, len(cs), func(i int) *Site { return &cs[i].Site }, maxSpan, w.pr.Extent)
+	cur, err := readRunsOf(m, len(cs), func(i int) *Site { return &cs[i].Site }, maxSpan, opts.Pristine.Extent)
 	if err != nil {
 		return res, err
 	}
@@ -182,7 +179,30 @@ func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptio
 	if len(bad) > 0 {
 		return res, errors.Join(bad...)
 	}
-	w.buf = make([]byte, 3*(maxSpan+16))
+	return writeSpans(ctx, m, cs, at, nil, todo, opts, res, nil, nil)
+}
+
+// writeSpans writes the sites todo (indices into cs, sorted; each known to
+// hold the form it is leaving) as flipSpans does, adding to res. buf, if
+// long enough, is the scratch for a span's three copies; confirmed, if not
+// nil, gets true for each site (index into cs) written by a span whose
+// read-back equalled what was written.
+func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, word []siteWord, todo []int, opts FlipOptions, res Result, buf []byte, confirmed []bool) (Result, error) {
+	w := &spanWriter{m: m, pr: opts.Pristine, st: opts.Stats, cs: cs, at: at, word: word, confirmed: confirmed}
+	if w.st == nil {
+		w.st = &SpanStats{}
+	}
+	maxSpan := opts.MaxSpan
+	if maxSpan == 0 {
+		maxSpan = DefaultMaxSpan
+	}
+	if need := int(3 * (maxSpan + 16)); len(buf) >= need {
+		w.buf = buf[:need]
+	} else if len(opts.Scratch) >= need {
+		w.buf = opts.Scratch[:need]
+	} else {
+		w.buf = make([]byte, need)
+	}
 	raced := false
 	for i := 0; i < len(todo); {
 		if err := ctx.Err(); err != nil {
@@ -194,8 +214,14 @@ func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptio
 		j := i + 1
 		if ok && !raced {
 			for j < len(todo) {
-				s := cs[todo[j]].Site
-				e := s.Addr + uint64(s.Len())
+				var e uint64
+				if word != nil {
+					ww := &word[todo[j]]
+					e = ww.addr + uint64(ww.len)
+				} else {
+					s := &cs[todo[j]].Site
+					e = s.Addr + uint64(s.Len())
+				}
 				if e > end || e-start > maxSpan {
 					break
 				}
@@ -226,13 +252,18 @@ func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptio
 
 // spanWriter writes the runs of one flipSpans batch.
 type spanWriter struct {
-	m       Mem
-	pr      Pristine
-	st      *SpanStats
-	cs      []Change
-	at      []int  // each change's differing byte
-	buf     []byte // scratch: the span read, written and read back
-	changed int
+	m    Mem
+	pr   Pristine
+	st   *SpanStats
+	cs   []Change
+	at   []int      // each change's differing byte
+	word []siteWord // each change's forms as words (Prepared), or nil
+	ours []Extent   // scratch: a span's sites
+	// confirmed marks the sites a clean read-back showed in their new
+	// form (Prepared.ClassifyAfterFlip), or is nil.
+	confirmed []bool
+	buf       []byte // scratch: the span read, written and read back
+	changed   int
 }
 
 func (w *spanWriter) oneByte(i int) error {
@@ -259,8 +290,26 @@ func (w *spanWriter) span(run []int) error {
 	// The sites must still hold the forms the plan saw (nothing else of
 	// ours writes them: the per-process lock), and the span must be the
 	// file's bytes but at probe sites.
-	ours := make([]Extent, len(run))
+	if cap(w.ours) < len(run) {
+		w.ours = make([]Extent, len(run))
+	}
+	ours := w.ours[:len(run)]
 	for k, i := range run {
+		if w.word != nil {
+			// Prepared's words: one load and compare per site, without
+			// touching the Change (the batch's sites stay in cache).
+			ww := &w.word[i]
+			ours[k] = Extent{ww.addr, int(ww.len)}
+			if off := ww.addr - start; ww.mask != 0 && off+8 <= uint64(len(cur)) {
+				old := ww.inert
+				if !ww.on {
+					old = ww.active
+				}
+				if binary.LittleEndian.Uint64(cur[off:])&ww.mask == old {
+					continue
+				}
+			}
+		}
 		s, on := &w.cs[i].Site, w.cs[i].On
 		ours[k] = Extent{s.Addr, s.Len()}
 		off := s.Addr - start
@@ -279,7 +328,17 @@ func (w *spanWriter) span(run []int) error {
 	}
 	copy(want, cur)
 	for _, i := range run {
-		s, d := &w.cs[i].Site, w.at[i]
+		d := w.at[i]
+		if w.word != nil && w.word[i].mask != 0 {
+			ww := &w.word[i]
+			form := ww.inert
+			if ww.on {
+				form = ww.active
+			}
+			want[ww.addr+uint64(d)-start] = byte(form >> (8 * uint(d)))
+			continue
+		}
+		s := &w.cs[i].Site
 		want[s.Addr+uint64(d)-start] = s.form(w.cs[i].On)[d]
 	}
 	if err := w.m.WriteMem(start, want); err != nil {
@@ -292,6 +351,11 @@ func (w *spanWriter) span(run []int) error {
 	if bytes.Equal(got, want) {
 		w.st.SpanSites += len(run)
 		w.changed += len(run)
+		if w.confirmed != nil {
+			for _, i := range run {
+				w.confirmed[i] = true
+			}
+		}
 		return nil
 	}
 	// Something wrote the span between our read and the read-back. Each of

@@ -1,0 +1,285 @@
+package xmod
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sort"
+)
+
+// Prepared is a batch of changes checked once (each site's forms valid, no
+// two sites overlapping), sorted by address, with each site's differing
+// byte found: what a caller that applies the same changes again and again
+// (a hotpatch session toggling one selection) would otherwise redo on every
+// call. Its scratch buffers are reused, so a Prepared is for one goroutine
+// at a time.
+type Prepared struct {
+	cs  []Change // sorted by address
+	pos []int    // pos[k]: the caller's index of cs[k]
+	at  []int    // cs[k]'s differing byte; -1 when its forms differ in more than one
+	// word[k]: cs[k]'s address, length, caller's index and forms as
+	// little-endian words under a mask of its length (mask 0 for sites
+	// longer than 8 bytes): Classify walks this compact array and compares
+	// one load with two words instead of calling bytes.Equal.
+	word []siteWord
+	buf  []byte // one run's read
+	// Scratch of Flip: the sites to write.
+	todo []int
+	// confirmed[k]: the last Flip wrote cs[k] in a span whose read-back
+	// matched (ClassifyAfterFlip); confirmedOK: that Flip succeeded.
+	confirmed   []bool
+	confirmedOK bool
+}
+
+type siteWord struct {
+	addr                uint64
+	active, inert, mask uint64
+	pos                 int32
+	len                 int32
+	on                  bool // the form the change asks for
+}
+
+func wordOf(b []byte) uint64 {
+	var v uint64
+	for i := len(b) - 1; i >= 0; i-- {
+		v = v<<8 | uint64(b[i])
+	}
+	return v
+}
+
+// Prepare checks changes as every protocol does and returns them prepared.
+func Prepare(changes []Change) (*Prepared, error) {
+	p := &Prepared{cs: make([]Change, len(changes)), pos: make([]int, len(changes)), at: make([]int, len(changes)), word: make([]siteWord, len(changes))}
+	for i := range p.pos {
+		p.pos[i] = i
+	}
+	sort.SliceStable(p.pos, func(a, b int) bool { return changes[p.pos[a]].Site.Addr < changes[p.pos[b]].Site.Addr })
+	for k, i := range p.pos {
+		p.cs[k] = changes[i]
+	}
+	for k := range p.cs {
+		s := &p.cs[k].Site
+		if err := s.check(); err != nil {
+			return nil, err
+		}
+		if k > 0 {
+			q := &p.cs[k-1].Site
+			if q.Addr+uint64(q.Len()) > s.Addr {
+				return nil, fmt.Errorf("%v overlaps %v: %w", *s, *q, ErrInvalidSite)
+			}
+		}
+		p.at[k] = -1
+		n := 0
+		for j := range s.Active {
+			if s.Active[j] != s.Inert[j] {
+				p.at[k] = j
+				n++
+			}
+		}
+		if n != 1 {
+			p.at[k] = -1
+		}
+		p.word[k] = siteWord{addr: s.Addr, pos: int32(p.pos[k]), len: int32(s.Len()), on: p.cs[k].On}
+		if l := s.Len(); l <= 8 {
+			w := &p.word[k]
+			w.active, w.inert, w.mask = wordOf(s.Active), wordOf(s.Inert), ^uint64(0)>>(64-8*uint(l))
+		}
+	}
+	return p, nil
+}
+
+// Len is the number of changes.
+func (p *Prepared) Len() int { return len(p.cs) }
+
+// Flippable reports whether every site's forms differ in exactly one byte.
+func (p *Prepared) Flippable() bool {
+	for _, d := range p.at {
+		if d < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Classify reads every site, one read per run of sites within
+// DefaultMaxSpan bytes (as ClassifyRuns), and returns each site's state in
+// the order of the changes given to Prepare, in out's storage when it is
+// long enough.
+func (p *Prepared) Classify(m Mem, out []State) ([]State, error) {
+	return p.classify(m, out, nil)
+}
+
+// ClassifyAfterFlip is Classify after a Flip that returned no error: a
+// site that Flip wrote as part of a span whose read-back, right after the
+// write, equalled what was written is known to hold its asked form as of
+// that read-back and is not read again; every other site is read. After a
+// Flip that failed, or none, it is Classify.
+func (p *Prepared) ClassifyAfterFlip(m Mem, out []State) ([]State, error) {
+	if !p.confirmedOK {
+		return p.classify(m, out, nil)
+	}
+	return p.classify(m, out, p.confirmed)
+}
+
+func (p *Prepared) classify(m Mem, out []State, skip []bool) ([]State, error) {
+	if cap(out) >= len(p.cs) {
+		out = out[:len(p.cs)]
+	} else {
+		out = make([]State, len(p.cs))
+	}
+	if p.buf == nil && len(p.cs) > 0 {
+		// No run is longer than the sites' extent or DefaultMaxSpan: a
+		// session keeps thousands of small selections prepared.
+		last := &p.cs[len(p.cs)-1].Site
+		ext := last.Addr + uint64(last.Len()) - p.cs[0].Site.Addr
+		p.buf = make([]byte, min(ext, DefaultMaxSpan)+16)
+	}
+	skipped := func(k int) bool { return skip != nil && skip[k] }
+	var one [16]byte
+	ws := p.word
+	for i := 0; i < len(ws); {
+		if skipped(i) {
+			out[ws[i].pos] = stateOf(ws[i].on)
+			i++
+			continue
+		}
+		// A run from site i to the last site to read within the limit; the
+		// skipped sites inside it are read along but not classified.
+		start := ws[i].addr
+		limit := start + DefaultMaxSpan
+		j, end := i+1, start+uint64(ws[i].len)
+		for k := i + 1; k < len(ws); k++ {
+			e := ws[k].addr + uint64(ws[k].len)
+			if e > limit {
+				break
+			}
+			if !skipped(k) {
+				end, j = e, k+1
+			}
+		}
+		buf := p.buf[:end-start]
+		if err := m.ReadMem(start, buf); err != nil {
+			if j == i+1 {
+				return nil, err
+			}
+			// A run across a gap (two mappings): each site alone.
+			for k := i; k < j; k++ {
+				if skipped(k) {
+					out[ws[k].pos] = stateOf(ws[k].on)
+					continue
+				}
+				s := &p.cs[k].Site
+				b := one[:s.Len()]
+				if err := m.ReadMem(s.Addr, b); err != nil {
+					return nil, err
+				}
+				out[p.pos[k]] = classify(*s, b)
+			}
+			i = j
+			continue
+		}
+		for k := i; k < j; k++ {
+			w := &ws[k]
+			if skipped(k) {
+				out[w.pos] = stateOf(w.on)
+				continue
+			}
+			off := w.addr - start
+			if w.mask != 0 && off+8 <= uint64(len(buf)) {
+				switch v := binary.LittleEndian.Uint64(buf[off:]) & w.mask; v {
+				case w.active:
+					out[w.pos] = StateActive
+					continue
+				case w.inert:
+					out[w.pos] = StateInert
+					continue
+				}
+			}
+			out[w.pos] = classify(p.cs[k].Site, buf[off:off+uint64(w.len)])
+		}
+		i = j
+	}
+	return out, nil
+}
+
+func stateOf(on bool) State {
+	if on {
+		return StateActive
+	}
+	return StateInert
+}
+
+// ErrNotClassified means Prepared.Flip was given a state other than active
+// or inert: the caller must refuse (or repair) such sites before writing.
+var ErrNotClassified = errors.New("site is in neither form")
+
+// Flip is Flip for the prepared changes, given each site's state as the
+// caller's Classify just found it, under the caller's lock: the batch is
+// not read a second time before it is written. Every state must be
+// StateActive or StateInert (all or nothing, as Flip's own read: nothing is
+// written otherwise), and every site flippable. Sites already in their
+// asked form are not written. With opts.Pristine, runs are written as
+// checked spans, each re-read and checked right before its write and read
+// back (flipSpans); otherwise one byte per site. Coalesce is not offered.
+// A tracer runs the batch on its thread, as Flip.
+func (p *Prepared) Flip(ctx context.Context, m Mem, states []State, opts FlipOptions) (Result, error) {
+	p.confirmedOK = false
+	if len(states) != len(p.cs) {
+		return Result{}, fmt.Errorf("%d states for %d prepared changes", len(states), len(p.cs))
+	}
+	if opts.Coalesce {
+		return Result{}, errors.New("Prepared.Flip: Coalesce is not offered")
+	}
+	for k := range p.cs {
+		if p.at[k] < 0 {
+			return Result{}, fmt.Errorf("%v: %w", p.cs[k].Site, ErrNotFlippable)
+		}
+		if st := states[p.pos[k]]; st != StateActive && st != StateInert {
+			return Result{}, fmt.Errorf("%v is %v: %w (nothing was written)", p.cs[k].Site, st, ErrNotClassified)
+		}
+	}
+	if d, ok := m.(interface{ Do(func() error) error }); ok {
+		var res Result
+		err := d.Do(func() error {
+			var err error
+			res, err = p.flip(ctx, m, states, opts)
+			return err
+		})
+		return res, err
+	}
+	return p.flip(ctx, m, states, opts)
+}
+
+func (p *Prepared) flip(ctx context.Context, m Mem, states []State, opts FlipOptions) (res Result, err error) {
+	p.confirmedOK = false
+	if p.confirmed == nil {
+		p.confirmed = make([]bool, len(p.cs))
+	} else {
+		clear(p.confirmed)
+	}
+	defer func() { p.confirmedOK = err == nil }()
+	todo := p.todo[:0]
+	defer func() { p.todo = todo[:0] }()
+	for k := range p.word {
+		if w := &p.word[k]; (states[w.pos] == StateActive) == w.on {
+			res.Unchanged++
+			continue
+		}
+		todo = append(todo, k)
+	}
+	if opts.Pristine != nil {
+		return writeSpans(ctx, m, p.cs, p.at, p.word, todo, opts, res, nil, p.confirmed)
+	}
+	for _, k := range todo {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		c, d := &p.cs[k], p.at[k]
+		if err := m.WriteMem(c.Site.Addr+uint64(d), c.Site.form(c.On)[d:d+1]); err != nil {
+			return res, fmt.Errorf("%v: %w", c.Site, err)
+		}
+		res.Changed++
+	}
+	return res, nil
+}
