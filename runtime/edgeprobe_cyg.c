@@ -51,6 +51,32 @@ __attribute__((noinline, no_instrument_function)) static void ep_cyg_slow(uint64
 	ep_tls.busy = 0;
 }
 
+/* Whether the trace filters leave this hook's event out (D32), the only
+ * reason the control word sends it to the general path: then the hook takes
+ * the fast path as an untraced one, and a filtered-out call costs about
+ * what a counted one does. The call's depth: its frame's index (an exit's
+ * frame is the top one). Read before the busy word is set: a signal handler
+ * landing in between runs its hooks to their end and leaves the depth as it
+ * found it, or never returns here. */
+EP_INLINE int ep_untraced(const struct ep_thread *th, uint32_t ctl, int exit) {
+	if ((ctl & (EP_CTL_SLOWPATH | EP_CTL_FILTER)) != (EP_CTL_TRACE | EP_CTL_FILTER))
+		return 0;
+	uint32_t depth = th->depth - (uint32_t)exit;
+	uint32_t md = LOAD(&ep.hdr->filter_depth);
+	if (md && depth >= md)
+		return 1;
+	if (!LOAD(&ep.hdr->filter_tid[0]))
+		return 0;
+	for (uint32_t i = 0; i < EP_FILTER_TIDS; i++) {
+		int32_t t = LOAD(&ep.hdr->filter_tid[i]);
+		if (t == th->tid)
+			return 0;
+		if (!t)
+			break;
+	}
+	return 1;
+}
+
 /* The body of the enter and exit hooks (D29): the common case with no call
  * at all, so that the hook needs no callee-saved register and no stack
  * frame beyond the frame pointer; everything else starts over in
@@ -60,7 +86,7 @@ EP_INLINE void ep_cyg_hook(uint64_t key, int what, uint64_t here) {
 	struct ep_thread *th = ep_tls.slot;
 	if (likely((uintptr_t)th >= EP_SLOT_MIN && !ep_tls.busy)) {
 		uint32_t ctl = LOAD(&ep.hdr->control), gen = ep_gen_now(); /* one cache line */
-		if (likely(!(ctl & EP_CTL_SLOWPATH))) {
+		if (likely(!(ctl & EP_CTL_SLOWPATH)) || ep_untraced(th, ctl, what == EP_HOOK_EXIT)) {
 			uint64_t ret = *(volatile uint64_t *)(uintptr_t)(here + 8);
 			ep_tls.busy_ret = ret;
 			SIGFENCE();
