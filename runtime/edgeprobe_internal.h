@@ -235,11 +235,13 @@ EP_SHARED void ep_pop_to(struct ep_thread *th, uint32_t lo);
 EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp, uint64_t site, int mark);
 EP_SHARED_COLD void ep_skip_exit(struct ep_thread *th, uint32_t k);
 EP_SHARED_COLD int ep_filter_pass(struct ep_thread *th, uint32_t depth);
+EP_SHARED_COLD int ep_trace_held(struct ep_thread *th, uint32_t kind, uint64_t key, uint32_t depth);
 EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, int deep);
 EP_SHARED void ep_thread_dtor(void *v);
 
 /* edgeprobe_rings.c */
 EP_SHARED void ep_trace(struct ep_thread *th, uint32_t kind, uint64_t key);
+EP_SHARED void ep_trace_ts(struct ep_thread *th, uint32_t kind, uint64_t key, uint64_t mono);
 EP_SHARED_COLD void ep_trace_thread(struct ep_thread *th, pid_t tid);
 
 /* edgeprobe_args.c (argument capture, EP_CTL_ARGS) */
@@ -396,8 +398,12 @@ EP_INLINE int ep_frame_stale(const struct ep_frame *fr) {
 /* A call's event, unless a filter leaves it out; returns whether it went
  * to the ring. */
 EP_INLINE int ep_trace_at(struct ep_thread *th, uint32_t ctl, uint32_t kind, uint64_t key, uint32_t depth) {
-	if (unlikely(ctl & EP_CTL_FILTER) && !ep_filter_pass(th, depth))
-		return 0;
+	if (unlikely(ctl & EP_CTL_FILTER)) {
+		if (!ep_filter_pass(th, depth))
+			return 0;
+		if (LOAD(&ep.hdr->filter_min_ns))
+			return ep_trace_held(th, kind, key, depth);
+	}
 	ep_trace(th, kind, key);
 	return 1;
 }
@@ -480,6 +486,7 @@ EP_INLINE int ep_enter_fast(struct ep_thread *th, uint64_t key, uint32_t ctl, ui
 	fr->gidx = l->gidx;
 	fr->lidx = i + 1;
 	fr->gen = gen;
+	fr->flags = 0;
 	fr->ts = (ctl & EP_CTL_NOTIME) ? 0 : __rdtsc();
 	SIGFENCE();
 	STORE(&th->depth, d + 1);

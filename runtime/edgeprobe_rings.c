@@ -41,7 +41,11 @@ EP_INLINE uint32_t ep_ring_size(struct ep_thread *th) {
 
 /* An event of this thread (EDGEPROBE_TRACE); dropped and counted when the
  * ring is full. */
-EP_SHARED void ep_trace(struct ep_thread *th, uint32_t kind, uint64_t key) {
+EP_SHARED void ep_trace(struct ep_thread *th, uint32_t kind, uint64_t key) { ep_trace_ts(th, kind, key, ep_mono_ns()); }
+
+/* The same with its CLOCK_MONOTONIC time given (events written after the
+ * fact: a minimum-duration filter's held-back enters, D32). */
+EP_SHARED void ep_trace_ts(struct ep_thread *th, uint32_t kind, uint64_t key, uint64_t mono) {
 	if (!ep.ring_events)
 		return;
 	uint32_t size = ep_ring_size(th);
@@ -54,7 +58,7 @@ EP_SHARED void ep_trace(struct ep_thread *th, uint32_t kind, uint64_t key) {
 		}
 	}
 	struct ep_event *e = ep_ring(th) + (h & (size - 1));
-	STORE(&e->tsk, ((uint64_t)kind << EP_EV_KIND_SHIFT) | (ep_mono_ns() & EP_EV_TS_MASK));
+	STORE(&e->tsk, ((uint64_t)kind << EP_EV_KIND_SHIFT) | (mono & EP_EV_TS_MASK));
 	STORE(&e->fn, key);
 	__atomic_store_n(&th->ring_head, h + 1, __ATOMIC_RELEASE);
 }

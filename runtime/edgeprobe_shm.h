@@ -62,7 +62,7 @@
                         *    one word on the control line); quotas: header.quota_k/quota_epoch,
                         *    ep_func.quota in place of histogram bucket 60,
                         *    ep_thread.quota_skips, hook_ticks, hook_samples; trace filters:
-                        *    header.filter_depth, filter_tid */
+                        *    header.filter_depth, filter_tid, filter_min_ns, ep_frame.flags */
 #define EP_HEADER_SIZE 4096u
 /* The function table's hash (see the layout above). */
 #define EP_HASH_MUL 0x9E3779B97F4A7C15ull
@@ -95,6 +95,12 @@
 #define EP_CTL_QUOTA 8u  /* per-function quotas: at most quota_k recorded calls per quota_epoch */
 #define EP_CTL_FILTER 16u /* trace events only for calls within filter_depth and filter_tid */
 #define EP_FILTER_TIDS 8u
+/* ep_frame.flags (filter_min_ns): the call's enter event is held back until
+ * its exit shows it lasted long enough; or it has been written; above them
+ * the filter_epoch of the capture that set them (older marks mean nothing) */
+#define EP_FR_PENDING 1u
+#define EP_FR_EMITTED 2u
+#define EP_FR_EPOCH_SHIFT 2
 /* With EP_CTL_TRACE: after the ENTER (EXIT) event of a fentry function that
  * has a plan in header.argplan, append an EP_EV_DATA record with the argument
  * (return-value) registers the plan names. A bit of its own, far from the
@@ -204,7 +210,7 @@ struct ep_header {
 	uint64_t exit_tsc;  /* 208: ticks at exit (check the calibration against exit_mono) */
 	uint64_t keys_off;  /* 216: uint64_t keys[max_funcs] (geometry, version 5) */
 	uint32_t func_segs; /* 224: function-table segments in use, >= 1 (grows by CAS) */
-	uint32_t _pad2a;    /* 228 */
+	uint32_t filter_epoch; /* 228: bumped by each capture with filter_min_ns (ep_frame.flags) */
 	uint64_t _pad2[3];  /* 232 */
 	/* control line: written by readers */
 	uint32_t control;    /* 256 */
@@ -215,7 +221,7 @@ struct ep_header {
 	/* EP_CTL_FILTER (set by a capture before it turns tracing on) */
 	uint32_t filter_depth;                /* 272: trace calls at shadow-stack depth < this (0: any) */
 	int32_t filter_tid[EP_FILTER_TIDS];   /* 276: trace only these threads (first 0: every thread) */
-	uint32_t _pad3[1];                    /* 308 */
+	uint32_t filter_min_ns;               /* 308: trace only calls lasting at least this (0: any) */
 	/* 312: the ring size (events, a power of two <= ring_events) a capture
 	 * asks for; each thread switches to it at its next event once its ring
 	 * is empty (ep_thread.ring_size). Version 5. */
@@ -332,7 +338,7 @@ struct ep_frame {
 	uint32_t gidx; /* 32 */
 	uint32_t lidx; /* 36: local index + 1, or 0 when counted in ep_func */
 	uint32_t gen;  /* 40: header.gen at enter */
-	uint32_t pad;  /* 44 */
+	uint32_t flags; /* 44: EP_FR_* (trace filters, the owner's own) */
 };
 
 /* Trace event: 16 bytes. */

@@ -145,6 +145,7 @@ EP_SHARED_COLD int ep_busy_live(struct ep_thread *th, uint64_t here) {
 EP_SHARED_COLD void ep_pop_unmatched(struct ep_thread *th, uint32_t from, uint32_t to) {
 	struct ep_frame *fr = ep_frames(th);
 	for (uint32_t j = from; j > to; j--) {
+		fr[j - 1].flags = 0; /* no held-back enter survives its frame */
 		if (ep_frame_skip(&fr[j - 1]))
 			continue; /* a call its quota did not record: nothing to balance */
 		ADD(&ep.funcs[fr[j - 1].gidx].unmatched, 1);
@@ -205,6 +206,7 @@ EP_SHARED_COLD uint32_t ep_heal(struct ep_thread *th, uint32_t d, uint64_t sp, u
 	}
 	for (uint32_t i = k; i > j; i--) {
 		STORE(&th->depth, i - 1);
+		fr[i - 1].flags = 0; /* no held-back enter survives its frame */
 		if (ep_frame_skip(&fr[i - 1]))
 			continue;
 		ADD(&ep.funcs[fr[i - 1].gidx].unmatched, 1);
@@ -311,6 +313,7 @@ EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, ui
 			fr->gidx = EP_NONE;
 			fr->lidx = 0;
 			fr->gen = ep_gen_now();
+			fr->flags = 0;
 			fr->ts = 0;
 			SIGFENCE();
 			STORE(&th->depth, d + 1);
@@ -333,6 +336,7 @@ EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, ui
 		fr->gidx = g;
 		fr->lidx = l ? (uint32_t)(l - ep_locals(th)) + 1 : 0;
 		fr->gen = ep_gen_now();
+		fr->flags = 0;
 		fr->ts = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
 	} else {
 		/* deeper than the shadow stack: counted, untimed; its exit is
@@ -389,6 +393,57 @@ EP_SHARED_COLD int ep_filter_pass(struct ep_thread *th, uint32_t depth) {
 			break;
 	}
 	return 0;
+}
+
+/* CLOCK_MONOTONIC ns of a hook clock reading (TSC ticks, or ns already). */
+EP_STATIC uint64_t ep_ticks_mono(uint64_t t) {
+	uint64_t t0 = ep.hdr->tsc0, m0 = ep.hdr->mono0;
+	return t >= t0 ? m0 + ep_to_ns(t - t0) : m0 - ep_to_ns(t0 - t);
+}
+
+/* A call's event under a minimum duration (filter_min_ns, D32). An enter is
+ * held back: its frame is marked pending, and nothing is written. At the
+ * exit of a pending call that lasted long enough, the held-back enters of
+ * its pending callers (outermost first: a caller lasts at least as long as
+ * its callee, so it qualifies too), its own enter and its exit are written,
+ * all timed from the frames' clock readings, so the thread's stream stays
+ * nested; the callers are marked written, and their exits are written when
+ * they come. Only calls with a stored, timed frame can be judged: others
+ * (beyond the shadow stack, entries without an exit probe, untimed, orphan
+ * exits) are left out. Frames leave the stack with their flags cleared, so a
+ * frame at or above the depth never holds a stale mark. */
+EP_SHARED_COLD int ep_trace_held(struct ep_thread *th, uint32_t kind, uint64_t key, uint32_t depth) {
+	if (depth >= ep.stack_depth || (kind != EP_EV_ENTER && kind != EP_EV_EXIT))
+		return 0;
+	struct ep_frame *frs = ep_frames(th), *fr = frs + depth;
+	uint32_t ep_ = LOAD(&ep.hdr->filter_epoch) << EP_FR_EPOCH_SHIFT;
+	if (kind == EP_EV_ENTER) {
+		if (fr->fn != key || !fr->ts || th->depth != depth + 1)
+			return 0;
+		fr->flags = ep_ | EP_FR_PENDING;
+		return 0;
+	}
+	uint32_t f = fr->flags;
+	fr->flags = 0;
+	if (fr->fn != key || (f & ~3u) != ep_ || !(f & (EP_FR_PENDING | EP_FR_EMITTED)))
+		return 0;
+	uint64_t now = ep_ticks();
+	if (f & EP_FR_EMITTED) {
+		ep_trace_ts(th, EP_EV_EXIT, key, ep_ticks_mono(now));
+		return 1;
+	}
+	if (now <= fr->ts || ep_to_ns(now - fr->ts) < LOAD(&ep.hdr->filter_min_ns))
+		return 0;
+	uint32_t j = depth;
+	while (j > 0 && frs[j - 1].flags == (ep_ | EP_FR_PENDING))
+		j--;
+	for (uint32_t i = j; i < depth; i++) {
+		ep_trace_ts(th, EP_EV_ENTER, frs[i].fn, ep_ticks_mono(frs[i].ts));
+		frs[i].flags = ep_ | EP_FR_EMITTED;
+	}
+	ep_trace_ts(th, EP_EV_ENTER, key, ep_ticks_mono(fr->ts));
+	ep_trace_ts(th, EP_EV_EXIT, key, ep_ticks_mono(now));
+	return 1;
 }
 
 /* ---- thread exit ---- */

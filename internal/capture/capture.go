@@ -31,9 +31,10 @@ type Options struct {
 	// at probed-call depth below MaxDepth (0: any), only the threads in Tids
 	// (none: every thread), and at most Rate calls per function per second
 	// (0: no limit; counted calls too are limited while it runs).
-	MaxDepth int
-	Tids     []int
-	Rate     uint64
+	MaxDepth    int
+	Tids        []int
+	Rate        uint64
+	MinDuration time.Duration // only calls that lasted at least this (their enters are written at their exit)
 	// Args and Retval (trace only): globs over the names of enabled fentry
 	// functions whose arguments / return values the trace records.
 	Args, Retval []string
@@ -120,7 +121,7 @@ func (s *session) close(context.Context) error {
 		if ferr := s.region.SetControl(0, shm.CtlFilter); err == nil {
 			err = ferr
 		}
-		if ferr := s.region.SetFilter(0, nil); err == nil {
+		if ferr := s.region.SetFilter(0, nil, 0); err == nil {
 			err = ferr
 		}
 	}

@@ -192,3 +192,60 @@ func TestTraceRate(t *testing.T) {
 		t.Fatalf("program output %q", out)
 	}
 }
+
+// TestTraceMinDuration: with --min-duration 50us no traced call lasted
+// less, and every outer() call in the trace holds exactly its ten slow()
+// calls (100 µs each), whose enters were written at their exits together
+// with outer's; fast() calls (nanoseconds) are left out.
+func TestTraceMinDuration(t *testing.T) {
+	testutil.RequirePtrace(t)
+	const minUs = 50.0
+	lib := testutil.Runtime(t, "gcc")
+	for _, spec := range []testutil.Spec{
+		{Sources: []string{"durations.c"}},
+		{Sources: []string{"durations.c"}, NoInstr: true, Profile: testutil.ProfileFentry},
+	} {
+		t.Run(spec.String(), func(t *testing.T) {
+			fx := testutil.Build(t, spec)
+			if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
+				t.Fatal(r.Stderr)
+			}
+			p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path)
+			out := filepath.Join(t.TempDir(), "trace.json")
+			run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "outer", "--enable", "fast", "--enable", "slow",
+				"--min-duration", "50us", "--duration", "60s", "--max-calls", "1100", "-o", out)
+			calls := chromeCalls(t, out)
+			var outers, slows []slice
+			for _, c := range calls {
+				if c.Dur+eps < minUs {
+					t.Errorf("%s lasted %.3f µs, under the minimum", c.Name, c.Dur)
+				}
+				switch c.Name {
+				case "outer":
+					outers = append(outers, c)
+				case "slow":
+					slows = append(slows, c)
+				}
+			}
+			// the last outer may still have been running when the capture ended
+			if len(outers) < 10 {
+				t.Fatalf("%d outer calls in %d", len(outers), len(calls))
+			}
+			for _, o := range outers[:len(outers)-1] {
+				n := 0
+				for _, s := range slows {
+					if s.Tid == o.Tid && within(s, o) {
+						n++
+					}
+				}
+				if n != 10 {
+					t.Errorf("outer at %.3f µs holds %d slow calls; want 10", o.Ts, n)
+				}
+			}
+			allOff(t, p)
+			if o, _ := p.Finish(); !strings.HasPrefix(o, "done ") {
+				t.Fatalf("program output %q", o)
+			}
+		})
+	}
+}

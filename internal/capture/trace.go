@@ -344,7 +344,13 @@ func (s *session) setFilters(o Options) error {
 	if o.MaxDepth < 0 {
 		return fmt.Errorf("%w: depth %d", shm.ErrFilter, o.MaxDepth)
 	}
-	if o.MaxDepth > 0 || len(o.Tids) > 0 {
+	if o.MinDuration < 0 || o.MinDuration > time.Duration(math.MaxUint32) {
+		return fmt.Errorf("%w: minimum duration %s (at most %s)", shm.ErrFilter, o.MinDuration, time.Duration(math.MaxUint32))
+	}
+	if o.MinDuration > 0 && s.region.Control()&shm.CtlNoTime != 0 {
+		return fmt.Errorf("%w: a minimum duration needs the calls timed, and the process counts only (EDGEPROBE_TIMING=0)", shm.ErrFilter)
+	}
+	if o.MaxDepth > 0 || len(o.Tids) > 0 || o.MinDuration > 0 {
 		tids := make([]int32, len(o.Tids))
 		for i, t := range o.Tids {
 			if t <= 0 || t > math.MaxInt32 {
@@ -352,7 +358,7 @@ func (s *session) setFilters(o Options) error {
 			}
 			tids[i] = int32(t)
 		}
-		if err := s.region.SetFilter(uint32(min(o.MaxDepth, math.MaxInt32)), tids); err != nil {
+		if err := s.region.SetFilter(uint32(min(o.MaxDepth, math.MaxInt32)), tids, uint32(o.MinDuration)); err != nil {
 			return err
 		}
 		s.filter = true

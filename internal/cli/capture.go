@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"strings"
@@ -169,6 +170,7 @@ func newTraceCmd(stdout, stderr io.Writer, inj *injectFlags) *cobra.Command {
 		maxDepth int
 		tids     []int
 		rate     uint64
+		minDur   time.Duration
 		argPats  []string
 		retPats  []string
 		ringEv   uint32
@@ -203,7 +205,8 @@ compiler put them. At most 128 functions per capture. docs/tracing.md has the de
 Filters, enforced inside the target's runtime while the trace runs and removed after it:
 --max-depth N records only calls fewer than N probed calls deep on their thread,
 --tid T (repeatable, up to 8) only the threads named, --rate N at most N calls per function
-per second (the calls over it are neither traced nor counted while the trace runs).`,
+per second (the calls over it are neither traced nor counted while the trace runs),
+--min-duration D only calls that lasted at least D (with the callers they ran in).`,
 		Example: `  hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.pftrace
   hotpatch trace --pid 4242 --enable parse --duration 200ms --format text | less
   hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.json   # chrome-json
@@ -272,6 +275,9 @@ per second (the calls over it are neither traced nor counted while the trace run
 			if format == formatText && file == nil {
 				progress = nil // the call graph itself goes to the terminal
 			}
+			if minDur < 0 || minDur > time.Duration(math.MaxUint32) {
+				return usagef("--min-duration must be 0 (any) .. %s", time.Duration(math.MaxUint32))
+			}
 			if maxDepth < 0 {
 				return usagef("--max-depth must be 0 (any) or more")
 			}
@@ -284,7 +290,7 @@ per second (the calls over it are neither traced nor counted while the trace run
 				}
 			}
 			res, err := capture.Trace(ctx, capture.Options{PID: tf.pid, ProbeFiles: tf.probes, Selectors: sels, Duration: duration, MaxCalls: maxCalls, Progress: progress,
-				Args: argPats, Retval: retPats, RingEvents: ringEv, MaxDepth: maxDepth, Tids: tids, Rate: rate}, sink)
+				Args: argPats, Retval: retPats, RingEvents: ringEv, MaxDepth: maxDepth, Tids: tids, Rate: rate, MinDuration: minDur}, sink)
 			endProgress(stderr, progress)
 			if err != nil {
 				return classify(err)
@@ -341,6 +347,7 @@ per second (the calls over it are neither traced nor counted while the trace run
 	cmd.Flags().IntVar(&maxDepth, "max-depth", 0, "record only calls fewer than `N` probed calls deep on their thread (0: any)")
 	cmd.Flags().IntSliceVar(&tids, "tid", nil, "record only thread `T` (repeatable, up to 8)")
 	cmd.Flags().Uint64Var(&rate, "rate", 0, "record at most `N` calls per function per second (0: no limit)")
+	cmd.Flags().DurationVar(&minDur, "min-duration", 0, "record only calls that lasted at least `D` (0: any; at most 4.29s)")
 	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{formatPerfetto, formatChrome, formatText}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }

@@ -173,14 +173,14 @@ type Header struct {
 	MapsLen        uint64
 	InitMono       uint64
 
-	State      uint32
-	FentryMode uint32
-	ExitMono   uint64
-	ExitTSC    uint64
-	KeysOff    uint64 // the function table's keys: MaxFuncs uint64s
-	FuncSegs   uint32 // function-table segments in use (grows while the process runs)
-	_          uint32
-	_          [3]uint64
+	State       uint32
+	FentryMode  uint32
+	ExitMono    uint64
+	ExitTSC     uint64
+	KeysOff     uint64 // the function table's keys: MaxFuncs uint64s
+	FuncSegs    uint32 // function-table segments in use (grows while the process runs)
+	FilterEpoch uint32 // bumped by each capture with FilterMinNs (marks on shadow frames)
+	_           [3]uint64
 
 	Control    uint32
 	Gen        uint32 // process-wide generation: NewGeneration adds 1 and stores it in each function's Gen
@@ -190,7 +190,7 @@ type Header struct {
 	// the threads in FilterTid (first 0: every thread)
 	FilterDepth uint32
 	FilterTid   [FilterTids]int32
-	_           [1]uint32
+	FilterMinNs uint32 // trace only calls lasting at least this (0: any)
 	RingReq     uint32 // version 5: the ring size a capture asks for
 	RingDef     uint32 // version 5: the size rings start with
 
@@ -271,14 +271,14 @@ type localEntry struct {
 
 // frame is struct ep_frame.
 type frame struct {
-	Fn   uint64
-	TS   uint64
-	Sp   uint64
-	Site uint64
-	Gidx uint32
-	Lidx uint32
-	Gen  uint32
-	Pad  uint32
+	Fn    uint64
+	TS    uint64
+	Sp    uint64
+	Site  uint64
+	Gidx  uint32
+	Lidx  uint32
+	Gen   uint32
+	Flags uint32
 }
 
 // event is struct ep_event.

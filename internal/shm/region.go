@@ -185,6 +185,8 @@ var (
 	hdrQuotaE   = uint64(unsafe.Offsetof(Header{}.QuotaEpoch))
 	hdrFDepth   = uint64(unsafe.Offsetof(Header{}.FilterDepth))
 	hdrFTid     = uint64(unsafe.Offsetof(Header{}.FilterTid))
+	hdrFMin     = uint64(unsafe.Offsetof(Header{}.FilterMinNs))
+	hdrFEpoch   = uint64(unsafe.Offsetof(Header{}.FilterEpoch))
 	hdrState    = uint64(unsafe.Offsetof(Header{}.State))
 	hdrFuncSegs = uint64(unsafe.Offsetof(Header{}.FuncSegs))
 )
@@ -304,10 +306,12 @@ func (r *Region) NextQuotaEpoch() (uint32, error) {
 var ErrFilter = errors.New("trace filter")
 
 // SetFilter sets the trace filters CtlFilter turns on (D32): events only of
-// calls at shadow-stack depth below maxDepth (0: any) and only of the
-// threads in tids (none: every thread; at most FilterTids). Set it before
-// turning CtlFilter on; clear it (SetFilter(0, nil)) after turning it off.
-func (r *Region) SetFilter(maxDepth uint32, tids []int32) error {
+// calls at shadow-stack depth below maxDepth (0: any), only of the threads
+// in tids (none: every thread; at most FilterTids), and only of calls that
+// lasted at least minNs (0: any; the calls' enter events are written at
+// their exit). Set it before turning CtlFilter on; clear it
+// (SetFilter(0, nil, 0)) after turning it off.
+func (r *Region) SetFilter(maxDepth uint32, tids []int32, minNs uint32) error {
 	if !r.writable {
 		return fmt.Errorf("shm: %s: %w", r.path, ErrReadOnly)
 	}
@@ -327,6 +331,11 @@ func (r *Region) SetFilter(maxDepth uint32, tids []int32) error {
 		atomic.StoreInt32((*int32)(unsafe.Pointer(&r.mem[hdrFTid+uint64(4*i)])), t)
 	}
 	atomic.StoreUint32((*uint32)(unsafe.Pointer(&r.mem[hdrFDepth])), maxDepth)
+	if minNs != 0 {
+		// marks left on shadow frames by an earlier capture mean nothing now
+		atomic.AddUint32((*uint32)(unsafe.Pointer(&r.mem[hdrFEpoch])), 1)
+	}
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&r.mem[hdrFMin])), minNs)
 	return nil
 }
 
