@@ -45,6 +45,7 @@ type session struct {
 	hp      *hotpatch.Session
 	sym     *report.Symbolizer
 	enabled *hotpatch.Result
+	quota   bool // the profile turned the runtime's quotas on: off again at close
 }
 
 func open(ctx context.Context, o Options) (*session, error) {
@@ -73,17 +74,25 @@ func open(ctx context.Context, o Options) (*session, error) {
 		s.close(ctx)
 		return nil, err
 	}
-	if len(o.Selectors) > 0 {
-		actions := make([]hotpatch.Action, len(o.Selectors))
-		for i, sel := range o.Selectors {
-			actions[i] = hotpatch.Action{Enable: true, Selector: sel}
-		}
-		if s.enabled, err = s.hp.Apply(ctx, actions, hotpatch.ProtoAuto, 0); err != nil {
-			s.close(ctx)
-			return nil, err
-		}
+	if err := s.enable(ctx, o.Selectors); err != nil {
+		s.close(ctx)
+		return nil, err
 	}
 	return s, nil
+}
+
+// enable turns on the probes sels select; close restores them.
+func (s *session) enable(ctx context.Context, sels []probelist.Selector) error {
+	if len(sels) == 0 {
+		return nil
+	}
+	actions := make([]hotpatch.Action, len(sels))
+	for i, sel := range sels {
+		actions[i] = hotpatch.Action{Enable: true, Selector: sel}
+	}
+	var err error
+	s.enabled, err = s.hp.Apply(ctx, actions, hotpatch.ProtoAuto, 0)
+	return err
 }
 
 // close restores the probes it enabled, detaches and unmaps. Restoring must
@@ -92,6 +101,12 @@ func (s *session) close(context.Context) error {
 	var err error
 	if s.enabled != nil {
 		err = s.hp.Restore(context.Background(), s.enabled)
+	}
+	if s.quota {
+		// after the restore: calls made until then stay within their quota
+		if qerr := s.region.SetControl(0, shm.CtlQuota); err == nil {
+			err = qerr
+		}
 	}
 	if cerr := s.hp.Close(); err == nil {
 		err = cerr

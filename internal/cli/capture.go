@@ -385,14 +385,18 @@ func newProfileCmd(stdout, stderr io.Writer, inj *injectFlags) *cobra.Command {
 		Use:   "profile --pid N [--enable SEL] --duration D [--samples K --epoch E] -o FILE",
 		Short: "Bursty latency profile: at most K timed calls per function per epoch",
 		Long: `profile is the bursty latency profiler of "Living on the edge" (section 9): every
-selected function records calls and latency until it has K samples in the current epoch;
-then its probes are turned off, and they come back on at the next epoch. The overhead is
-bounded by K per epoch however hot a function is, at the price of fast probe toggling.
+selected function records calls and latency until it has K samples in the current epoch.
+The runtime enforces the quota at the hook, exactly, across threads, however late the
+profiler looks; the profiler turns a full function's probes off until the next epoch,
+which only saves the target the cost of the calls it would skip. While a profile runs,
+every probed function of the process is held to the quota.
 
 The profile is written in pprof format (go tool pprof -top FILE ranks functions by total
 latency; -sample_index=calls by calls), with a text summary on stdout: the functions, the
-toggles per second performed, and the target's estimated slowdown (probed calls x
---hit-cost / the target's CPU time).`,
+toggles per second performed, and the target's estimated slowdown: the hooks that ran
+(recorded and skipped) x the cost of one hook / the target's CPU time. The cost of a hook
+is measured in the target while the profile runs (the runtime times a sample of its hooks;
+the call into the hook itself is not included), unless --hit-cost gives one.`,
 		Example: `  hotpatch profile --pid 4242 --duration 10s -o app.pprof
   hotpatch profile --pid 4242 --enable 'http_*' --samples 100 --epoch 50ms --duration 5s -o http.pprof`,
 		Args: cobra.NoArgs,
@@ -434,14 +438,16 @@ toggles per second performed, and the target's estimated slowdown (probed calls 
 			st.Top(top)
 			if tf.json {
 				return writeJSON(stdout, map[string]any{"output": output, "functions": st.Functions, "epochs": res.Epochs,
-					"toggles": res.Toggles, "toggles_per_sec": res.TogglesPerSec, "calls": res.Calls,
+					"toggles": res.Toggles, "toggles_per_sec": res.TogglesPerSec, "calls": res.Calls, "hooks": res.Hooks,
+					"hit_cost_ns": res.HitCostNs, "hit_cost_from": res.HitCostFrom,
 					"target_cpu_ns": res.TargetCPU.Nanoseconds(), "estimated_slowdown": res.Slowdown, "duration_ns": res.Duration.Nanoseconds()})
 			}
 			if err := st.WriteTable(stdout); err != nil {
 				return err
 			}
-			fmt.Fprintf(stdout, "%s: %d epochs of %s, %d probed calls, %.0f site toggles/s; target CPU %s, estimated slowdown %.2f%%\n",
-				output, res.Epochs, epoch, res.Calls, res.TogglesPerSec, res.TargetCPU.Round(time.Millisecond), 100*res.Slowdown)
+			fmt.Fprintf(stdout, "%s: %d epochs of %s, %d probed calls, %.0f site toggles/s; target CPU %s, estimated slowdown %.2f%% (%d hooks x %.1f ns, %s)\n",
+				output, res.Epochs, epoch, res.Calls, res.TogglesPerSec, res.TargetCPU.Round(time.Millisecond), 100*res.Slowdown,
+				res.Hooks, res.HitCostNs, res.HitCostFrom)
 			return nil
 		},
 	}
@@ -450,7 +456,7 @@ toggles per second performed, and the target's estimated slowdown (probed calls 
 	cmd.Flags().DurationVar(&duration, "duration", 0, "how long to profile")
 	cmd.Flags().DurationVar(&epoch, "epoch", 100*time.Millisecond, "quota period E")
 	cmd.Flags().Uint64Var(&samples, "samples", 1000, "calls K a function may record per epoch")
-	cmd.Flags().Float64Var(&hitCost, "hit-cost", 30, "cost in ns of one timed probed call, for the slowdown estimate (make bench: invoke.runtime)")
+	cmd.Flags().Float64Var(&hitCost, "hit-cost", 0, "cost in ns of one hook for the slowdown estimate (0: measured in the target while profiling)")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write the pprof profile to `FILE`")
 	cmd.Flags().IntVar(&top, "top", 20, "rows in the text summary (0: all)")
 	return cmd
