@@ -183,6 +183,8 @@ var (
 	hdrGen      = uint64(unsafe.Offsetof(Header{}.Gen))
 	hdrQuotaK   = uint64(unsafe.Offsetof(Header{}.QuotaK))
 	hdrQuotaE   = uint64(unsafe.Offsetof(Header{}.QuotaEpoch))
+	hdrFDepth   = uint64(unsafe.Offsetof(Header{}.FilterDepth))
+	hdrFTid     = uint64(unsafe.Offsetof(Header{}.FilterTid))
 	hdrState    = uint64(unsafe.Offsetof(Header{}.State))
 	hdrFuncSegs = uint64(unsafe.Offsetof(Header{}.FuncSegs))
 )
@@ -296,6 +298,36 @@ func (r *Region) NextQuotaEpoch() (uint32, error) {
 		return 0, fmt.Errorf("shm: %s: %w", r.path, ErrReadOnly)
 	}
 	return atomic.AddUint32((*uint32)(unsafe.Pointer(&r.mem[hdrQuotaE])), 1), nil
+}
+
+// ErrFilter says a trace filter asks for more than the runtime can hold.
+var ErrFilter = errors.New("trace filter")
+
+// SetFilter sets the trace filters CtlFilter turns on (D32): events only of
+// calls at shadow-stack depth below maxDepth (0: any) and only of the
+// threads in tids (none: every thread; at most FilterTids). Set it before
+// turning CtlFilter on; clear it (SetFilter(0, nil)) after turning it off.
+func (r *Region) SetFilter(maxDepth uint32, tids []int32) error {
+	if !r.writable {
+		return fmt.Errorf("shm: %s: %w", r.path, ErrReadOnly)
+	}
+	if len(tids) > FilterTids {
+		return fmt.Errorf("%w: %d threads, the runtime can filter on at most %d", ErrFilter, len(tids), FilterTids)
+	}
+	for _, t := range tids {
+		if t <= 0 {
+			return fmt.Errorf("%w: thread id %d", ErrFilter, t)
+		}
+	}
+	for i := 0; i < FilterTids; i++ {
+		var t int32
+		if i < len(tids) {
+			t = tids[i]
+		}
+		atomic.StoreInt32((*int32)(unsafe.Pointer(&r.mem[hdrFTid+uint64(4*i)])), t)
+	}
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&r.mem[hdrFDepth])), maxDepth)
+	return nil
 }
 
 // QuotaEpoch is the current quota epoch.
