@@ -216,8 +216,12 @@ type Index struct {
 	binary      Binary
 	placeholder string
 
-	mu      sync.Mutex
-	decoded map[int]*Probe
+	mu sync.Mutex
+	// decoded holds each probe once decoded: a slice (8 bytes per probe,
+	// allocated at the first decode), not a map, since selecting every
+	// probe of a 40,000-probe list decodes them all and a map's hashing
+	// and growth cost more than the decode.
+	decoded []*Probe
 }
 
 // OpenCompact checks a compact list's header, its index's checksum and the
@@ -238,7 +242,7 @@ func OpenCompact(data []byte) (*Index, error) {
 	if recsOff != compactHeaderSize || indexOff != recsOff+n*recordSize || strOff != indexOff+4*n || strOff+strLen != uint64(len(data)) {
 		return nil, bad("the parts' extents do not add up to the %d bytes", len(data))
 	}
-	x := &Index{data: data, n: int(n), recs: data[recsOff:indexOff], index: data[indexOff:strOff], strs: data[strOff:], decoded: map[int]*Probe{}}
+	x := &Index{data: data, n: int(n), recs: data[recsOff:indexOff], index: data[indexOff:strOff], strs: data[strOff:]}
 	if data[66] != 0 || data[67] != 0 || le.Uint32(data[68:]) != 0 || le.Uint32(data[76:]) != 0 {
 		return nil, bad("reserved header bytes are not zero")
 	}
@@ -292,6 +296,9 @@ func (x *Index) Probe(i int) (*Probe, error) {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if x.decoded == nil {
+		x.decoded = make([]*Probe, x.n)
+	}
 	if p := x.decoded[i]; p != nil {
 		return p, nil
 	}
