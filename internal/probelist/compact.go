@@ -217,12 +217,17 @@ type Index struct {
 	placeholder string
 
 	mu sync.Mutex
-	// decoded holds each probe once decoded: a slice (8 bytes per probe,
-	// allocated at the first decode), not a map, since selecting every
-	// probe of a 40,000-probe list decodes them all and a map's hashing
-	// and growth cost more than the decode.
+	// The probes decoded so far: in a small map while they are few (a
+	// toggle of one function of a huge list stays independent of its
+	// size), then in a slice of every probe (selecting all of a
+	// 40,000-probe list decodes them all, and a map's hashing and growth
+	// would cost more than the decoding).
+	few     map[int]*Probe
 	decoded []*Probe
 }
+
+// fewMax is how many decoded probes the map holds before the slice.
+const fewMax = 256
 
 // OpenCompact checks a compact list's header, its index's checksum and the
 // extent of every part; the records are checked as they are decoded.
@@ -296,17 +301,33 @@ func (x *Index) Probe(i int) (*Probe, error) {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if x.decoded == nil {
-		x.decoded = make([]*Probe, x.n)
-	}
-	if p := x.decoded[i]; p != nil {
+	if x.decoded != nil {
+		if p := x.decoded[i]; p != nil {
+			return p, nil
+		}
+	} else if p := x.few[i]; p != nil {
 		return p, nil
 	}
 	p, err := x.decode(i)
 	if err != nil {
 		return nil, err
 	}
-	x.decoded[i] = p
+	switch {
+	case x.decoded != nil:
+		x.decoded[i] = p
+	case len(x.few) < fewMax:
+		if x.few == nil {
+			x.few = map[int]*Probe{}
+		}
+		x.few[i] = p
+	default:
+		x.decoded = make([]*Probe, x.n)
+		for j, q := range x.few {
+			x.decoded[j] = q
+		}
+		x.decoded[i] = p
+		x.few = nil
+	}
 	return p, nil
 }
 
