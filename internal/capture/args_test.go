@@ -330,6 +330,59 @@ func leaves(s string) []string {
 	return out
 }
 
+// TestTraceArgsRingFull: an argument record the ring can never hold (t_many's
+// 8 cells in an 8-cell ring that also holds the entry) is dropped and
+// counted, and every call the trace keeps says its arguments were not
+// recorded and why, naming the flag that keeps them.
+func TestTraceArgsRingFull(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.Runtime(t, "gcc")
+	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
+	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path, filepath.Join(t.TempDir(), "calls.log"))
+	out := filepath.Join(t.TempDir(), "trace.json")
+	r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_many", "--args", "t_many", "--retval", "t_many",
+		"--duration", "60s", "--max-calls", "20", "--ring-events", "8", "-o", out, "--json")
+	p.Finish()
+	var sum struct {
+		Dropped uint64 `json:"dropped_events"`
+	}
+	if err := json.Unmarshal([]byte(r.Stdout), &sum); err != nil {
+		t.Fatal(err)
+	}
+	var trace struct {
+		TraceEvents []struct {
+			Name string            `json:"name"`
+			Ph   string            `json:"ph"`
+			Args map[string]string `json:"args"`
+		} `json:"traceEvents"`
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &trace); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	for _, e := range trace.TraceEvents {
+		if e.Ph != "X" || e.Name != "t_many" {
+			continue
+		}
+		calls++
+		for _, a := range []string{"a1", "a6", "a14"} {
+			if v := e.Args[a]; !strings.HasPrefix(v, "?(not recorded: the trace ring had no room") || !strings.Contains(v, "--ring-events") {
+				t.Fatalf("t_many %s = %q with an 8-event ring", a, v)
+			}
+		}
+	}
+	if calls < 20 || sum.Dropped < uint64(calls) {
+		t.Fatalf("%d calls, %d events dropped: want 20 calls and a dropped record for each", calls, sum.Dropped)
+	}
+}
+
 // TestTraceArgsCyg: --args on a cyg probe says what it can record and why
 // not the arguments, and fails without any fentry function to record.
 func TestTraceArgsCyg(t *testing.T) {
