@@ -383,6 +383,36 @@ func TestTraceArgsRingFull(t *testing.T) {
 	}
 }
 
+// TestTraceArgsWhatIsOn: without --enable, --args records the functions
+// whose probes are on already.
+func TestTraceArgsWhatIsOn(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.Runtime(t, "gcc")
+	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
+	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	logFile := filepath.Join(t.TempDir(), "calls.log")
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path, logFile)
+	run(t, "--pid", fmt.Sprint(p.Pid), "--enable", "t_dmul")
+	r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--args", "t_dmul", "--retval", "t_dmul", "--duration", "60s", "--max-calls", "10", "--format", "text")
+	p.Finish()
+	logged := loggedCalls(t, logFile)
+	line := regexp.MustCompile(`\| t_dmul\((x=[^,]+), (y=[^,]+), id=(\d+)\) = ([^;]+);`)
+	n := 0
+	for _, m := range line.FindAllStringSubmatch(r.Stdout, -1) {
+		want := logged["t_dmul#"+m[3]]
+		if len(want) != 4 || !sameReplayed(t, strings.TrimPrefix(m[1], "x="), strings.TrimPrefix(want[0], "x=")) ||
+			!sameReplayed(t, strings.TrimPrefix(m[2], "y="), strings.TrimPrefix(want[1], "y=")) || !sameReplayed(t, m[4], strings.TrimPrefix(want[3], "=")) {
+			t.Errorf("traced %q, the program logged %q", m[0], want)
+		}
+		n++
+	}
+	if n < 10 {
+		t.Fatalf("%d t_dmul calls with arguments in:\n%s", n, r.Stdout)
+	}
+}
+
 // TestTraceArgsCyg: --args on a cyg probe says what it can record and why
 // not the arguments, and fails without any fentry function to record.
 func TestTraceArgsCyg(t *testing.T) {
