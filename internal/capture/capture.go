@@ -35,8 +35,9 @@ type Options struct {
 	Tids        []int
 	Rate        uint64
 	MinDuration time.Duration // only calls that lasted at least this (their enters are written at their exit)
-	// Args and Retval (trace only): globs over the names of enabled fentry
-	// functions whose arguments / return values the trace records.
+	// Args and Retval (trace only): globs over the names of fentry functions
+	// whose arguments / return values the trace records (among those
+	// Selectors enable; without Selectors, whichever are on).
 	Args, Retval []string
 	// RingEvents (trace only): the size of every thread's event ring for
 	// the capture, a power of two (0: the process's default); rings take it
