@@ -85,7 +85,8 @@ EP_INLINE int ep_untraced(const struct ep_thread *th, uint32_t ctl, int exit) {
 EP_INLINE void ep_cyg_hook(uint64_t key, int what, uint64_t here) {
 	struct ep_thread *th = ep_tls.slot;
 	if (likely((uintptr_t)th >= EP_SLOT_MIN && !ep_tls.busy)) {
-		uint32_t ctl = LOAD(&ep.hdr->control), gen = ep_gen_now(); /* one cache line */
+		uint64_t cg = ep_ctl_gen();
+		uint32_t ctl = (uint32_t)cg, gen = (uint32_t)(cg >> 32);
 		if (likely(!(ctl & EP_CTL_SLOWPATH)) || ep_untraced(th, ctl, what == EP_HOOK_EXIT)) {
 			uint64_t ret = *(volatile uint64_t *)(uintptr_t)(here + 8);
 			ep_tls.busy_ret = ret;

@@ -388,6 +388,15 @@ EP_INLINE int ep_frame_dead(const struct ep_frame *fr, uint64_t sp) { return fr-
  * turning the function's probes on (D12, D29), so a frame is stale when its
  * function's generation is newer than its own. */
 EP_INLINE uint32_t ep_gen_now(void) { return LOAD(&ep.hdr->gen); }
+/* header.control (low half) and header.gen (high half) in one load: they
+ * share an aligned 8-byte word (edgeprobe_shm.h keeps them together). */
+EP_INLINE uint64_t ep_ctl_gen(void) { return LOAD((const uint64_t *)(const void *)&ep.hdr->control); }
+_Static_assert(offsetof(struct ep_header, gen) == offsetof(struct ep_header, control) + 4 &&
+                   offsetof(struct ep_header, control) % 8 == 0,
+               "ep_ctl_gen reads control and gen as one aligned word");
+_Static_assert(offsetof(struct ep_frame, flags) == offsetof(struct ep_frame, gen) + 4 &&
+                   offsetof(struct ep_frame, gen) % 8 == 0,
+               "ep_enter_fast writes gen and flags as one word");
 
 EP_INLINE int ep_frame_stale(const struct ep_frame *fr) {
 	return (int32_t)((uint32_t)LOAD(&ep.funcs[fr->gidx].gen) - fr->gen) > 0;
@@ -485,8 +494,8 @@ EP_INLINE int ep_enter_fast(struct ep_thread *th, uint64_t key, uint32_t ctl, ui
 	fr->site = site;
 	fr->gidx = l->gidx;
 	fr->lidx = i + 1;
-	fr->gen = gen;
-	fr->flags = 0;
+	uint64_t gen_flags = gen; /* gen, and flags 0: one store */
+	__builtin_memcpy(&fr->gen, &gen_flags, sizeof gen_flags);
 	fr->ts = (ctl & EP_CTL_NOTIME) ? 0 : __rdtsc();
 	SIGFENCE();
 	STORE(&th->depth, d + 1);

@@ -215,7 +215,8 @@ struct ep_header {
 	/* control line: written by readers */
 	uint32_t control;    /* 256 */
 	uint32_t gen;        /* 260: process-wide generation (version 5): hotpatch adds 1 and stores
-	                      * the result in ep_func.gen of each function it is about to turn on */
+	                      * the result in ep_func.gen of each function it is about to turn on;
+	                      * the hooks read control and gen as one 8-byte word: keep them together */
 	uint32_t quota_k;     /* 264: EP_CTL_QUOTA: calls a function may record per quota epoch */
 	uint32_t quota_epoch; /* 268: the current quota epoch (a reader adds 1 to start the next) */
 	/* EP_CTL_FILTER (set by a capture before it turns tracing on) */
