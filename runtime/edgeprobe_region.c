@@ -374,6 +374,7 @@ EP_STATIC int ep_make_region(void) {
 	ep.ring_stride = rstride;
 	ep.tsc_mult = ep_cal_mult;
 	ep.tsc = ep_clock_is_tsc;
+	ep.fast_depth = nl && ep_clock_is_tsc ? sd : 0; /* the hooks' fast paths (D29) */
 	ep.size = size;
 	ep_region_pid = pid;
 

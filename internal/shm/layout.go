@@ -24,7 +24,7 @@ const (
 
 const (
 	HeaderSize  = 4096 // bytes of Header
-	HistBuckets = 61   // bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2); the last also takes longer ones
+	HistBuckets = 60   // bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2); the last also takes longer ones
 	funcSize    = 576
 	threadSize  = 192
 	localSize   = 48
@@ -59,12 +59,17 @@ const (
 
 // Control bits (Header.Control), written by readers and read by every hook.
 const (
-	CtlTrace  uint32 = 1 // append enter/exit events to the per-thread rings
-	CtlNoTime uint32 = 2 // count only: no clock reads, no latency
-	CtlPause  uint32 = 4 // record nothing
+	CtlTrace  uint32 = 1  // append enter/exit events to the per-thread rings
+	CtlNoTime uint32 = 2  // count only: no clock reads, no latency
+	CtlPause  uint32 = 4  // record nothing
+	CtlQuota  uint32 = 8  // per-function quotas: at most QuotaK recorded calls per quota epoch
+	CtlFilter uint32 = 16 // trace events only within Header.FilterDepth and FilterTid
 	// CtlArgs (with CtlTrace): fentry functions with a plan in the header's
 	// ArgPlan table get an EvData record after their entry and exit events.
 	CtlArgs uint32 = 0x100
+
+	// FilterTids is how many threads a trace filter can name.
+	FilterTids = 8
 )
 
 // Event kinds.
@@ -177,10 +182,17 @@ type Header struct {
 	_          uint32
 	_          [3]uint64
 
-	Control uint32
-	_       [13]uint32
-	RingReq uint32 // version 5: the ring size a capture asks for
-	RingDef uint32 // version 5: the size rings start with
+	Control    uint32
+	Gen        uint32 // process-wide generation: NewGeneration adds 1 and stores it in each function's Gen
+	QuotaK     uint32 // CtlQuota: calls a function may record per quota epoch
+	QuotaEpoch uint32 // the current quota epoch
+	// CtlFilter: trace events only below FilterDepth (0: any depth) and of
+	// the threads in FilterTid (first 0: every thread)
+	FilterDepth uint32
+	FilterTid   [FilterTids]int32
+	_           [1]uint32
+	RingReq     uint32 // version 5: the ring size a capture asks for
+	RingDef     uint32 // version 5: the size rings start with
 
 	FuncsUsed       uint64
 	FuncDropEnters  uint64
@@ -209,9 +221,10 @@ type funcEntry struct {
 	Orphans     uint64
 	Unmatched   uint64
 	Hist        [HistBuckets]uint64
+	Quota       uint64 // quota epoch << 32 | calls recorded in it (CtlQuota)
 	DeepEntries uint64 // entries deeper than the shadow stack (no frame, untimed)
 	DeepExits   uint64 // exits of such entries
-	Gen         uint64 // bumped before the function's probes are turned on (NewGeneration)
+	Gen         uint64 // a value of Header.Gen, stored before the function's probes are turned on (NewGeneration)
 }
 
 // threadSlot is struct ep_thread.
@@ -234,9 +247,13 @@ type threadSlot struct {
 	DeepLost       uint64
 	AbandonedHooks uint64
 	FentryRestored uint64
-	_              uint64
+	QuotaSkips     uint64
 	RingTail       uint64
-	_              [6]uint64
+	HookTicks      uint64
+	HookSamples    uint64
+	SampleLeft     uint32
+	_              uint32
+	_              [3]uint64
 	RingSize       uint32 // version 5: events the slot's ring holds now (0: unused)
 	_              uint32
 }
@@ -245,7 +262,7 @@ type threadSlot struct {
 type localEntry struct {
 	Addr    uint64
 	Gidx    uint32
-	_       uint32
+	Hint    uint32 // the owner's own (histogram bucket of its last latency)
 	Entries uint64
 	Exits   uint64
 	SumNs   uint64

@@ -185,6 +185,11 @@ func (r *Region) u32(off uint64) uint32 {
 
 var (
 	hdrControl  = uint64(unsafe.Offsetof(Header{}.Control))
+	hdrGen      = uint64(unsafe.Offsetof(Header{}.Gen))
+	hdrQuotaK   = uint64(unsafe.Offsetof(Header{}.QuotaK))
+	hdrQuotaE   = uint64(unsafe.Offsetof(Header{}.QuotaEpoch))
+	hdrFDepth   = uint64(unsafe.Offsetof(Header{}.FilterDepth))
+	hdrFTid     = uint64(unsafe.Offsetof(Header{}.FilterTid))
 	hdrState    = uint64(unsafe.Offsetof(Header{}.State))
 	hdrFuncSegs = uint64(unsafe.Offsetof(Header{}.FuncSegs))
 )
@@ -260,15 +265,111 @@ func (r *Region) NewGeneration(keys []uint64) (int, error) {
 	if !r.writable {
 		return 0, fmt.Errorf("shm: %s: %w", r.path, ErrReadOnly)
 	}
+	// One new value of the process-wide generation for all of them
+	// (D29): a frame is stale when its function's generation is newer than
+	// the one it was pushed in, and an exit whose frame was pushed in the
+	// current one needs no look at the function (the hooks' fast path).
+	// Only lookups that find the function take a value: a call that finds
+	// none leaves the fast path alone.
+	var gen uint32
 	n := 0
 	d := r.data()
 	for _, key := range keys {
 		if e := r.lookupIn(d, key); e != nil {
-			atomic.AddUint64(&e.Gen, 1)
+			if n == 0 {
+				gen = atomic.AddUint32((*uint32)(unsafe.Pointer(&r.mem[hdrGen])), 1)
+			}
+			atomic.StoreUint64(&e.Gen, uint64(gen))
 			n++
 		}
 	}
 	return n, nil
+}
+
+// SetQuota sets the per-function quota: with CtlQuota on, each function
+// records at most k calls per quota epoch, counted at the hook across all
+// threads (D31). Set it before turning CtlQuota on.
+func (r *Region) SetQuota(k uint32) error {
+	if !r.writable {
+		return fmt.Errorf("shm: %s: %w", r.path, ErrReadOnly)
+	}
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&r.mem[hdrQuotaK])), k)
+	return nil
+}
+
+// NextQuotaEpoch starts a new quota epoch: every function may record its
+// quota of calls again. It returns the new epoch.
+func (r *Region) NextQuotaEpoch() (uint32, error) {
+	if !r.writable {
+		return 0, fmt.Errorf("shm: %s: %w", r.path, ErrReadOnly)
+	}
+	return atomic.AddUint32((*uint32)(unsafe.Pointer(&r.mem[hdrQuotaE])), 1), nil
+}
+
+// ErrFilter says a trace filter asks for more than the runtime can hold.
+var ErrFilter = errors.New("trace filter")
+
+// SetFilter sets the trace filters CtlFilter turns on (D32): events only of
+// calls at shadow-stack depth below maxDepth (0: any) and only of the
+// threads in tids (none: every thread; at most FilterTids). Set it before
+// turning CtlFilter on; clear it (SetFilter(0, nil)) after turning it off.
+func (r *Region) SetFilter(maxDepth uint32, tids []int32) error {
+	if !r.writable {
+		return fmt.Errorf("shm: %s: %w", r.path, ErrReadOnly)
+	}
+	if len(tids) > FilterTids {
+		return fmt.Errorf("%w: %d threads, the runtime can filter on at most %d", ErrFilter, len(tids), FilterTids)
+	}
+	for _, t := range tids {
+		if t <= 0 {
+			return fmt.Errorf("%w: thread id %d", ErrFilter, t)
+		}
+	}
+	for i := 0; i < FilterTids; i++ {
+		var t int32
+		if i < len(tids) {
+			t = tids[i]
+		}
+		atomic.StoreInt32((*int32)(unsafe.Pointer(&r.mem[hdrFTid+uint64(4*i)])), t)
+	}
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&r.mem[hdrFDepth])), maxDepth)
+	return nil
+}
+
+// QuotaEpoch is the current quota epoch.
+func (r *Region) QuotaEpoch() uint32 { return r.u32(hdrQuotaE) }
+
+// QuotaUsed returns the quota state of the function at key: the epoch of
+// its last recorded call under quotas and how many calls it recorded in
+// that epoch. ok is false when the runtime has not recorded the function.
+func (r *Region) QuotaUsed(key uint64) (epoch, used uint32, ok bool) {
+	e := r.lookup(key)
+	if e == nil {
+		return 0, 0, false
+	}
+	q := atomic.LoadUint64(&e.Quota)
+	return uint32(q >> 32), uint32(q), true
+}
+
+// TicksToNs converts clock ticks of the runtime (TSC ticks, or ns under
+// the monotonic clock) to ns.
+func (r *Region) TicksToNs(ticks uint64) float64 {
+	return float64(ticks) * float64(r.hdr.TSCMult) / (1 << 32)
+}
+
+// HookCost is the mean time inside the runtime's hooks sampled while quotas
+// were on (one hook in 64 per thread, TSC), over every thread slot, and how
+// many hooks were sampled; 0 samples when none was (no quotas yet, or no TSC).
+func (r *Region) HookCost() (ns float64, samples uint64) {
+	var ticks uint64
+	for _, t := range r.Threads() {
+		ticks += t.HookTicks
+		samples += t.HookSamples
+	}
+	if samples == 0 {
+		return 0, 0
+	}
+	return r.TicksToNs(ticks) / float64(samples), samples
 }
 
 // lookup finds key's function entry the way the runtime's ep_gfind probes
@@ -503,6 +604,9 @@ type Thread struct {
 	DeepLost       uint64 // frames deeper than the shadow stack found dead (functions unknown)
 	AbandonedHooks uint64 // hooks a signal handler longjmp'd out of
 	FentryRestored uint64 // dead hijacked fentry frames whose return slot was given back
+	QuotaSkips     uint64 // hooks that recorded nothing: their function's quota was used up
+	HookTicks      uint64 // TSC ticks inside the hooks sampled while quotas were on
+	HookSamples    uint64 // hooks sampled (one in 64 per thread)
 }
 
 // Threads returns every slot that has ever been claimed.
@@ -533,6 +637,9 @@ func (r *Region) Threads() []Thread {
 			DeepLost:       atomic.LoadUint64(&s.DeepLost),
 			AbandonedHooks: atomic.LoadUint64(&s.AbandonedHooks),
 			FentryRestored: atomic.LoadUint64(&s.FentryRestored),
+			QuotaSkips:     atomic.LoadUint64(&s.QuotaSkips),
+			HookTicks:      atomic.LoadUint64(&s.HookTicks),
+			HookSamples:    atomic.LoadUint64(&s.HookSamples),
 		})
 	}
 	return out
