@@ -19,7 +19,7 @@ import (
 // segments while the threads race to add them; with a cap, what does not fit
 // is counted as dropped, call for call (D35).
 func TestFunctionTableGrows(t *testing.T) {
-	lib := buildRuntime(t, "gcc")
+	libs := map[string]string{"gcc": buildRuntime(t, "gcc"), "clang": buildRuntime(t, "clang")}
 	sizes := []int{20000}
 	if testutil.Long() {
 		sizes = append(sizes, 100000)
@@ -36,17 +36,18 @@ func TestFunctionTableGrows(t *testing.T) {
 			total += c
 		}
 		for _, tc := range []struct {
-			name     string
-			env      []string
-			capSlots uint64 // 0: no cap reached
+			name, runtime string // runtime: the compiler that built the runtime
+			env           []string
+			capSlots      uint64 // 0: no cap reached
 		}{
-			{"default", nil, 0},
-			{"first64", []string{"EDGEPROBE_FIRST_FUNCS=64"}, 0},
-			{"capped", []string{"EDGEPROBE_FIRST_FUNCS=1024", "EDGEPROBE_MAX_FUNCS=8192"}, 8192},
+			{"default", "gcc", nil, 0},
+			{"first64", "gcc", []string{"EDGEPROBE_FIRST_FUNCS=64"}, 0},
+			{"first64-clang-runtime", "clang", []string{"EDGEPROBE_FIRST_FUNCS=64"}, 0},
+			{"capped", "gcc", []string{"EDGEPROBE_FIRST_FUNCS=1024", "EDGEPROBE_MAX_FUNCS=8192"}, 8192},
 		} {
 			t.Run(fmt.Sprintf("%d/%s", n, tc.name), func(t *testing.T) {
 				out := filepath.Join(t.TempDir(), "out")
-				env := append([]string{"LD_PRELOAD=" + lib, "EDGEPROBE_OUTPUT=" + out}, tc.env...)
+				env := append([]string{"LD_PRELOAD=" + libs[tc.runtime], "EDGEPROBE_OUTPUT=" + out}, tc.env...)
 				p := testutil.Start(t, env, bin, fmt.Sprint(passes), fmt.Sprint(threads))
 				live, err := OpenPID(p.Pid)
 				if err != nil {
@@ -85,13 +86,14 @@ func checkGrown(t *testing.T, r *Region, maps []byte, n int, want map[string]ee,
 	// lookup (NewGeneration's path) at the slot the runtime claimed for it,
 	// in whichever segment, and a key never recorded is not found.
 	found := 0
+	d := r.data(r.keysRange())
 	for i := uint64(0); i < r.FuncSlots(); i++ {
 		key := *r.keyAt(i)
 		if key == 0 {
 			continue
 		}
 		found++
-		if e := r.lookup(key); e != r.funcAt(i) {
+		if e := r.lookupIn(d, key); e != r.funcAt(i) {
 			t.Fatalf("key %#x claimed at slot %d: lookup finds %p, want %p", key, i, e, r.funcAt(i))
 		}
 	}
