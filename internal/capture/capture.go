@@ -34,8 +34,9 @@ type Options struct {
 	MaxDepth int
 	Tids     []int
 	Rate     uint64
-	// Args and Retval (trace only): globs over the names of enabled fentry
-	// functions whose arguments / return values the trace records.
+	// Args and Retval (trace only): globs over the names of fentry functions
+	// whose arguments / return values the trace records (among those
+	// Selectors enable; without Selectors, whichever are on).
 	Args, Retval []string
 	// RingEvents (trace only): the size of every thread's event ring for
 	// the capture, a power of two (0: the process's default); rings take it

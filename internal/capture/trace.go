@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/calltrace"
+	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
 	"github.com/edgeprobe/edgeprobe/internal/report"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"golang.org/x/sys/unix"
@@ -88,10 +89,15 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	res = &TraceResult{}
 	var plans map[uint64]*argFunc
 	if len(o.Args)+len(o.Retval) > 0 {
-		if s.enabled == nil {
-			return nil, fmt.Errorf("--args and --retval record functions the capture enables: add --enable: %w", ErrArgs)
+		var sites []hotpatch.SiteResult
+		if s.enabled != nil {
+			sites = s.enabled.Sites
+		} else {
+			// No --enable: the probes that are on now, whichever they are;
+			// a plan for a function whose probe is off costs nothing.
+			sites = probeSites(s.hp.Targets(), append(append([]string(nil), o.Args...), o.Retval...))
 		}
-		if plans, res.Notes, err = planArgs(o.PID, s.hp.Targets(), s.enabled.Sites, o.Args, o.Retval); err != nil {
+		if plans, res.Notes, err = planArgs(o.PID, s.hp.Targets(), sites, o.Args, o.Retval); err != nil {
 			return nil, err
 		}
 		specs := map[uint64]uint64{}

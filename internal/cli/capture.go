@@ -190,8 +190,8 @@ Formats (--format; by default chosen from the output's extension: .json is chrom
                without -o. 'hotpatch replay FILE' prints a saved Perfetto trace this way.
 
 Arguments and return values (--args GLOB, --retval GLOB; fentry probes, -pg -mfentry):
-the enabled functions whose names GLOB matches have their argument registers copied at
-entry and their return registers at the return, named and typed from the program's DWARF
+the fentry functions GLOB names (among those --enable turns on; without --enable, those
+whose probes are on) have their argument registers copied at entry and their return registers at the return, named and typed from the program's DWARF
 (build with -g): handle_request(req=0x7f3a.., len=512) = 0. A char * is copied as a
 string of up to 64 bytes at entry, never faulting the process (an unreadable pointer is
 shown as such). What cannot be recorded says why: stack arguments past 64 bytes, the
@@ -334,8 +334,8 @@ per second (the calls over it are neither traced nor counted while the trace run
 	cmd.Flags().DurationVar(&duration, "duration", 0, "how long to record")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write the trace to `FILE` (text: stdout without it)")
 	cmd.Flags().StringVar(&format, "format", "", "perfetto, chrome-json or text (default: from the output's extension)")
-	cmd.Flags().StringArrayVar(&argPats, "args", nil, "record the arguments of the enabled fentry functions `GLOB` names (repeatable)")
-	cmd.Flags().StringArrayVar(&retPats, "retval", nil, "record the return values of the enabled fentry functions `GLOB` names (repeatable)")
+	cmd.Flags().StringArrayVar(&argPats, "args", nil, "record the arguments of the fentry functions `GLOB` names (repeatable)")
+	cmd.Flags().StringArrayVar(&retPats, "retval", nil, "record the return values of the fentry functions `GLOB` names (repeatable)")
 	cmd.Flags().Uint32Var(&ringEv, "ring-events", 0, "size every thread's event ring to `N` events for the capture (a power of two; default: the process's, EDGEPROBE_RING_EVENTS); bigger rings drop less")
 	cmd.Flags().IntVar(&maxCalls, "max-calls", 1000000, "stop early once this many calls are captured (0: no limit; default no limit but for chrome-json, which is held in memory)")
 	cmd.Flags().IntVar(&maxDepth, "max-depth", 0, "record only calls fewer than `N` probed calls deep on their thread (0: any)")
