@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
 
@@ -411,6 +412,41 @@ func TestTraceArgsWhatIsOn(t *testing.T) {
 	if n < 10 {
 		t.Fatalf("%d t_dmul calls with arguments in:\n%s", n, r.Stdout)
 	}
+}
+
+// TestTraceAfterKilledCapture: a capture SIGKILLed while it records
+// arguments into bigger rings leaves them asked for; the next capture starts
+// from the defaults and leaves nothing of either behind.
+func TestTraceAfterKilledCapture(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.Runtime(t, "gcc")
+	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
+	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path, filepath.Join(t.TempDir(), "calls.log"))
+	cmd := exec.Command(testutil.Command(t, "hotpatch"), "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_dmul", "--args", "t_dmul",
+		"--ring-events", "4096", "--duration", "5m", "-o", filepath.Join(t.TempDir(), "t.pftrace"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	region, err := shm.OpenPID(p.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer region.Close()
+	waitFor(t, "the capture to start", func() bool { return region.Control()&shm.CtlArgs != 0 })
+	cmd.Process.Kill()
+	cmd.Wait()
+	if h := region.Header(); h.RingReq != 4096 || h.Control&shm.CtlArgs == 0 {
+		t.Fatalf("after the kill: ring_req %d, control %#x; want what the killed capture set", h.RingReq, h.Control)
+	}
+	run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_dmul", "--duration", "60s", "--max-calls", "5", "--format", "text")
+	h := region.Header()
+	if h.RingReq != region.RingDefault() || h.Control&(shm.CtlArgs|shm.CtlTrace) != 0 {
+		t.Errorf("after the next capture: ring_req %d (default %d), control %#x", h.RingReq, region.RingDefault(), h.Control)
+	}
+	p.Finish()
 }
 
 // TestTraceArgsCyg: --args on a cyg probe says what it can record and why
