@@ -449,6 +449,38 @@ func TestTraceAfterKilledCapture(t *testing.T) {
 	p.Finish()
 }
 
+// TestTraceArgsSeccomp: in a process under a seccomp filter, whose action
+// for the string copy's system call could be to kill it, strings are not
+// copied: their pointers are recorded, and the capture says why.
+func TestTraceArgsSeccomp(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.Runtime(t, "gcc")
+	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
+	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib, "ARGSLIVE_SECCOMP=1"}, fx.Path, filepath.Join(t.TempDir(), "calls.log"))
+	r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_pick", "--args", "t_pick", "--retval", "t_pick",
+		"--duration", "60s", "--max-calls", "10", "--format", "text")
+	p.Finish()
+	if !strings.Contains(r.Stderr, "seccomp filter") {
+		t.Errorf("no word of the seccomp filter: %q", r.Stderr)
+	}
+	line := regexp.MustCompile(`\| t_pick\(id=\d+, a=(\S+), b=(\S+)\) = ([^;]+);`)
+	n := 0
+	for _, m := range line.FindAllStringSubmatch(r.Stdout, -1) {
+		for _, v := range m[1:] {
+			if !strings.HasPrefix(v, "0x") {
+				t.Errorf("%q: a string copied in a process under seccomp", m[0])
+			}
+		}
+		n++
+	}
+	if n < 10 {
+		t.Fatalf("%d t_pick calls in:\n%s", n, r.Stdout)
+	}
+}
+
 // TestTraceArgsCyg: --args on a cyg probe says what it can record and why
 // not the arguments, and fails without any fentry function to record.
 func TestTraceArgsCyg(t *testing.T) {
