@@ -292,7 +292,7 @@ EP_STATIC void ep_exit_at(struct ep_thread *th, uint64_t key, uint32_t d, uint32
 	ep_exit_frame(th, fr, now);
 trace:
 	if (unlikely(ctl & EP_CTL_TRACE))
-		ep_trace(th, EP_EV_EXIT, key);
+		ep_trace_at(th, ctl, EP_EV_EXIT, key, th->depth);
 }
 
 EP_INLINE void ep_fentry_record_exit(struct ep_thread *th, const struct ep_rframe *f, uint32_t ctl) {
@@ -302,7 +302,7 @@ EP_INLINE void ep_fentry_record_exit(struct ep_thread *th, const struct ep_rfram
 		/* pushed before fork, in the parent's region */
 		ep_exit_unframed(th, f->key, EP_UNFRAMED_ORPHAN);
 		if (ctl & EP_CTL_TRACE)
-			ep_trace(th, EP_EV_EXIT, f->key);
+			ep_trace_at(th, ctl, EP_EV_EXIT, f->key, th->depth);
 	}
 }
 

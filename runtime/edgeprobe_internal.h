@@ -234,6 +234,7 @@ EP_SHARED_COLD void ep_exit_slow(struct ep_thread *th, uint64_t key, uint64_t sp
 EP_SHARED void ep_pop_to(struct ep_thread *th, uint32_t lo);
 EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp, uint64_t site, int mark);
 EP_SHARED_COLD void ep_skip_exit(struct ep_thread *th, uint32_t k);
+EP_SHARED_COLD int ep_filter_pass(struct ep_thread *th, uint32_t depth);
 EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, int deep);
 EP_SHARED void ep_thread_dtor(void *v);
 
@@ -390,6 +391,17 @@ EP_INLINE int ep_frame_stale(const struct ep_frame *fr) {
 	return (int32_t)((uint32_t)LOAD(&ep.funcs[fr->gidx].gen) - fr->gen) > 0;
 }
 
+/* ---- trace filters (EP_CTL_FILTER, D32) ---- */
+
+/* A call's event, unless a filter leaves it out; returns whether it went
+ * to the ring. */
+EP_INLINE int ep_trace_at(struct ep_thread *th, uint32_t ctl, uint32_t kind, uint64_t key, uint32_t depth) {
+	if (unlikely(ctl & EP_CTL_FILTER) && !ep_filter_pass(th, depth))
+		return 0;
+	ep_trace(th, kind, key);
+	return 1;
+}
+
 /* ---- quotas (EP_CTL_QUOTA, D31) ---- */
 
 /* A frame pushed for a call its quota did not let record (gidx EP_NONE): its
@@ -481,7 +493,7 @@ EP_INLINE int ep_enter_fast(struct ep_thread *th, uint64_t key, uint32_t ctl, ui
 EP_INLINE int ep_enter(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp, uint64_t site, int mark) {
 	if (likely(!(ctl & EP_CTL_QUOTA) && ep_enter_fast(th, key, ctl, ep_gen_now(), sp, site))) {
 		if (unlikely(ctl & EP_CTL_TRACE))
-			ep_trace(th, EP_EV_ENTER, key);
+			ep_trace_at(th, ctl, EP_EV_ENTER, key, th->depth - 1);
 		return 1;
 	}
 	return ep_enter_slow(th, key, ctl, sp, site, mark);
@@ -551,7 +563,7 @@ EP_INLINE void ep_exit(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_
 		}
 	}
 	if (unlikely(ctl & EP_CTL_TRACE))
-		ep_trace(th, EP_EV_EXIT, key);
+		ep_trace_at(th, ctl, EP_EV_EXIT, key, th->depth);
 }
 
 #endif /* EDGEPROBE_INTERNAL_H */

@@ -58,10 +58,11 @@
                         *    header.argplan (argument / return-value capture, EP_CTL_ARGS),
                         *    EP_EV_DATA records in the rings; rings sized per capture
                         *    (ring_req, ring_def, ep_thread.ring_size); header.gen, ep_func.gen
-                        *    takes its values (an exit compares the frame's generation with one
-                        *    word on the control line); quotas: header.quota_k/quota_epoch,
+                        *    takes its values (an exit compares the frame's generation with
+                        *    one word on the control line); quotas: header.quota_k/quota_epoch,
                         *    ep_func.quota in place of histogram bucket 60,
-                        *    ep_thread.quota_skips, hook_ticks, hook_samples */
+                        *    ep_thread.quota_skips, hook_ticks, hook_samples; trace filters:
+                        *    header.filter_depth, filter_tid */
 #define EP_HEADER_SIZE 4096u
 /* The function table's hash (see the layout above). */
 #define EP_HASH_MUL 0x9E3779B97F4A7C15ull
@@ -92,6 +93,8 @@
 #define EP_CTL_NOTIME 2u /* count only: no clock reads, no latency */
 #define EP_CTL_PAUSE 4u  /* record nothing (hooks return at once) */
 #define EP_CTL_QUOTA 8u  /* per-function quotas: at most quota_k recorded calls per quota_epoch */
+#define EP_CTL_FILTER 16u /* trace events only for calls within filter_depth and filter_tid */
+#define EP_FILTER_TIDS 8u
 /* With EP_CTL_TRACE: after the ENTER (EXIT) event of a fentry function that
  * has a plan in header.argplan, append an EP_EV_DATA record with the argument
  * (return-value) registers the plan names. A bit of its own, far from the
@@ -205,12 +208,14 @@ struct ep_header {
 	uint64_t _pad2[3];  /* 232 */
 	/* control line: written by readers */
 	uint32_t control;    /* 256 */
-	uint32_t _pad3a[2];  /* 260 */
-	uint32_t gen;        /* 268: process-wide generation (version 5): hotpatch adds 1 and stores
+	uint32_t gen;        /* 260: process-wide generation (version 5): hotpatch adds 1 and stores
 	                      * the result in ep_func.gen of each function it is about to turn on */
-	uint32_t quota_k;     /* 272: EP_CTL_QUOTA: calls a function may record per quota epoch */
-	uint32_t quota_epoch; /* 276: the current quota epoch (a reader adds 1 to start the next) */
-	uint32_t _pad3[8];    /* 280 */
+	uint32_t quota_k;     /* 264: EP_CTL_QUOTA: calls a function may record per quota epoch */
+	uint32_t quota_epoch; /* 268: the current quota epoch (a reader adds 1 to start the next) */
+	/* EP_CTL_FILTER (set by a capture before it turns tracing on) */
+	uint32_t filter_depth;                /* 272: trace calls at shadow-stack depth < this (0: any) */
+	int32_t filter_tid[EP_FILTER_TIDS];   /* 276: trace only these threads (first 0: every thread) */
+	uint32_t _pad3[1];                    /* 308 */
 	/* 312: the ring size (events, a power of two <= ring_events) a capture
 	 * asks for; each thread switches to it at its next event once its ring
 	 * is empty (ep_thread.ring_size). Version 5. */

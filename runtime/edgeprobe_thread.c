@@ -343,7 +343,7 @@ EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, ui
 	SIGFENCE();
 	STORE(&th->depth, d + 1);
 	if (unlikely(ctl & EP_CTL_TRACE))
-		ep_trace(th, EP_EV_ENTER, key);
+		ep_trace_at(th, ctl, EP_EV_ENTER, key, d);
 	return 1;
 }
 
@@ -367,7 +367,28 @@ EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, 
 	if (deep)
 		ADD(&ep.funcs[g].deep_entries, 1);
 	if (ctl & EP_CTL_TRACE)
-		ep_trace(th, EP_EV_ENTER, key);
+		ep_trace_at(th, ctl, EP_EV_ENTER, key, th->depth);
+}
+
+/* ---- trace filters (D32) ---- */
+
+/* Whether an event of this thread at shadow-stack depth may go to its
+ * ring: a capture's depth and thread filters. */
+EP_SHARED_COLD int ep_filter_pass(struct ep_thread *th, uint32_t depth) {
+	uint32_t md = LOAD(&ep.hdr->filter_depth);
+	if (md && depth >= md)
+		return 0;
+	if (!LOAD(&ep.hdr->filter_tid[0]))
+		return 1;
+	int32_t tid = th->tid;
+	for (uint32_t i = 0; i < EP_FILTER_TIDS; i++) {
+		int32_t t = LOAD(&ep.hdr->filter_tid[i]);
+		if (t == tid)
+			return 1;
+		if (!t)
+			break;
+	}
+	return 0;
 }
 
 /* ---- thread exit ---- */

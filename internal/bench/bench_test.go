@@ -185,6 +185,9 @@ func TestArgsRow(t *testing.T) {
 func TestRegionRow(t *testing.T) {
 	h := harness(t, "region")
 	requireKeys(t, h, "region.idle_kib", "region.all20k_kib")
+	if a, _ := h.Rep.Values["region.idle_allocated_kib"].(float64); a > RegionGoalKiB {
+		t.Errorf("idle region's file holds %v KiB after the row's reads (goal <= %d)", a, RegionGoalKiB)
+	}
 	idle, _ := h.Rep.Values["region.idle_kib"].(float64)
 	all, _ := h.Rep.Values["region.all20k_kib"].(float64)
 	t.Logf("region resident: idle %v KiB, all enabled %v KiB", idle, all)

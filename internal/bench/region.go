@@ -28,8 +28,8 @@ const regionFuncs = 20_000
 // Memory in KiB, not time: the keys end in _kib.
 func (h *Harness) RunRegion(ctx context.Context) error {
 	sec := Section{Title: "8. Region memory",
-		Text: fmt.Sprintf("The runtime's shared-memory region in a preloaded process: resident KiB (pages in memory, what the region costs) and mapped KiB (address space, the function table reserved up to its cap) from /proc/PID/smaps. In a core dump: the part a core dump would read (the table's reserve beyond its first segment is MADV_DONTDUMP). The program: %d instrumented functions (internal/cgen.Counted, gcc -O0), 4 threads x 2 passes calling every function 1-3 times; idle = coldpatched (every site inert, no probe enabled), all enabled = as built (every call recorded: the function table grows to hold every function). Goal for idle (issue 9): <= %d KiB.", regionFuncs, RegionGoalKiB),
-		Head: []string{"process", "resident KiB", "mapped KiB", "in a core dump KiB", "function table", "goal"}}
+		Text: fmt.Sprintf("The runtime's shared-memory region in a preloaded process: resident KiB (its pages mapped in the process), file holds KiB (the memfd's allocated size, read after the row's own reads of the region: what the region costs) and mapped KiB (address space, the function table reserved up to its cap) from /proc/PID/smaps. In a core dump: the part a core dump would read (the table's reserve beyond its first segment is MADV_DONTDUMP). The program: %d instrumented functions (internal/cgen.Counted, gcc -O0), 4 threads x 2 passes calling every function 1-3 times; idle = coldpatched (every site inert, no probe enabled), all enabled = as built (every call recorded: the function table grows to hold every function). Goal for idle (issue 9): <= %d KiB.", regionFuncs, RegionGoalKiB),
+		Head: []string{"process", "resident KiB", "file holds KiB", "mapped KiB", "in a core dump KiB", "function table", "goal"}}
 	defer func() { h.Rep.Add(sec) }()
 	src := filepath.Join(h.B.Dir, fmt.Sprintf("counted%d.c", regionFuncs))
 	if err := os.WriteFile(src, cgen.Counted(regionFuncs), 0o644); err != nil {
@@ -62,14 +62,15 @@ func (h *Harness) RunRegion(ctx context.Context) error {
 		h.Rep.Set("region."+c.key+"_mapped_kib", float64(m.SizeKiB))
 		goal := c.goal
 		if c.key == "idle" {
-			if m.ResidentKiB <= RegionGoalKiB {
+			if max(m.ResidentKiB, m.AllocatedKiB) <= RegionGoalKiB {
 				goal += ": met"
 			} else {
 				goal += ": NOT met"
 			}
 		}
 		h.Rep.Set("region."+c.key+"_dumped_kib", float64(m.DumpedKiB))
-		sec.Rows = append(sec.Rows, []string{c.name, fmt.Sprint(m.ResidentKiB), fmt.Sprint(m.SizeKiB), fmt.Sprint(m.DumpedKiB),
+		h.Rep.Set("region."+c.key+"_allocated_kib", float64(m.AllocatedKiB))
+		sec.Rows = append(sec.Rows, []string{c.name, fmt.Sprint(m.ResidentKiB), fmt.Sprint(m.AllocatedKiB), fmt.Sprint(m.SizeKiB), fmt.Sprint(m.DumpedKiB),
 			fmt.Sprintf("%d functions in %d slots, %d segments", used, slots, segs), goal})
 	}
 	return nil
@@ -90,12 +91,15 @@ func (h *Harness) regionOf(ctx context.Context, bin string) (m shm.Memory, slots
 		return m, 0, 0, 0, err
 	}
 	defer r.Close()
-	if m, err = shm.ReadMemory(t.Pid); err != nil {
-		return m, 0, 0, 0, err
-	}
+	// Read the region as hotpatch stats does before measuring: a reader
+	// must not add to what the region holds.
+	r.Functions()
 	c := r.Counters()
 	if c.FuncDropEnters+c.FuncDropExits != 0 {
 		return m, 0, 0, 0, fmt.Errorf("%d hooks counted as function_table_full", c.FuncDropEnters+c.FuncDropExits)
+	}
+	if m, err = shm.ReadMemory(t.Pid); err != nil {
+		return m, 0, 0, 0, err
 	}
 	return m, r.FuncSlots(), r.Header().FuncSegs, c.FuncsUsed, nil
 }

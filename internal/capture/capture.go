@@ -27,6 +27,13 @@ type Options struct {
 	// limit): a hot function makes millions of events a second, and the
 	// capture is held in memory.
 	MaxCalls int
+	// Filters enforced by the runtime while a trace runs (D32): only calls
+	// at probed-call depth below MaxDepth (0: any), only the threads in Tids
+	// (none: every thread), and at most Rate calls per function per second
+	// (0: no limit; counted calls too are limited while it runs).
+	MaxDepth int
+	Tids     []int
+	Rate     uint64
 	// Args and Retval (trace only): globs over the names of fentry functions
 	// whose arguments / return values the trace records (among those
 	// Selectors enable; without Selectors, whichever are on).
@@ -46,7 +53,8 @@ type session struct {
 	hp      *hotpatch.Session
 	sym     *report.Symbolizer
 	enabled *hotpatch.Result
-	quota   bool // the profile turned the runtime's quotas on: off again at close
+	quota   bool // the capture turned the runtime's quotas on: off again at close
+	filter  bool // the capture turned the runtime's trace filters on: off again at close
 }
 
 func open(ctx context.Context, o Options) (*session, error) {
@@ -107,6 +115,14 @@ func (s *session) close(context.Context) error {
 		// after the restore: calls made until then stay within their quota
 		if qerr := s.region.SetControl(0, shm.CtlQuota); err == nil {
 			err = qerr
+		}
+	}
+	if s.filter {
+		if ferr := s.region.SetControl(0, shm.CtlFilter); err == nil {
+			err = ferr
+		}
+		if ferr := s.region.SetFilter(0, nil); err == nil {
+			err = ferr
 		}
 	}
 	if cerr := s.hp.Close(); err == nil {

@@ -3,6 +3,7 @@ package capture
 import (
 	"context"
 	"fmt"
+	"math"
 	"sort"
 	"time"
 
@@ -23,6 +24,9 @@ type TraceResult struct {
 	Open     uint64 // calls still running when the capture ended
 	Duration time.Duration
 	Limited  bool // the capture stopped at MaxCalls before Duration
+	// RateEpochs is how many one-second quota epochs a --rate capture ran
+	// (each function recorded at most Rate calls in each).
+	RateEpochs int
 	// ArgFuncs is how many functions' arguments or return values were
 	// recorded; Notes say what --args/--retval matched but could not record.
 	ArgFuncs int
@@ -225,6 +229,9 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		}
 	}
 	drain(false) // whatever an earlier tracer left behind
+	if err := s.setFilters(o); err != nil {
+		return nil, err
+	}
 	res.RingCapacity, res.RingEvents = s.region.RingCapacity(), s.region.RingDefault()
 	// A capture killed before it could put things back (SIGKILL) may have
 	// left bigger rings asked for, and argument plans with their bit on:
@@ -262,9 +269,24 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		return nil, err
 	}
 	start := time.Now()
+	epochStart := start
+	if o.Rate > 0 {
+		// the first epoch starts with the events on: every call it
+		// records is in the trace
+		if _, err := s.region.NextQuotaEpoch(); err != nil {
+			return nil, err
+		}
+		res.RateEpochs = 1
+	}
 	limitCtx, stopEarly := context.WithCancel(ctx)
 	defer stopEarly()
 	ticker(limitCtx, o.Duration, drainPeriod, o.Progress, func(time.Duration) string {
+		if o.Rate > 0 && time.Since(epochStart) >= time.Second {
+			epochStart = time.Now()
+			if _, err := s.region.NextQuotaEpoch(); err == nil {
+				res.RateEpochs++
+			}
+		}
 		if drain(true); res.Limited || sinkErr != nil {
 			stopEarly()
 		}
@@ -331,6 +353,43 @@ func (c *converter) event(tid int32, e shm.Event) *calltrace.Event {
 		c.ev.Kind = calltrace.Entry
 	}
 	return &c.ev
+}
+
+// setFilters turns on the runtime's trace filters and rate limit that o
+// asks for (before the events are), and marks them for close to undo.
+func (s *session) setFilters(o Options) error {
+	if o.MaxDepth < 0 {
+		return fmt.Errorf("%w: depth %d", shm.ErrFilter, o.MaxDepth)
+	}
+	if o.MaxDepth > 0 || len(o.Tids) > 0 {
+		tids := make([]int32, len(o.Tids))
+		for i, t := range o.Tids {
+			if t <= 0 || t > math.MaxInt32 {
+				return fmt.Errorf("%w: thread id %d", shm.ErrFilter, t)
+			}
+			tids[i] = int32(t)
+		}
+		if err := s.region.SetFilter(uint32(min(o.MaxDepth, math.MaxInt32)), tids); err != nil {
+			return err
+		}
+		s.filter = true
+		if err := s.region.SetControl(shm.CtlFilter, 0); err != nil {
+			return err
+		}
+	}
+	if o.Rate > 0 {
+		if o.Rate > math.MaxUint32 {
+			return fmt.Errorf("%w: rate %d", shm.ErrFilter, o.Rate)
+		}
+		if err := s.region.SetQuota(uint32(o.Rate)); err != nil {
+			return err
+		}
+		s.quota = true
+		if err := s.region.SetControl(shm.CtlQuota, 0); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // monoNow is CLOCK_MONOTONIC now, the runtime's clock.

@@ -166,6 +166,9 @@ func newTraceCmd(stdout, stderr io.Writer, inj *injectFlags) *cobra.Command {
 		output   string
 		format   string
 		maxCalls int
+		maxDepth int
+		tids     []int
+		rate     uint64
 		argPats  []string
 		retPats  []string
 		ringEv   uint32
@@ -195,7 +198,12 @@ shown as such). What cannot be recorded says why: stack arguments past 64 bytes,
 unnamed arguments of a variadic function, long double return values, structs returned
 in memory. cyg probes (-finstrument-functions) record which function ran and when, not
 its arguments: their hooks run after the prologue, where the arguments are wherever the
-compiler put them. At most 128 functions per capture. docs/tracing.md has the details.`,
+compiler put them. At most 128 functions per capture. docs/tracing.md has the details.
+
+Filters, enforced inside the target's runtime while the trace runs and removed after it:
+--max-depth N records only calls fewer than N probed calls deep on their thread,
+--tid T (repeatable, up to 8) only the threads named, --rate N at most N calls per function
+per second (the calls over it are neither traced nor counted while the trace runs).`,
 		Example: `  hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.pftrace
   hotpatch trace --pid 4242 --enable parse --duration 200ms --format text | less
   hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.json   # chrome-json
@@ -264,8 +272,19 @@ compiler put them. At most 128 functions per capture. docs/tracing.md has the de
 			if format == formatText && file == nil {
 				progress = nil // the call graph itself goes to the terminal
 			}
+			if maxDepth < 0 {
+				return usagef("--max-depth must be 0 (any) or more")
+			}
+			if len(tids) > shm.FilterTids {
+				return usagef("--tid names %d threads; the runtime filters on at most %d", len(tids), shm.FilterTids)
+			}
+			for _, t := range tids {
+				if t <= 0 {
+					return usagef("--tid %d is not a thread id", t)
+				}
+			}
 			res, err := capture.Trace(ctx, capture.Options{PID: tf.pid, ProbeFiles: tf.probes, Selectors: sels, Duration: duration, MaxCalls: maxCalls, Progress: progress,
-				Args: argPats, Retval: retPats, RingEvents: ringEv}, sink)
+				Args: argPats, Retval: retPats, RingEvents: ringEv, MaxDepth: maxDepth, Tids: tids, Rate: rate}, sink)
 			endProgress(stderr, progress)
 			if err != nil {
 				return classify(err)
@@ -288,7 +307,7 @@ compiler put them. At most 128 functions per capture. docs/tracing.md has the de
 			summary := map[string]any{"output": name, "format": format, "calls": res.Calls, "events": res.Events,
 				"dropped_events": res.Dropped, "unpaired_exits": res.Unpaired, "unwound_calls": res.Unwound, "open_calls": res.Open,
 				"duration_ns": res.Duration.Nanoseconds(), "stopped_at_max_calls": res.Limited, "arg_functions": res.ArgFuncs,
-				"ring_events": res.RingEvents, "ring_capacity": res.RingCapacity, "threads": res.Threads}
+				"ring_events": res.RingEvents, "ring_capacity": res.RingCapacity, "threads": res.Threads, "rate_epochs": res.RateEpochs}
 			if n := res.SuggestRing(); n != 0 {
 				summary["suggested_ring_events"] = n
 			}
@@ -319,6 +338,9 @@ compiler put them. At most 128 functions per capture. docs/tracing.md has the de
 	cmd.Flags().StringArrayVar(&retPats, "retval", nil, "record the return values of the fentry functions `GLOB` names (repeatable)")
 	cmd.Flags().Uint32Var(&ringEv, "ring-events", 0, "size every thread's event ring to `N` events for the capture (a power of two; default: the process's, EDGEPROBE_RING_EVENTS); bigger rings drop less")
 	cmd.Flags().IntVar(&maxCalls, "max-calls", 1000000, "stop early once this many calls are captured (0: no limit; default no limit but for chrome-json, which is held in memory)")
+	cmd.Flags().IntVar(&maxDepth, "max-depth", 0, "record only calls fewer than `N` probed calls deep on their thread (0: any)")
+	cmd.Flags().IntSliceVar(&tids, "tid", nil, "record only thread `T` (repeatable, up to 8)")
+	cmd.Flags().Uint64Var(&rate, "rate", 0, "record at most `N` calls per function per second (0: no limit)")
 	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{formatPerfetto, formatChrome, formatText}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }

@@ -48,10 +48,10 @@ func (s *Session) verify(sel []selected) error {
 		if err := verifyTarget(s.pid, t, byTarget[t]); err != nil {
 			return err
 		}
+		if s.verified == nil {
+			s.verified = make(map[verifiedKey]bool, len(byTarget[t]))
+		}
 		for _, p := range byTarget[t] {
-			if s.verified == nil {
-				s.verified = map[verifiedKey]bool{}
-			}
 			s.verified[verifiedKey{t, p.ID}] = true
 		}
 	}

@@ -216,9 +216,18 @@ type Index struct {
 	binary      Binary
 	placeholder string
 
-	mu      sync.Mutex
-	decoded map[int]*Probe
+	mu sync.Mutex
+	// The probes decoded so far: in a small map while they are few (a
+	// toggle of one function of a huge list stays independent of its
+	// size), then in a slice of every probe (selecting all of a
+	// 40,000-probe list decodes them all, and a map's hashing and growth
+	// would cost more than the decoding).
+	few     map[int]*Probe
+	decoded []*Probe
 }
+
+// fewMax is how many decoded probes the map holds before the slice.
+const fewMax = 256
 
 // OpenCompact checks a compact list's header, its index's checksum and the
 // extent of every part; the records are checked as they are decoded.
@@ -238,7 +247,7 @@ func OpenCompact(data []byte) (*Index, error) {
 	if recsOff != compactHeaderSize || indexOff != recsOff+n*recordSize || strOff != indexOff+4*n || strOff+strLen != uint64(len(data)) {
 		return nil, bad("the parts' extents do not add up to the %d bytes", len(data))
 	}
-	x := &Index{data: data, n: int(n), recs: data[recsOff:indexOff], index: data[indexOff:strOff], strs: data[strOff:], decoded: map[int]*Probe{}}
+	x := &Index{data: data, n: int(n), recs: data[recsOff:indexOff], index: data[indexOff:strOff], strs: data[strOff:]}
 	if data[66] != 0 || data[67] != 0 || le.Uint32(data[68:]) != 0 || le.Uint32(data[76:]) != 0 {
 		return nil, bad("reserved header bytes are not zero")
 	}
@@ -292,14 +301,33 @@ func (x *Index) Probe(i int) (*Probe, error) {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if p := x.decoded[i]; p != nil {
+	if x.decoded != nil {
+		if p := x.decoded[i]; p != nil {
+			return p, nil
+		}
+	} else if p := x.few[i]; p != nil {
 		return p, nil
 	}
 	p, err := x.decode(i)
 	if err != nil {
 		return nil, err
 	}
-	x.decoded[i] = p
+	switch {
+	case x.decoded != nil:
+		x.decoded[i] = p
+	case len(x.few) < fewMax:
+		if x.few == nil {
+			x.few = map[int]*Probe{}
+		}
+		x.few[i] = p
+	default:
+		x.decoded = make([]*Probe, x.n)
+		for j, q := range x.few {
+			x.decoded[j] = q
+		}
+		x.decoded[i] = p
+		x.few = nil
+	}
 	return p, nil
 }
 

@@ -201,3 +201,31 @@ func mustCompact(t *testing.T, l *List) []byte {
 	}
 	return b
 }
+
+// TestCompactDecodedOnce: past the small map of decoded probes, the index
+// keeps every probe in a slice; each is decoded once and is the list's,
+// whatever order they are asked in.
+func TestCompactDecodedOnce(t *testing.T) {
+	l := manyFunctions(t, 2*fewMax)
+	x, _ := compactOf(t, l)
+	first := map[int]*Probe{}
+	for round := 0; round < 2; round++ {
+		for k := range l.Probes {
+			i := (k * 7) % len(l.Probes) // not in order
+			p, err := x.Probe(i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(*p, l.Probes[i]) {
+				t.Fatalf("probe %d: %+v, want %+v", i, *p, l.Probes[i])
+			}
+			if q, ok := first[i]; ok && q != p {
+				t.Fatalf("probe %d decoded twice", i)
+			}
+			first[i] = p
+		}
+	}
+	if x.decoded == nil || x.few != nil {
+		t.Fatalf("after %d probes: slice %v, map %d", len(l.Probes), x.decoded != nil, len(x.few))
+	}
+}

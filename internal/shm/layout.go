@@ -59,13 +59,17 @@ const (
 
 // Control bits (Header.Control), written by readers and read by every hook.
 const (
-	CtlTrace  uint32 = 1 // append enter/exit events to the per-thread rings
-	CtlNoTime uint32 = 2 // count only: no clock reads, no latency
-	CtlPause  uint32 = 4 // record nothing
-	CtlQuota  uint32 = 8 // per-function quotas: at most QuotaK recorded calls per quota epoch
+	CtlTrace  uint32 = 1  // append enter/exit events to the per-thread rings
+	CtlNoTime uint32 = 2  // count only: no clock reads, no latency
+	CtlPause  uint32 = 4  // record nothing
+	CtlQuota  uint32 = 8  // per-function quotas: at most QuotaK recorded calls per quota epoch
+	CtlFilter uint32 = 16 // trace events only within Header.FilterDepth and FilterTid
 	// CtlArgs (with CtlTrace): fentry functions with a plan in the header's
 	// ArgPlan table get an EvData record after their entry and exit events.
 	CtlArgs uint32 = 0x100
+
+	// FilterTids is how many threads a trace filter can name.
+	FilterTids = 8
 )
 
 // Event kinds.
@@ -179,13 +183,16 @@ type Header struct {
 	_          [3]uint64
 
 	Control    uint32
-	_          [2]uint32
 	Gen        uint32 // process-wide generation: NewGeneration adds 1 and stores it in each function's Gen
 	QuotaK     uint32 // CtlQuota: calls a function may record per quota epoch
 	QuotaEpoch uint32 // the current quota epoch
-	_          [8]uint32
-	RingReq    uint32 // version 5: the ring size a capture asks for
-	RingDef    uint32 // version 5: the size rings start with
+	// CtlFilter: trace events only below FilterDepth (0: any depth) and of
+	// the threads in FilterTid (first 0: every thread)
+	FilterDepth uint32
+	FilterTid   [FilterTids]int32
+	_           [1]uint32
+	RingReq     uint32 // version 5: the ring size a capture asks for
+	RingDef     uint32 // version 5: the size rings start with
 
 	FuncsUsed       uint64
 	FuncDropEnters  uint64

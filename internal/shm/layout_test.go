@@ -37,7 +37,7 @@ func TestLayoutMatchesC(t *testing.T) {
 		"EP_MAGIC": Magic, "EP_VERSION": uint64(Version), "EP_HEADER_SIZE": HeaderSize, "EP_HIST_BUCKETS": HistBuckets,
 		"EP_KEY_BARE": KeyBare, "EP_CLOCK_TSC": ClockTSC, "EP_CLOCK_MONO": ClockMono,
 		"EP_STATE_RUNNING": StateRunning, "EP_STATE_EXITED": StateExited,
-		"EP_CTL_TRACE": uint64(CtlTrace), "EP_CTL_NOTIME": uint64(CtlNoTime), "EP_CTL_PAUSE": uint64(CtlPause), "EP_CTL_QUOTA": uint64(CtlQuota),
+		"EP_CTL_TRACE": uint64(CtlTrace), "EP_CTL_NOTIME": uint64(CtlNoTime), "EP_CTL_PAUSE": uint64(CtlPause), "EP_CTL_QUOTA": uint64(CtlQuota), "EP_CTL_FILTER": uint64(CtlFilter), "EP_FILTER_TIDS": FilterTids,
 		"EP_SLOT_OWNED": slotOwned, "EP_EV_ENTER": EvEnter, "EP_EV_EXIT": EvExit, "EP_EV_THREAD": EvThread,
 		"EP_FENTRY_USED": uint64(FentryUsed), "EP_FENTRY_EXITS": uint64(FentryExits),
 		"EP_FENTRY_EXITS_OFF": uint64(FentryExitsOff), "EP_FENTRY_SHSTK": uint64(FentrySHSTK),

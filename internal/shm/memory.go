@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // Memory is what a process's region costs it, from /proc/PID/smaps: the
@@ -18,6 +19,10 @@ type Memory struct {
 	// read (mappings without VmFlags "dd", MADV_DONTDUMP): the reserves
 	// beyond what a small program uses are left out.
 	DumpedKiB uint64
+	// AllocatedKiB is the memory the region's file holds (its st_blocks):
+	// every page written by the process or by a reader, whether mapped in
+	// the process or not. 0 when the file cannot be examined.
+	AllocatedKiB uint64
 }
 
 // ReadMemory reads the region's resident and mapped size in process pid.
@@ -71,6 +76,19 @@ func ReadMemory(pid int) (Memory, error) {
 	}
 	if !found {
 		return Memory{}, fmt.Errorf("shm: pid %d maps no %s: %w (%w)", pid, MemfdName, ErrNoRuntime, os.ErrNotExist)
+	}
+	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, _ := os.ReadDir(fdDir)
+	for _, e := range ents {
+		path := fdDir + "/" + e.Name()
+		if link, err := os.Readlink(path); err != nil || link != MemfdName && !strings.HasPrefix(link, MemfdName+" ") {
+			continue
+		}
+		var st syscall.Stat_t
+		if syscall.Stat(path, &st) == nil {
+			m.AllocatedKiB = uint64(st.Blocks) * 512 / 1024
+			break
+		}
 	}
 	return m, nil
 }

@@ -25,6 +25,7 @@ type Region struct {
 	hdr      Header // validated copy of the immutable geometry
 	writable bool
 	dataBuf  []uint64 // Consume's payload buffer for EvData records
+	file     *os.File // the region's file, for data's questions (nil: none)
 }
 
 // Errors of OpenPID; test with errors.Is. ErrNoRuntime also matches
@@ -151,7 +152,7 @@ func mapFile(f *os.File, path string, writable bool) (*Region, error) {
 		syscall.Munmap(mem)
 		return nil, fmt.Errorf("shm: %s: %w", path, err)
 	}
-	return &Region{path: path, mem: mem, hdr: h, writable: writable}, nil
+	return &Region{path: path, mem: mem, hdr: h, writable: writable, file: dupFile(f)}, nil
 }
 
 // Close unmaps the region.
@@ -161,6 +162,10 @@ func (r *Region) Close() error {
 	}
 	err := syscall.Munmap(r.mem)
 	r.mem = nil
+	if r.file != nil {
+		r.file.Close()
+		r.file = nil
+	}
 	return err
 }
 
@@ -183,6 +188,8 @@ var (
 	hdrGen      = uint64(unsafe.Offsetof(Header{}.Gen))
 	hdrQuotaK   = uint64(unsafe.Offsetof(Header{}.QuotaK))
 	hdrQuotaE   = uint64(unsafe.Offsetof(Header{}.QuotaEpoch))
+	hdrFDepth   = uint64(unsafe.Offsetof(Header{}.FilterDepth))
+	hdrFTid     = uint64(unsafe.Offsetof(Header{}.FilterTid))
 	hdrState    = uint64(unsafe.Offsetof(Header{}.State))
 	hdrFuncSegs = uint64(unsafe.Offsetof(Header{}.FuncSegs))
 )
@@ -266,8 +273,9 @@ func (r *Region) NewGeneration(keys []uint64) (int, error) {
 	// none leaves the fast path alone.
 	var gen uint32
 	n := 0
+	d := r.data()
 	for _, key := range keys {
-		if e := r.lookup(key); e != nil {
+		if e := r.lookupIn(d, key); e != nil {
 			if n == 0 {
 				gen = atomic.AddUint32((*uint32)(unsafe.Pointer(&r.mem[hdrGen])), 1)
 			}
@@ -296,6 +304,36 @@ func (r *Region) NextQuotaEpoch() (uint32, error) {
 		return 0, fmt.Errorf("shm: %s: %w", r.path, ErrReadOnly)
 	}
 	return atomic.AddUint32((*uint32)(unsafe.Pointer(&r.mem[hdrQuotaE])), 1), nil
+}
+
+// ErrFilter says a trace filter asks for more than the runtime can hold.
+var ErrFilter = errors.New("trace filter")
+
+// SetFilter sets the trace filters CtlFilter turns on (D32): events only of
+// calls at shadow-stack depth below maxDepth (0: any) and only of the
+// threads in tids (none: every thread; at most FilterTids). Set it before
+// turning CtlFilter on; clear it (SetFilter(0, nil)) after turning it off.
+func (r *Region) SetFilter(maxDepth uint32, tids []int32) error {
+	if !r.writable {
+		return fmt.Errorf("shm: %s: %w", r.path, ErrReadOnly)
+	}
+	if len(tids) > FilterTids {
+		return fmt.Errorf("%w: %d threads, the runtime can filter on at most %d", ErrFilter, len(tids), FilterTids)
+	}
+	for _, t := range tids {
+		if t <= 0 {
+			return fmt.Errorf("%w: thread id %d", ErrFilter, t)
+		}
+	}
+	for i := 0; i < FilterTids; i++ {
+		var t int32
+		if i < len(tids) {
+			t = tids[i]
+		}
+		atomic.StoreInt32((*int32)(unsafe.Pointer(&r.mem[hdrFTid+uint64(4*i)])), t)
+	}
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&r.mem[hdrFDepth])), maxDepth)
+	return nil
 }
 
 // QuotaEpoch is the current quota epoch.
@@ -337,7 +375,11 @@ func (r *Region) HookCost() (ns float64, samples uint64) {
 // lookup finds key's function entry the way the runtime's ep_gfind probes
 // the table: MaxProbe slots from the key's home in each segment in use, in
 // order; an empty slot on the way means the key was never claimed.
-func (r *Region) lookup(key uint64) *funcEntry {
+func (r *Region) lookup(key uint64) *funcEntry { return r.lookupIn(r.data(), key) }
+
+// lookupIn is lookup with the region's data extents already known (a page
+// of keys that holds no data holds only empty slots).
+func (r *Region) lookupIn(d extents, key uint64) *funcEntry {
 	segs := r.funcSegs()
 	h := key * hashMul
 	base, n := uint64(0), uint64(r.hdr.FuncFirst)
@@ -351,6 +393,9 @@ func (r *Region) lookup(key uint64) *funcEntry {
 		home := h >> 32
 		for p := uint64(0); p < uint64(r.hdr.MaxProbe); p++ {
 			i := base + (home+p)&(n-1)
+			if !d.has(r.hdr.KeysOff+i*8, 8) {
+				return nil
+			}
 			switch atomic.LoadUint64(r.keyAt(i)) {
 			case key:
 				return r.funcAt(i)
@@ -439,6 +484,16 @@ func (r *Region) funcAt(i uint64) *funcEntry {
 	return (*funcEntry)(unsafe.Pointer(&r.mem[r.hdr.FuncOff+i*funcSize]))
 }
 
+// slotUsed reports whether thread slot i has ever been claimed, without
+// touching the page of a slot that never was (see extents.go).
+func (r *Region) slotUsed(d extents, i uint64) bool {
+	off := r.hdr.ThreadOff + i*uint64(r.hdr.ThreadSize)
+	if !d.has(off, threadSize) {
+		return false
+	}
+	return atomic.LoadUint32(&r.slotAt(i).Generation) != 0
+}
+
 func (r *Region) slotAt(i uint64) *threadSlot {
 	return (*threadSlot)(unsafe.Pointer(&r.mem[r.hdr.ThreadOff+i*uint64(r.hdr.ThreadSize)]))
 }
@@ -458,9 +513,13 @@ func (r *Region) localAt(slot, i uint64) *localEntry {
 // in use are read (the rest is address space no page of which was touched).
 func (r *Region) Functions() []Func {
 	n := r.FuncSlots()
+	d := r.data()
 	idx := make(map[uint32]int)
 	var out []Func
 	for i := uint64(0); i < n; i++ {
+		if !d.has(r.hdr.KeysOff+i*8, 8) {
+			continue // a page no key was written to (see extents.go)
+		}
 		key := atomic.LoadUint64(r.keyAt(i))
 		if key == 0 {
 			continue
@@ -486,6 +545,9 @@ func (r *Region) Functions() []Func {
 		out = append(out, f)
 	}
 	for s := uint64(0); s < uint64(r.hdr.MaxThreads); s++ {
+		if !r.slotUsed(d, s) {
+			continue // never claimed: its cache is empty
+		}
 		for i := uint64(0); i < uint64(r.hdr.LocalFuncs); i++ {
 			l := r.localAt(s, i)
 			if atomic.LoadUint64(&l.Addr) == 0 {
@@ -502,15 +564,15 @@ func (r *Region) Functions() []Func {
 	}
 	// Open frames: every stored frame below each claimed slot's depth.
 	for s := uint64(0); s < uint64(r.hdr.MaxThreads); s++ {
-		slot := r.slotAt(s)
-		if atomic.LoadUint32(&slot.Generation) == 0 {
+		if !r.slotUsed(d, s) {
 			continue
 		}
-		d := uint64(atomic.LoadUint32(&slot.Depth))
-		if d > uint64(r.hdr.StackDepth) {
-			d = uint64(r.hdr.StackDepth)
+		slot := r.slotAt(s)
+		depth := uint64(atomic.LoadUint32(&slot.Depth))
+		if depth > uint64(r.hdr.StackDepth) {
+			depth = uint64(r.hdr.StackDepth)
 		}
-		for i := uint64(0); i < d; i++ {
+		for i := uint64(0); i < depth; i++ {
 			fr := r.frameAt(s, i)
 			if k, ok := idx[atomic.LoadUint32(&fr.Gidx)]; ok {
 				out[k].Open++
@@ -550,12 +612,13 @@ type Thread struct {
 // Threads returns every slot that has ever been claimed.
 func (r *Region) Threads() []Thread {
 	var out []Thread
+	d := r.data()
 	for i := uint64(0); i < uint64(r.hdr.MaxThreads); i++ {
-		s := r.slotAt(i)
-		gen := atomic.LoadUint32(&s.Generation)
-		if gen == 0 {
+		if !r.slotUsed(d, i) {
 			continue
 		}
+		s := r.slotAt(i)
+		gen := atomic.LoadUint32(&s.Generation)
 		out = append(out, Thread{
 			Index:          int(i),
 			Owned:          atomic.LoadUint32(&s.State) == slotOwned,

@@ -13,7 +13,7 @@ int main(void) {
 	S(ep_header); S(ep_func); S(ep_thread); S(ep_local); S(ep_frame); S(ep_event);
 	C(EP_MAGIC); C(EP_VERSION); C(EP_HEADER_SIZE); C(EP_HIST_BUCKETS); C(EP_KEY_BARE);
 	C(EP_CLOCK_TSC); C(EP_CLOCK_MONO); C(EP_STATE_RUNNING); C(EP_STATE_EXITED);
-	C(EP_CTL_TRACE); C(EP_CTL_NOTIME); C(EP_CTL_PAUSE); C(EP_CTL_QUOTA); C(EP_SLOT_OWNED);
+	C(EP_CTL_TRACE); C(EP_CTL_NOTIME); C(EP_CTL_PAUSE); C(EP_CTL_QUOTA); C(EP_CTL_FILTER); C(EP_FILTER_TIDS); C(EP_SLOT_OWNED);
 	C(EP_FENTRY_USED); C(EP_FENTRY_EXITS); C(EP_FENTRY_EXITS_OFF); C(EP_FENTRY_SHSTK);
 	C(EP_EV_ENTER); C(EP_EV_EXIT); C(EP_EV_THREAD); C(EP_EV_DATA); C(EP_CTL_ARGS);
 	C(EP_DATA_ARGS); C(EP_DATA_RET); C(EP_DATA_SUB_SHIFT); C(EP_DATA_SLOTS_SHIFT); C(EP_DATA_SPEC_MASK);
@@ -35,7 +35,7 @@ int main(void) {
 	F(ep_header, maps_off); F(ep_header, maps_len); F(ep_header, init_mono); F(ep_header, state);
 	F(ep_header, exit_mono); F(ep_header, exit_tsc);
 	F(ep_header, keys_off); F(ep_header, func_segs); F(ep_header, control);
-	F(ep_header, gen); F(ep_header, quota_k); F(ep_header, quota_epoch);
+	F(ep_header, gen); F(ep_header, quota_k); F(ep_header, quota_epoch); F(ep_header, filter_depth); F(ep_header, filter_tid);
 	F(ep_header, ring_req); F(ep_header, ring_def); F(ep_thread, ring_size); F(ep_header, funcs_used);
 	F(ep_header, func_drop_enters); F(ep_header, func_drop_exits); F(ep_header, threads_claimed);
 	F(ep_header, threads_active); F(ep_header, thread_overflows); F(ep_header, thread_drop_hits);
