@@ -481,6 +481,39 @@ func TestTraceArgsSeccomp(t *testing.T) {
 	}
 }
 
+// TestTraceArgsWithDepthFilter: with the runtime's depth filter, the calls
+// it keeps have their arguments and return values, and the calls it filters
+// out leave no record behind (gcc -O0: t_tail calls t_leafx, one deeper).
+func TestTraceArgsWithDepthFilter(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.Runtime(t, "gcc")
+	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O0", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
+	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	logFile := filepath.Join(t.TempDir(), "calls.log")
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path, logFile)
+	r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_tail", "--enable", "t_leafx", "--args", "t_*", "--retval", "t_*",
+		"--max-depth", "1", "--duration", "60s", "--max-calls", "10", "--format", "text")
+	p.Finish()
+	logged := loggedCalls(t, logFile)
+	if strings.Contains(r.Stdout, "t_leafx(") {
+		t.Errorf("t_leafx, one deeper than --max-depth 1 allows, is in the trace:\n%s", r.Stdout)
+	}
+	line := regexp.MustCompile(`\| t_tail\(x=(-?\d+), id=(\d+)\) = (-?\d+);`)
+	n := 0
+	for _, m := range line.FindAllStringSubmatch(r.Stdout, -1) {
+		want := logged["t_tail#"+m[2]]
+		if len(want) != 3 || want[0] != "x="+m[1] || want[2] != "=T("+m[3]+")" {
+			t.Errorf("traced %q, the program logged %q", m[0], want)
+		}
+		n++
+	}
+	if n < 10 {
+		t.Fatalf("%d t_tail calls with arguments and return value in:\n%s", n, r.Stdout)
+	}
+}
+
 // TestTraceArgsCyg: --args on a cyg probe says what it can record and why
 // not the arguments, and fails without any fentry function to record.
 func TestTraceArgsCyg(t *testing.T) {
