@@ -275,11 +275,16 @@ EP_STATIC void ep_exit_at(struct ep_thread *th, uint64_t key, uint32_t d, uint32
 		goto trace;
 	}
 	struct ep_frame *fr = ep_frames(th) + d;
+	if (unlikely(ep_frame_skip(fr))) {
+		/* a cyg call's skip frame under ours (fentry pushes none) */
+		OWN_ADD(&th->quota_skips, 1);
+		goto trace;
+	}
 	if (unlikely(fr->fn != key)) {
 		ep_exit_unframed(th, key, EP_UNFRAMED_ORPHAN);
 		goto trace;
 	}
-	if (unlikely(fr->gen != (uint32_t)LOAD(&ep.funcs[fr->gidx].gen))) {
+	if (unlikely(ep_frame_stale(fr))) {
 		ep_pop_unmatched(th, d + 1, d);
 		ep_exit_unframed(th, key, EP_UNFRAMED_ORPHAN);
 		goto trace;
@@ -287,7 +292,7 @@ EP_STATIC void ep_exit_at(struct ep_thread *th, uint64_t key, uint32_t d, uint32
 	ep_exit_frame(th, fr, now);
 trace:
 	if (unlikely(ctl & EP_CTL_TRACE))
-		ep_trace(th, EP_EV_EXIT, key);
+		ep_trace_at(th, ctl, EP_EV_EXIT, key, th->depth);
 }
 
 EP_INLINE void ep_fentry_record_exit(struct ep_thread *th, const struct ep_rframe *f, uint32_t ctl) {
@@ -297,7 +302,7 @@ EP_INLINE void ep_fentry_record_exit(struct ep_thread *th, const struct ep_rfram
 		/* pushed before fork, in the parent's region */
 		ep_exit_unframed(th, f->key, EP_UNFRAMED_ORPHAN);
 		if (ctl & EP_CTL_TRACE)
-			ep_trace(th, EP_EV_EXIT, f->key);
+			ep_trace_at(th, ctl, EP_EV_EXIT, f->key, th->depth);
 	}
 }
 
@@ -396,6 +401,7 @@ EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow, 
 	SIGFENCE();
 	ep_tls.busy = here;
 	SIGFENCE();
+	uint64_t t0 = ep_sample_start(th, ctl);
 	uint64_t key = ep_site_key(ret);
 	if (unlikely(key & EP_SITE_R10)) {
 		key &= ~EP_SITE_R10;
@@ -414,9 +420,7 @@ EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow, 
 			OWN_ADD(&th->stack_overflows, 1);
 			ep_count_entry(th, key, ctl, 1);
 		} else {
-			uint32_t d = th->depth;
-			ep_enter(th, key, ctl, slot, ret);
-			if (likely(th->depth > 0)) { /* recorded: probe the exit */
+			if (likely(ep_enter(th, key, ctl, slot, ret, 0))) { /* recorded: probe the exit */
 				struct ep_rframe *f = ep_tls.rs + n;
 				f->slot = slot;
 				f->ret = orig;
@@ -427,13 +431,13 @@ EP_INLINE int ep_fentry_enter_impl(uint64_t ret, uint64_t *slotp, int may_slow, 
 				SIGFENCE();
 				*slotp = EP_TRAMP;
 			}
-			(void)d;
 		}
 	} else {
 		ep_count_entry(th, key, ctl, 0);
 	}
 	if (unlikely(ctl & EP_CTL_ARGS))
 		ep_args_entry(th, key, h0, gregs, slotp, vsave);
+	ep_sample_end(th, t0);
 	SIGFENCE();
 	ep_tls.busy = 0;
 	return 0;
@@ -553,6 +557,7 @@ EP_INLINE struct ep_ret2 ep_fentry_exit_impl(uint64_t sp, int may_slow, uint64_t
 	ep_tls.busy = here;
 	SIGFENCE();
 	uint32_t ctl = LOAD(&ep.hdr->control);
+	uint64_t t0 = ep_sample_start(th, ctl);
 	ep_tls.rs_n = likely(i + 1 == n) ? i : ep_rs_unlink(th, i, n, here);
 	if (likely(!(ctl & EP_CTL_PAUSE))) {
 		uint64_t h0 = unlikely(ctl & EP_CTL_ARGS) ? th->ring_head : 0;
@@ -560,6 +565,7 @@ EP_INLINE struct ep_ret2 ep_fentry_exit_impl(uint64_t sp, int may_slow, uint64_t
 		if (unlikely(ctl & EP_CTL_ARGS))
 			ep_args_exit(th, f.key, h0, rregs);
 	}
+	ep_sample_end(th, t0);
 	SIGFENCE();
 	ep_tls.busy = 0;
 	return r;

@@ -71,13 +71,13 @@ EP_STATIC int ep_page_zero(const char *p, size_t n) {
 	return 1;
 }
 
-/* Whether the page at off holds ring cells in use: each slot's ring uses its
- * first ring_size cells of the ring_events it reserves, and reading the rest
- * of a reserve would make shmem allocate every page of it. Pages before the
- * rings always count. */
+/* Whether the region's page at off holds ring cells in use: each slot's ring
+ * uses its first ring_size cells of the ring_events it reserves, and reading
+ * the rest of a reserve would make shmem allocate every page of it. Pages
+ * outside the rings always count. */
 EP_STATIC int ep_page_used(uint64_t off) {
 	uint64_t ro = ep.ring_off, stride = ep.ring_stride;
-	if (off + 4096 <= ro || !stride)
+	if (off + 4096 <= ro || !stride || off >= ro + (uint64_t)ep.max_threads * stride)
 		return 1;
 	uint64_t first = off > ro ? (off - ro) / stride : 0;
 	uint64_t last = (off + 4095 - ro) / stride;
@@ -90,8 +90,31 @@ EP_STATIC int ep_page_used(uint64_t off) {
 	return 0;
 }
 
+/* Write n bytes of the region from src at file offset off, zero pages and
+ * unused ring pages as holes; 0 on an error. */
+EP_STATIC int ep_write_range(int fd, const char *src, uint64_t n, uint64_t off) {
+	const uint64_t chunk = 4096;
+	for (uint64_t at = 0; at < n; at += chunk) {
+		size_t k = n - at < chunk ? (size_t)(n - at) : (size_t)chunk;
+		if (!ep_page_used((uint64_t)(src + at - ep.base)) || ep_page_zero(src + at, k))
+			continue;
+		for (size_t done = 0; done < k;) {
+			ssize_t w = pwrite(fd, src + at + done, k - done, (off_t)(off + at + done));
+			if (w <= 0) {
+				if (w < 0 && errno == EINTR)
+					continue;
+				return 0;
+			}
+			done += (size_t)w;
+		}
+	}
+	return 1;
+}
+
 /* Write the region (zero pages as holes) and a copy of /proc/self/maps to
- * ep_out via a temporary file and rename. */
+ * ep_out via a temporary file and rename. Only the function-table segments
+ * in use are written (the output's max_funcs is their slots): the rest of
+ * the table is address space the process never used. */
 EP_STATIC void ep_write_output(void) {
 	/* A fresh temporary beside the output (O_EXCL | O_NOFOLLOW: never a file
 	 * or symlink someone planted), renamed over it: rename replaces a
@@ -112,23 +135,34 @@ EP_STATIC void ep_write_output(void) {
 		ep_say("cannot write EDGEPROBE_OUTPUT", errno);
 		return;
 	}
-	int ok = 1;
-	const size_t chunk = 4096;
-	for (uint64_t off = EP_HEADER_SIZE; off < ep.size && ok; off += chunk) {
-		size_t n = ep.size - off < chunk ? (size_t)(ep.size - off) : chunk;
-		if (!ep_page_used(off) || ep_page_zero(ep.base + off, n))
-			continue;
-		for (size_t done = 0; done < n;) {
-			ssize_t w = pwrite(fd, ep.base + off + done, n - done, (off_t)(off + done));
-			if (w <= 0) {
-				if (w < 0 && errno == EINTR)
-					continue;
-				ok = 0;
-				break;
-			}
-			done += (size_t)w;
-		}
+	/* The file keeps what is used, not what is reserved: each ring's cells
+	 * in use (rings of the largest size any thread uses, so that a reader
+	 * finds each slot's ring_size cells at its slot's offset) and the
+	 * function table's segments in use; the counters and keys follow the
+	 * rings as in the live region. */
+	const struct ep_header *h = ep.hdr;
+	uint32_t segs = __atomic_load_n(&h->func_segs, __ATOMIC_ACQUIRE);
+	uint64_t used = (uint64_t)h->func_first << (segs - 1);
+	uint32_t rdef = h->ring_def, nr = ep.ring_events ? rdef : 0;
+	for (uint32_t i = 0; i < ep.max_threads && ep.ring_events; i++) {
+		uint32_t n = LOAD(&ep_slot(i)->ring_size);
+		if (n > nr && n <= ep.ring_events)
+			nr = n;
 	}
+	uint64_t rstride = ((uint64_t)nr * sizeof(struct ep_event) + 63) & ~63ull;
+	uint64_t keys_off = (ep.ring_off + (uint64_t)ep.max_threads * rstride + 63) & ~63ull;
+	uint64_t func_off = (keys_off + used * sizeof(uint64_t) + 63) & ~63ull;
+	uint64_t size = (func_off + used * sizeof(struct ep_func) + 4095) & ~4095ull;
+	int ok = ep_write_range(fd, ep.base + EP_HEADER_SIZE, ep.ring_off - EP_HEADER_SIZE, EP_HEADER_SIZE);
+	for (uint32_t i = 0; i < ep.max_threads && nr && ok; i++) {
+		uint32_t n = LOAD(&ep_slot(i)->ring_size);
+		if (n == 0 || n > nr)
+			n = rdef;
+		ok = ep_write_range(fd, ep.base + ep.ring_off + (uint64_t)i * ep.ring_stride,
+				    (uint64_t)n * sizeof(struct ep_event), ep.ring_off + (uint64_t)i * rstride);
+	}
+	ok = ok && ep_write_range(fd, ep.base + h->keys_off, used * sizeof(uint64_t), keys_off) &&
+	     ep_write_range(fd, (const char *)ep.funcs, used * sizeof(struct ep_func), func_off);
 	uint64_t mlen = 0;
 	int mfd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
 	if (mfd >= 0) {
@@ -139,7 +173,7 @@ EP_STATIC void ep_write_output(void) {
 				continue;
 			if (r <= 0)
 				break;
-			if (pwrite(fd, buf, (size_t)r, (off_t)(ep.size + mlen)) != r) {
+			if (pwrite(fd, buf, (size_t)r, (off_t)(size + mlen)) != r) {
 				ok = 0;
 				break;
 			}
@@ -147,11 +181,20 @@ EP_STATIC void ep_write_output(void) {
 		}
 		close(mfd);
 	}
-	if (ftruncate(fd, (off_t)(ep.size + mlen)) != 0)
+	if (ftruncate(fd, (off_t)(size + mlen)) != 0)
 		ok = 0;
 	struct ep_header hcopy;
 	memcpy(&hcopy, ep.hdr, sizeof hcopy);
-	hcopy.maps_off = mlen ? ep.size : 0;
+	hcopy.region_size = size;
+	hcopy.max_funcs = (uint32_t)used;
+	hcopy.func_segs = segs;
+	hcopy.func_off = func_off;
+	hcopy.keys_off = keys_off;
+	hcopy.ring_events = nr;
+	hcopy.ring_stride = rstride;
+	if (hcopy.ring_req > nr)
+		hcopy.ring_req = nr;
+	hcopy.maps_off = mlen ? size : 0;
 	hcopy.maps_len = mlen;
 	if (pwrite(fd, &hcopy, sizeof hcopy, 0) != (ssize_t)sizeof hcopy)
 		ok = 0;

@@ -153,25 +153,30 @@
 #define EP_TS_OVERFLOW ((struct ep_thread *)2) /* no free slot */
 #define EP_SLOT_MIN 16u
 
-/* Process-wide state, read-only on the hook path after init. */
+/* Process-wide state, read-only on the hook path after init. What the
+ * hooks' fast paths read comes first: one cache line. */
 struct ep_proc {
-	char *base;               /* region */
 	struct ep_header *hdr;
 	struct ep_func *funcs;
-	uint32_t fmask;           /* max_funcs - 1 */
-	uint32_t max_probe;
+	uint64_t tsc_mult;
 	uint32_t lmask;           /* local_funcs - 1 */
-	uint32_t nlocal;          /* local_funcs */
+	/* stack_depth when the hooks' fast paths apply (a per-thread cache and
+	 * the TSC as clock), else 0: one compare with the depth decides (D29) */
+	uint32_t fast_depth;
 	uint32_t stack_depth;
 	uint32_t stack_off;
+	uint32_t nlocal;          /* local_funcs */
+	int tsc;                  /* 1: rdtsc, 0: clock_gettime */
+	char *base;               /* region */
+	uint32_t fmask;           /* max_funcs - 1 */
+	uint32_t max_probe;
+	/* second line */
 	uint32_t thread_size;
 	uint32_t max_threads;
 	uint32_t ring_mask;       /* ring_events - 1 */
 	uint32_t ring_events;
 	uint64_t ring_off;
 	uint64_t ring_stride;
-	uint64_t tsc_mult;
-	int tsc;                  /* 1: rdtsc, 0: clock_gettime */
 	uint64_t size;
 };
 /* Its symbol is named for the library (a static program links
@@ -227,6 +232,9 @@ EP_SHARED_COLD uint32_t ep_heal(struct ep_thread *th, uint32_t d, uint64_t sp, u
 EP_SHARED_COLD void ep_exit_unframed(struct ep_thread *th, uint64_t key, int why);
 EP_SHARED_COLD void ep_exit_slow(struct ep_thread *th, uint64_t key, uint64_t sp, uint64_t now);
 EP_SHARED void ep_pop_to(struct ep_thread *th, uint32_t lo);
+EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp, uint64_t site, int mark);
+EP_SHARED_COLD void ep_skip_exit(struct ep_thread *th, uint32_t k);
+EP_SHARED_COLD int ep_filter_pass(struct ep_thread *th, uint32_t depth);
 EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, int deep);
 EP_SHARED void ep_thread_dtor(void *v);
 
@@ -317,17 +325,44 @@ EP_INLINE struct ep_local *ep_lookup(struct ep_thread *th, uint64_t key, uint32_
 
 /* ---- hook bodies ---- */
 
-EP_INLINE void ep_record_latency(struct ep_func *f, uint64_t ns) {
+EP_INLINE uint32_t ep_bucket(uint64_t ns) {
 	uint32_t b = 63u - (uint32_t)__builtin_clzll(ns | 1);
-	if (unlikely(b >= EP_HIST_BUCKETS))
-		b = EP_HIST_BUCKETS - 1;
-	ADD(&f->hist[b], 1);
+	return likely(b < EP_HIST_BUCKETS) ? b : EP_HIST_BUCKETS - 1;
+}
+
+EP_INLINE void ep_record_minmax(struct ep_func *f, uint64_t ns) {
 	uint64_t mx = LOAD(&f->max_ns);
 	while (ns > mx && !__atomic_compare_exchange_n(&f->max_ns, &mx, ns, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 		;
 	uint64_t inv = ~ns, mi = LOAD(&f->min_inv);
 	while (inv > mi && !__atomic_compare_exchange_n(&f->min_inv, &mi, inv, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 		;
+}
+
+EP_INLINE void ep_record_latency(struct ep_func *f, uint64_t ns) {
+	ADD(&f->hist[ep_bucket(ns)], 1);
+	ep_record_minmax(f, ns);
+}
+
+/* The same, for a function counted in the thread's cache entry l (D30): the
+ * bucket's address is taken from the entry's hint (the bucket of the
+ * thread's last latency of that function), known long before the clock
+ * read, and the hint checked by a branch. Addressed by the latency itself,
+ * the add waits for the TSC read and everything after it in the program
+ * waits for the add's address (measured: ~4 ns per timed hit, a plain add as
+ * much as a locked one); a correctly predicted branch lets it go on. */
+EP_INLINE void ep_record_latency_hinted(struct ep_func *f, struct ep_local *l, uint64_t ns) {
+	uint32_t hb = l->hint;
+	uint64_t *p = &f->hist[hb < EP_HIST_BUCKETS ? hb : 0];
+	__asm__("" : "+r"(p)); /* keep the hinted address: the compiler must not rebuild it from b */
+	uint32_t b = ep_bucket(ns);
+	if (likely(b == hb)) {
+		ADD(p, 1);
+	} else {
+		ADD(&f->hist[b], 1);
+		l->hint = b;
+	}
+	ep_record_minmax(f, ns);
 }
 
 /* Pop (unmatched) every frame that can no longer be live, seen from an
@@ -346,40 +381,122 @@ EP_INLINE void ep_record_latency(struct ep_func *f, uint64_t ns) {
  * the function's own enter position; they match by key (ep_exit_slow). */
 EP_INLINE int ep_frame_dead(const struct ep_frame *fr, uint64_t sp) { return fr->sp < sp; }
 
-EP_INLINE void ep_enter(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp, uint64_t site) {
-	uint32_t g;
-	struct ep_local *l = ep_lookup(th, key, &g);
-	if (unlikely(g == EP_NONE)) {
-		ADD(&ep.hdr->func_drop_enters, 1);
-		return;
+/* The process-wide generation (header.gen) stamped on a frame at its enter:
+ * hotpatch sets a function's ep_func.gen to a new value of it just before
+ * turning the function's probes on (D12, D29), so a frame is stale when its
+ * function's generation is newer than its own. */
+EP_INLINE uint32_t ep_gen_now(void) { return LOAD(&ep.hdr->gen); }
+
+EP_INLINE int ep_frame_stale(const struct ep_frame *fr) {
+	return (int32_t)((uint32_t)LOAD(&ep.funcs[fr->gidx].gen) - fr->gen) > 0;
+}
+
+/* ---- trace filters (EP_CTL_FILTER, D32) ---- */
+
+/* A call's event, unless a filter leaves it out; returns whether it went
+ * to the ring. */
+EP_INLINE int ep_trace_at(struct ep_thread *th, uint32_t ctl, uint32_t kind, uint64_t key, uint32_t depth) {
+	if (unlikely(ctl & EP_CTL_FILTER) && !ep_filter_pass(th, depth))
+		return 0;
+	ep_trace(th, kind, key);
+	return 1;
+}
+
+/* ---- quotas (EP_CTL_QUOTA, D31) ---- */
+
+/* A frame pushed for a call its quota did not let record (gidx EP_NONE): its
+ * exit records nothing, and it is never counted unmatched or open. */
+EP_INLINE int ep_frame_skip(const struct ep_frame *fr) { return fr->gidx == EP_NONE; }
+
+/* Take one of the function's quota_k calls of the current quota epoch:
+ * 1 if this call may record, 0 if the quota is used up. Exact across
+ * threads (CAS on one word per function); once the quota is used up, a call
+ * costs a load and a compare. A new epoch starts at the first call that
+ * finds the function's word of an older one. */
+EP_INLINE int ep_quota_take(struct ep_func *f) {
+	uint32_t epoch = LOAD(&ep.hdr->quota_epoch), k = LOAD(&ep.hdr->quota_k);
+	uint64_t q = LOAD(&f->quota);
+	for (;;) {
+		/* A newer epoch in the word than the one we read means our read is
+		 * stale (the reader moved on meanwhile): count in the word's. Only
+		 * an older word starts over, so a late thread never resets a
+		 * newer epoch's count. */
+		uint64_t n = (int32_t)((uint32_t)(q >> 32) - epoch) >= 0 ? q : (uint64_t)epoch << 32;
+		if ((uint32_t)n >= k)
+			return 0;
+		n++;
+		if (__atomic_compare_exchange_n(&f->quota, &q, n, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+			return 1;
 	}
-	if (likely(l != NULL))
-		OWN_ADD(&l->entries, 1);
-	else
-		ADD(&ep.funcs[g].entries, 1);
+}
+
+/* Sampled timing of the hooks while quotas are on (the profiler's estimate
+ * of its own cost, measured in the process): one hook in EP_HOOK_SAMPLE per
+ * thread. Returns the start tick of a sampled hook, else 0. */
+#define EP_HOOK_SAMPLE 64u
+EP_INLINE uint64_t ep_sample_start(struct ep_thread *th, uint32_t ctl) {
+	if (likely(!(ctl & EP_CTL_QUOTA)) || !ep.tsc)
+		return 0;
+	uint32_t left = th->sample_left;
+	if (left) {
+		th->sample_left = left - 1;
+		return 0;
+	}
+	th->sample_left = EP_HOOK_SAMPLE - 1;
+	return __rdtsc();
+}
+/* A sample longer than this many ticks was preempted or interrupted (no hook
+ * takes microseconds): left out rather than let it swamp the mean. */
+#define EP_SAMPLE_MAX_TICKS (1u << 16)
+EP_INLINE void ep_sample_end(struct ep_thread *th, uint64_t t0) {
+	if (unlikely(t0)) {
+		uint64_t t1 = __rdtsc();
+		if (t1 > t0 && t1 - t0 < EP_SAMPLE_MAX_TICKS) {
+			OWN_ADD(&th->hook_ticks, t1 - t0);
+			OWN_ADD(&th->hook_samples, 1);
+		}
+	}
+}
+
+/* The hot enter (D29): the function is in the thread's cache at its home
+ * entry, the shadow stack has room and no frame needs healing; then push its
+ * frame and return 1. Otherwise return 0 having written nothing: the caller
+ * takes ep_enter_slow (first sight of a function, a cache collision,
+ * healing, beyond the stack, no cache, no TSC), out of line so that the
+ * hooks keep few registers live. gen: header.gen, read with the control
+ * word. */
+EP_INLINE int ep_enter_fast(struct ep_thread *th, uint64_t key, uint32_t ctl, uint32_t gen, uint64_t sp,
+                            uint64_t site) {
+	uint32_t i = (uint32_t)(ep_hash(key) >> 40) & ep.lmask;
+	struct ep_local *l = ep_locals(th) + i;
 	uint32_t d = th->depth;
-	uint32_t top = d < ep.stack_depth ? d : ep.stack_depth;
-	if (unlikely(top && ep_frames(th)[top - 1].sp <= sp))
-		d = ep_heal(th, d, sp, site);
-	if (likely(d < ep.stack_depth)) {
-		struct ep_frame *fr = ep_frames(th) + d;
-		fr->fn = key;
-		fr->sp = sp;
-		fr->site = site;
-		fr->gidx = g;
-		fr->lidx = l ? (uint32_t)(l - ep_locals(th)) + 1 : 0;
-		fr->gen = (uint32_t)LOAD(&ep.funcs[g].gen);
-		fr->ts = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
-	} else {
-		/* deeper than the shadow stack: counted, untimed; its exit is
-		 * matched by nesting (ep_exit_slow) */
-		OWN_ADD(&th->stack_overflows, 1);
-		ADD(&ep.funcs[g].deep_entries, 1);
-	}
+	struct ep_frame *fr = ep_frames(th) + d;
+	if (unlikely(d >= ep.fast_depth || l->addr != key || (d && fr[-1].sp <= sp)))
+		return 0;
+	OWN_ADD(&l->entries, 1);
+	fr->fn = key;
+	fr->sp = sp;
+	fr->site = site;
+	fr->gidx = l->gidx;
+	fr->lidx = i + 1;
+	fr->gen = gen;
+	fr->ts = (ctl & EP_CTL_NOTIME) ? 0 : __rdtsc();
 	SIGFENCE();
 	STORE(&th->depth, d + 1);
-	if (unlikely(ctl & EP_CTL_TRACE))
-		ep_trace(th, EP_EV_ENTER, key);
+	return 1;
+}
+
+/* Any enter. Returns whether the thread's depth went up (a frame, stored or
+ * beyond the stack, awaits its exit). mark: push a skip frame for a call its
+ * quota does not let record (the exit hook will run anyway: cyg), rather
+ * than nothing (fentry: then its exit is not probed). */
+EP_INLINE int ep_enter(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp, uint64_t site, int mark) {
+	if (likely(!(ctl & EP_CTL_QUOTA) && ep_enter_fast(th, key, ctl, ep_gen_now(), sp, site))) {
+		if (unlikely(ctl & EP_CTL_TRACE))
+			ep_trace_at(th, ctl, EP_EV_ENTER, key, th->depth - 1);
+		return 1;
+	}
+	return ep_enter_slow(th, key, ctl, sp, site, mark);
 }
 
 #define EP_UNFRAMED_ORPHAN 1 /* no frame: probes switched on mid-call, a fork child's inherited frames */
@@ -394,29 +511,59 @@ EP_INLINE void ep_exit_frame(struct ep_thread *th, struct ep_frame *fr, uint64_t
 	if (likely(fr->lidx)) {
 		struct ep_local *l = ep_locals(th) + fr->lidx - 1;
 		OWN_ADD(&l->exits, 1);
-		if (timed)
+		if (timed) {
 			OWN_ADD(&l->sum_ns, ns);
+			ep_record_latency_hinted(&ep.funcs[fr->gidx], l, ns);
+		}
 	} else {
 		ADD(&ep.funcs[fr->gidx].exits, 1);
-		if (timed)
+		if (timed) {
 			ADD(&ep.funcs[fr->gidx].sum_ns, ns);
+			ep_record_latency(&ep.funcs[fr->gidx], ns);
+		}
 	}
-	if (timed)
-		ep_record_latency(&ep.funcs[fr->gidx], ns);
+}
+
+/* The hot exit (D29): the top frame is this function's, stored, counted in
+ * the thread's cache, and its generation is the process's (nothing was
+ * turned on since its enter; else ep_exit_slow compares it with the
+ * function's). Returns 0 having written nothing otherwise. Like
+ * ep_enter_fast, it applies only with a cache and the TSC (ep.fast_depth). */
+EP_INLINE int ep_exit_fast(struct ep_thread *th, uint64_t key, uint32_t ctl, uint32_t gen) {
+	uint32_t d = th->depth;
+	struct ep_frame *fr = ep_frames(th) + d - 1;
+	uint32_t li = fr->lidx;
+	if (unlikely(d - 1 >= ep.fast_depth || fr->fn != key || fr->gen != gen || !li))
+		return 0;
+	struct ep_local *l = ep_locals(th) + li - 1;
+	STORE(&th->depth, d - 1);
+	OWN_ADD(&l->exits, 1);
+	if (!(ctl & EP_CTL_NOTIME) && fr->ts) {
+		uint64_t now = __rdtsc(), ts = fr->ts;
+		uint64_t ns = now > ts ? ep_to_ns(now - ts) : 0;
+		OWN_ADD(&l->sum_ns, ns);
+		ep_record_latency_hinted(&ep.funcs[fr->gidx], l, ns);
+	}
+	return 1;
 }
 
 EP_INLINE void ep_exit(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp) {
-	uint64_t now = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
-	uint32_t d = th->depth;
-	struct ep_frame *fr = ep_frames(th) + d - 1;
-	if (likely(d - 1 < ep.stack_depth && fr->fn == key && fr->gen == (uint32_t)LOAD(&ep.funcs[fr->gidx].gen))) {
-		STORE(&th->depth, d - 1);
-		ep_exit_frame(th, fr, now);
-	} else {
-		ep_exit_slow(th, key, sp, now);
+	if (!ep_exit_fast(th, key, ctl, ep_gen_now())) {
+		uint64_t now = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
+		uint32_t d = th->depth;
+		struct ep_frame *fr = ep_frames(th) + d - 1;
+		if (d - 1 < ep.stack_depth && fr->fn == key && ep_frame_skip(fr)) {
+			ep_skip_exit(th, d);
+			return; /* nothing recorded, nothing traced */
+		} else if (d - 1 < ep.stack_depth && fr->fn == key && !ep_frame_stale(fr)) {
+			STORE(&th->depth, d - 1);
+			ep_exit_frame(th, fr, now);
+		} else {
+			ep_exit_slow(th, key, sp, now);
+		}
 	}
 	if (unlikely(ctl & EP_CTL_TRACE))
-		ep_trace(th, EP_EV_EXIT, key);
+		ep_trace_at(th, ctl, EP_EV_EXIT, key, th->depth);
 }
 
 #endif /* EDGEPROBE_INTERNAL_H */

@@ -153,8 +153,38 @@ EP_SHARED void ep_say(const char *msg, int err) {
  * per ring at the default 1024 threads; EDGEPROBE_RING_MAX sets it instead. */
 #define EP_RING_BUDGET (1ull << 30)
 
+/* The function table's state for ep_gfind (the layout is in edgeprobe_shm.h). */
+static uint64_t *ep_keys;     /* keys[max_funcs] */
+static uint32_t ep_ffirst;    /* slots of segment 0 */
+static uint32_t ep_fprobe;    /* max_probe */
+static uint32_t ep_fsegs_max; /* segments up to max_funcs */
+
+EP_STATIC uint32_t ep_log2(uint32_t v) { return 31u - (uint32_t)__builtin_clz(v); }
+
+/* The region's geometry for a table of nf slots (the cap) whose first
+ * segment has nf0: the fixed part (header, thread slots, rings), then the
+ * keys, then the counters, each 64-byte aligned; a whole number of pages. */
+struct ep_geom {
+	uint64_t thread_off, ring_off, keys_off, func_off, size;
+};
+
+EP_STATIC struct ep_geom ep_geometry(uint32_t nf, uint32_t nt, uint64_t tsize, uint64_t rstride) {
+	struct ep_geom g;
+	g.thread_off = EP_HEADER_SIZE;
+	g.ring_off = g.thread_off + (uint64_t)nt * tsize;
+	g.keys_off = (g.ring_off + (uint64_t)nt * rstride + 63) & ~63ull;
+	g.func_off = (g.keys_off + (uint64_t)nf * sizeof(uint64_t) + 63) & ~63ull;
+	g.size = (g.func_off + (uint64_t)nf * sizeof(struct ep_func) + 4095) & ~4095ull;
+	return g;
+}
+
 EP_STATIC int ep_make_region(void) {
-	uint32_t nf = ep_pow2(ep_env_u64("EDGEPROBE_MAX_FUNCS", EP_DEF_FUNCS, EP_MAX_FUNCS_CAP));
+	/* The function table's cap and first segment (D35): the cap only
+	 * reserves address space (untouched pages of a memfd cost nothing), so
+	 * it defaults to the largest; the first segment is what a program of
+	 * up to ~15,000 functions finds its keys in at the first probe. */
+	uint32_t nf = ep_pow2(ep_env_u64("EDGEPROBE_MAX_FUNCS", EP_MAX_FUNCS_CAP, EP_MAX_FUNCS_CAP));
+	uint32_t nf0 = ep_pow2(ep_env_u64("EDGEPROBE_FIRST_FUNCS", EP_DEF_FUNCS, EP_MAX_FUNCS_CAP));
 	uint32_t nt = (uint32_t)ep_env_u64("EDGEPROBE_MAX_THREADS", EP_DEF_THREADS, EP_MAX_THREADS_CAP);
 	uint64_t re = ep_env_u64("EDGEPROBE_RING_EVENTS", EP_DEF_RING, EP_MAX_RING_CAP);
 	uint32_t rdef = re ? ep_pow2(re) : 0; /* the size rings start with */
@@ -183,32 +213,20 @@ EP_STATIC int ep_make_region(void) {
 		if (nr < rdef)
 			nr = rdef;
 	}
+	if (nf0 > nf)
+		nf0 = nf;
 
 	uint64_t local_bytes = (uint64_t)nl * sizeof(struct ep_local);
 	uint64_t stack_off = (sizeof(struct ep_thread) + local_bytes + 63) & ~63ull;
 	uint64_t tsize = (stack_off + (uint64_t)sd * sizeof(struct ep_frame) + 63) & ~63ull;
 	uint64_t rstride = ((uint64_t)nr * sizeof(struct ep_event) + 63) & ~63ull;
-	uint64_t func_off = EP_HEADER_SIZE;
-	uint64_t thread_off = func_off + (uint64_t)nf * sizeof(struct ep_func);
-	uint64_t ring_off = thread_off + (uint64_t)nt * tsize;
-	uint64_t size = ring_off + (uint64_t)nt * rstride;
-	size = (size + 4095) & ~4095ull;
-	if (nr > rdef) {
-		/* Address space for the reserve (a process under RLIMIT_AS may not
-		 * have it): without it, rings of the start size only. */
-		void *probe = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-		if (probe == MAP_FAILED) {
-			nr = rdef;
-			rstride = ((uint64_t)nr * sizeof(struct ep_event) + 63) & ~63ull;
-			size = (ring_off + (uint64_t)nt * rstride + 4095) & ~4095ull;
-		} else {
-			munmap(probe, size);
-		}
-	}
-	if (size > EP_REGION_CAP || tsize > 0xffffffffull) {
+	struct ep_geom g = ep_geometry(nf, nt, tsize, rstride);
+	if (g.size > EP_REGION_CAP || tsize > 0xffffffffull) {
 		ep_say("limits give a region that is too large", 0);
 		return -1;
 	}
+	uint64_t thread_off = g.thread_off, ring_off = g.ring_off;
+	uint64_t size = g.size;
 
 	ep_calibrate();
 
@@ -221,32 +239,71 @@ EP_STATIC int ep_make_region(void) {
 		ep_say("cannot create the shared-memory file (memfd_create)", errno);
 		return -1;
 	}
-	if (ftruncate(fd, (off_t)size) != 0) {
-		ep_say("cannot size the shared-memory file", errno);
-		goto fail;
-	}
-	/* Pay for what is used: a memfd has no size limit of its own, so its
-	 * untouched pages cost nothing and a later page fault can only meet
-	 * the memory limits any allocation meets (no SIGBUS from a full
-	 * /dev/shm any more). EDGEPROBE_RESERVE=1 allocates every page now. */
-	if (ep_env_u64("EDGEPROBE_RESERVE", 0, 1)) {
-		int e = posix_fallocate(fd, 0, (off_t)size);
-		if (e != 0 && e != EOPNOTSUPP && e != ENOSYS && e != EINVAL) {
-			ep_say("cannot reserve the shared-memory file", e);
+	/* Address space for the whole cap and the rings' reserve. Where it is
+	 * limited (RLIMIT_AS), a smaller region rather than none: first rings
+	 * of the start size only (no capture-time growth), then the table's
+	 * cap halved down to the first segment. */
+	void *m = MAP_FAILED;
+	for (;;) {
+		if (ftruncate(fd, (off_t)size) != 0) {
+			ep_say("cannot size the shared-memory file", errno);
 			goto fail;
 		}
+		m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+		if (m != MAP_FAILED || errno != ENOMEM || (nf <= nf0 && nr <= rdef))
+			break;
+		if (nr > rdef) {
+			/* the rings' reserve goes first: rings of the start size */
+			nr = rdef;
+			rstride = ((uint64_t)nr * sizeof(struct ep_event) + 63) & ~63ull;
+		} else {
+			nf >>= 1;
+		}
+		g = ep_geometry(nf, nt, tsize, rstride);
+		thread_off = g.thread_off;
+		ring_off = g.ring_off;
+		size = g.size;
 	}
-	void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (m == MAP_FAILED) {
 		ep_say("cannot map the shared-memory file", errno);
 		goto fail;
 	}
+	/* A core dump reads every page of a shared mapping (and makes shmem
+	 * allocate the untouched ones): the table's reserve beyond its first
+	 * segment, up to 2.4 GiB, stays out of core dumps. */
+	if (nf > nf0) {
+		uint64_t k0 = (g.keys_off + (uint64_t)nf0 * sizeof(uint64_t) + 4095) & ~4095ull;
+		uint64_t f0 = (g.func_off + (uint64_t)nf0 * sizeof(struct ep_func) + 4095) & ~4095ull;
+		uint64_t fk = g.func_off & ~4095ull; /* the keys' end shares a page with the counters' start */
+		if (fk > k0)
+			madvise((char *)m + k0, fk - k0, MADV_DONTDUMP);
+		if (size > f0)
+			madvise((char *)m + f0, size - f0, MADV_DONTDUMP);
+	}
+	/* Pay for what is used: a memfd has no size limit of its own, so its
+	 * untouched pages cost nothing and a later page fault can only meet
+	 * the memory limits any allocation meets (no SIGBUS from a full
+	 * /dev/shm any more). EDGEPROBE_RESERVE=1 allocates the fixed part and
+	 * the function table's first segment now (the later segments are
+	 * address space until a program needs them). */
+	if (ep_env_u64("EDGEPROBE_RESERVE", 0, 1)) {
+		int e = posix_fallocate(fd, 0, (off_t)g.keys_off);
+		if (e == 0)
+			e = posix_fallocate(fd, (off_t)g.keys_off, (off_t)nf0 * (off_t)sizeof(uint64_t));
+		if (e == 0)
+			e = posix_fallocate(fd, (off_t)g.func_off, (off_t)nf0 * (off_t)sizeof(struct ep_func));
+		if (e != 0 && e != EOPNOTSUPP && e != ENOSYS && e != EINVAL) {
+			ep_say("cannot reserve the shared-memory file", e);
+			munmap(m, size);
+			goto fail;
+		}
+	}
 	if (nr > rdef) {
 		/* A core dump would read every reserved ring page (and make shmem
 		 * allocate it): the rings stay out of core dumps. */
-		uint64_t lo = (ring_off + 4095) & ~4095ull;
-		if (size > lo)
-			madvise((char *)m + lo, size - lo, MADV_DONTDUMP);
+		uint64_t lo = (ring_off + 4095) & ~4095ull, hi = g.keys_off & ~4095ull;
+		if (hi > lo)
+			madvise((char *)m + lo, hi - lo, MADV_DONTDUMP);
 	}
 
 	struct ep_header *h = m;
@@ -261,8 +318,11 @@ EP_STATIC int ep_make_region(void) {
 	h->tsc0 = ep_cal_tsc0;
 	h->mono0 = ep_cal_mono0;
 	h->real0 = ep_cal_real0;
-	h->func_off = func_off;
+	h->func_off = g.func_off;
 	h->max_funcs = nf;
+	h->keys_off = g.keys_off;
+	h->func_first = nf0;
+	h->func_segs = 1;
 	h->func_size = sizeof(struct ep_func);
 	h->thread_off = thread_off;
 	h->max_threads = nt;
@@ -279,7 +339,7 @@ EP_STATIC int ep_make_region(void) {
 	h->ring_def = rdef;
 	h->ring_req = rdef;
 	h->event_size = sizeof(struct ep_event);
-	h->max_probe = nf < EP_PROBE_LIMIT ? nf : EP_PROBE_LIMIT;
+	h->max_probe = nf0 < EP_PROBE_LIMIT ? nf0 : EP_PROBE_LIMIT;
 	h->calib_ns = ep_cal_ns;
 	h->init_mono = ep_mono_ns();
 	h->state = EP_STATE_RUNNING;
@@ -295,9 +355,13 @@ EP_STATIC int ep_make_region(void) {
 
 	ep.base = m;
 	ep.hdr = h;
-	ep.funcs = (struct ep_func *)((char *)m + func_off);
-	ep.fmask = nf - 1;
+	ep.funcs = (struct ep_func *)((char *)m + g.func_off);
+	ep.fmask = nf0 - 1;
 	ep.max_probe = h->max_probe;
+	ep_keys = (uint64_t *)((char *)m + g.keys_off);
+	ep_ffirst = nf0;
+	ep_fprobe = h->max_probe;
+	ep_fsegs_max = ep_log2(nf / nf0) + 1;
 	ep.nlocal = nl;
 	ep.lmask = nl ? nl - 1 : 0;
 	ep.stack_depth = sd;
@@ -310,6 +374,7 @@ EP_STATIC int ep_make_region(void) {
 	ep.ring_stride = rstride;
 	ep.tsc_mult = ep_cal_mult;
 	ep.tsc = ep_clock_is_tsc;
+	ep.fast_depth = nl && ep_clock_is_tsc ? sd : 0; /* the hooks' fast paths (D29) */
 	ep.size = size;
 	ep_region_pid = pid;
 
@@ -374,26 +439,47 @@ EP_SHARED_COLD void ep_count_early_drop(void) {
 
 /* ---- function table ---- */
 
-/* Find (or insert) key in the shared table; EP_NONE when it is full within
- * max_probe slots of the key's home. Insertion is one CAS on the key. */
+/* Find (or insert) key in the shared table and return its index, EP_NONE
+ * when every segment up to the cap is full along its probe sequence (the
+ * layout in edgeprobe_shm.h, D35). Insertion is one CAS on the key; a
+ * segment is counted in func_segs before a key is claimed in it. Lock-free
+ * and async-signal-safe: a hook interrupted anywhere here leaves the table
+ * consistent (a claimed key whose ep_func.addr copy is not written yet is
+ * repaired by the next find). Called on a miss of the thread's counter
+ * cache only, so the chain's length costs only those. */
 EP_SHARED uint32_t ep_gfind(uint64_t key, uint64_t h) {
-	uint32_t i = (uint32_t)(h >> 32);
-	for (uint32_t p = 0; p < ep.max_probe; p++) {
-		uint32_t j = (i + p) & ep.fmask;
-		struct ep_func *f = &ep.funcs[j];
-		uint64_t a = LOAD(&f->addr);
-		if (a == key)
-			return j;
-		if (a == 0) {
-			if (__atomic_compare_exchange_n(&f->addr, &a, key, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-				ADD(&ep.hdr->funcs_used, 1);
+	uint32_t base = 0, n = ep_ffirst;
+	for (uint32_t seg = 0;;) {
+		uint32_t home = (uint32_t)(h >> 32), mask = n - 1;
+		for (uint32_t p = 0; p < ep_fprobe; p++) {
+			uint32_t j = base + ((home + p) & mask);
+			uint64_t a = LOAD(&ep_keys[j]);
+			if (a == 0) {
+				if (__atomic_compare_exchange_n(&ep_keys[j], &a, key, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+					STORE(&ep.funcs[j].addr, key);
+					ADD(&ep.hdr->funcs_used, 1);
+					return j;
+				}
+			}
+			if (a == key) {
+				if (unlikely(LOAD(&ep.funcs[j].addr) != key))
+					STORE(&ep.funcs[j].addr, key); /* its claimer was interrupted for good */
 				return j;
 			}
-			if (a == key)
-				return j;
 		}
+		if (++seg >= ep_fsegs_max)
+			return EP_NONE;
+		/* The next segment: counted in use before we may claim in it, so a
+		 * reader that scans func_segs segments sees every key. */
+		uint32_t used = __atomic_load_n(&ep.hdr->func_segs, __ATOMIC_ACQUIRE);
+		while (used < seg + 1 &&
+		       !__atomic_compare_exchange_n(&ep.hdr->func_segs, &used, seg + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			;
+		if (seg > 1)
+			n <<= 1;
+		base = n;
+		h = (h ^ (h >> 29)) * EP_HASH_STEP;
 	}
-	return EP_NONE;
 }
 
 #if defined(__clang__)

@@ -8,13 +8,31 @@
  * mapped MAP_SHARED:
  *
  *   [0, 4096)                       struct ep_header
- *   [func_off, +max_funcs*func_size)     struct ep_func[max_funcs]   (hash table)
  *   [thread_off, +max_threads*thread_size) thread slots, each:
  *        struct ep_thread, then ep_local[local_funcs] at thread_local_off,
  *        then ep_frame[stack_depth] at thread_stack_off
  *   [ring_off, +max_threads*ring_stride)  ep_event[ring_events] per slot, of
  *        which the first ep_thread.ring_size are in use
+ *   [keys_off, +max_funcs*8)        uint64_t keys[max_funcs]: the function table's keys
+ *   [func_off, +max_funcs*func_size) struct ep_func[max_funcs]: their counters
  *   [maps_off, +maps_len)           output files only: a copy of /proc/self/maps
+ *
+ * The function table grows without moving (D35): it is a chain of segments
+ * of open-addressed slots, segment 0 holding func_first slots [0, func_first)
+ * and segment k >= 1 holding func_first << (k-1) slots from index
+ * func_first << (k-1), so that the segments are contiguous and max_funcs (a
+ * power of two, the cap) = func_first << (segments - 1). The file is sized
+ * for all of them at start-up and untouched pages cost nothing; func_segs
+ * counts the segments in use (only grows, CAS; slots beyond
+ * func_first << (func_segs - 1) are all empty). A key's probe sequence is
+ * max_probe slots from its home in segment 0, then max_probe slots from its
+ * home in segment 1, and so on: home_k = (h_k >> 32) & (slots_k - 1),
+ * h_0 = key * EP_HASH_MUL, h_(k+1) = (h_k ^ (h_k >> 29)) * EP_HASH_STEP. A key
+ * is claimed (CAS from 0) in the first empty slot of its sequence, a segment
+ * being counted in func_segs before any key is claimed in it; keys are never
+ * removed, so a key is found at the one slot it was claimed in, and a reader
+ * meeting an empty slot in the sequence knows the key is absent. An output
+ * file keeps only the segments in use (its max_funcs = the slots in use).
  *
  * All multi-byte fields are little-endian, naturally aligned, and every
  * section starts on a 64-byte boundary. Offsets and sizes are in the header;
@@ -35,10 +53,21 @@
                         * 3: ep_func.gen in place of the 64th histogram bucket, ep_frame.gen;
                         * 4: ep_frame.sp (exits match entries by stack position), ep_func.deep_*
                         *    in place of histogram buckets 61 and 62, ep_thread loss counters;
-                        * 5: header.argplan (argument / return-value capture, EP_CTL_ARGS),
-                        *    EP_EV_DATA records in the rings */
+                        * 5: the function table grows in segments (func_first, func_segs), its
+                        *    keys in their own array (keys_off), placed after the rings;
+                        *    header.argplan (argument / return-value capture, EP_CTL_ARGS),
+                        *    EP_EV_DATA records in the rings; rings sized per capture
+                        *    (ring_req, ring_def, ep_thread.ring_size); header.gen, ep_func.gen
+                        *    takes its values (an exit compares the frame's generation with
+                        *    one word on the control line); quotas: header.quota_k/quota_epoch,
+                        *    ep_func.quota in place of histogram bucket 60,
+                        *    ep_thread.quota_skips, hook_ticks, hook_samples; trace filters:
+                        *    header.filter_depth, filter_tid */
 #define EP_HEADER_SIZE 4096u
-#define EP_HIST_BUCKETS 61u /* bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2);
+/* The function table's hash (see the layout above). */
+#define EP_HASH_MUL 0x9E3779B97F4A7C15ull
+#define EP_HASH_STEP 0xBF58476D1CE4E5B9ull
+#define EP_HIST_BUCKETS 60u /* bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2);
                               * the last bucket also takes everything longer */
 
 /* Key namespace: __cyg_profile_func_enter_bare (clang) passes no function
@@ -63,6 +92,9 @@
 #define EP_CTL_TRACE 1u  /* append enter/exit events to the per-thread rings */
 #define EP_CTL_NOTIME 2u /* count only: no clock reads, no latency */
 #define EP_CTL_PAUSE 4u  /* record nothing (hooks return at once) */
+#define EP_CTL_QUOTA 8u  /* per-function quotas: at most quota_k recorded calls per quota_epoch */
+#define EP_CTL_FILTER 16u /* trace events only for calls within filter_depth and filter_tid */
+#define EP_FILTER_TIDS 8u
 /* With EP_CTL_TRACE: after the ENTER (EXIT) event of a fentry function that
  * has a plan in header.argplan, append an EP_EV_DATA record with the argument
  * (return-value) registers the plan names. A bit of its own, far from the
@@ -141,8 +173,8 @@ struct ep_header {
 	uint64_t mono0;        /* 56: CLOCK_MONOTONIC ns at tsc0 */
 	/* geometry */
 	uint64_t real0;            /* 64: CLOCK_REALTIME ns at mono0 */
-	uint64_t func_off;         /* 72 */
-	uint32_t max_funcs;        /* 80: hash-table slots, a power of two */
+	uint64_t func_off;         /* 72: ep_func[max_funcs] */
+	uint32_t max_funcs;        /* 80: function-table slots over every segment, a power of two */
 	uint32_t func_size;        /* 84 */
 	uint64_t thread_off;       /* 88 */
 	uint32_t max_threads;      /* 96 */
@@ -159,8 +191,8 @@ struct ep_header {
 	                            * capacity (version 5; its pages are touched only as far
 	                            * as the slot's ring_size reaches) */
 	uint32_t event_size;       /* 148 */
-	uint32_t max_probe;        /* 152: linear-probe limit in the function table */
-	uint32_t _pad0;            /* 156 */
+	uint32_t max_probe;        /* 152: linear-probe limit in each function-table segment */
+	uint32_t func_first;       /* 156: slots of the function table's segment 0, a power of two */
 	uint64_t calib_ns;         /* 160: length of the TSC calibration */
 	uint64_t maps_off;         /* 168: output files: offset of the /proc/self/maps copy, else 0 */
 	uint64_t maps_len;         /* 176 */
@@ -170,10 +202,20 @@ struct ep_header {
 	uint32_t fentry_mode; /* 196: EP_FENTRY_* (version 2) */
 	uint64_t exit_mono; /* 200: CLOCK_MONOTONIC ns at exit */
 	uint64_t exit_tsc;  /* 208: ticks at exit (check the calibration against exit_mono) */
-	uint64_t _pad2[5];  /* 216 */
+	uint64_t keys_off;  /* 216: uint64_t keys[max_funcs] (geometry, version 5) */
+	uint32_t func_segs; /* 224: function-table segments in use, >= 1 (grows by CAS) */
+	uint32_t _pad2a;    /* 228 */
+	uint64_t _pad2[3];  /* 232 */
 	/* control line: written by readers */
 	uint32_t control;    /* 256 */
-	uint32_t _pad3[13];  /* 260 */
+	uint32_t gen;        /* 260: process-wide generation (version 5): hotpatch adds 1 and stores
+	                      * the result in ep_func.gen of each function it is about to turn on */
+	uint32_t quota_k;     /* 264: EP_CTL_QUOTA: calls a function may record per quota epoch */
+	uint32_t quota_epoch; /* 268: the current quota epoch (a reader adds 1 to start the next) */
+	/* EP_CTL_FILTER (set by a capture before it turns tracing on) */
+	uint32_t filter_depth;                /* 272: trace calls at shadow-stack depth < this (0: any) */
+	int32_t filter_tid[EP_FILTER_TIDS];   /* 276: trace only these threads (first 0: every thread) */
+	uint32_t _pad3[1];                    /* 308 */
 	/* 312: the ring size (events, a power of two <= ring_events) a capture
 	 * asks for; each thread switches to it at its next event once its ring
 	 * is empty (ep_thread.ring_size). Version 5. */
@@ -181,7 +223,7 @@ struct ep_header {
 	uint32_t ring_def;   /* 316: the size rings start with (EDGEPROBE_RING_EVENTS) */
 	/* global counters (atomic RMW; only touched off the fast path) */
 	uint64_t funcs_used;       /* 320: distinct keys in the function table */
-	uint64_t func_drop_enters; /* 328: enters dropped: no table slot within max_probe */
+	uint64_t func_drop_enters; /* 328: enters dropped: no slot in any segment up to max_funcs */
 	uint64_t func_drop_exits;  /* 336 */
 	uint64_t threads_claimed;  /* 344: slot claims since start */
 	uint64_t threads_active;   /* 352 */
@@ -200,7 +242,7 @@ struct ep_header {
 
 /* One function (hash-table slot): 576 bytes. */
 struct ep_func {
-	uint64_t addr;      /* 0: key (runtime address); 0 = empty; set once by CAS */
+	uint64_t addr;      /* 0: a copy of keys[i] (the table), written after the claim; 0 = not yet */
 	uint64_t entries;   /* 8: enters counted here (threads without a local entry) */
 	uint64_t exits;     /* 16 */
 	uint64_t sum_ns;    /* 24: latency sum of exits counted here */
@@ -209,15 +251,20 @@ struct ep_func {
 	uint64_t orphans;   /* 48: exits with no matching enter on the thread's stack */
 	uint64_t unmatched; /* 56: frames found dead without their exit (longjmp, exceptions, toggles) */
 	uint64_t hist[EP_HIST_BUCKETS]; /* 64: log2 ns latency histogram (all threads) */
+	/* 544: quota state: quota_epoch << 32 | calls recorded in that epoch
+	 * (EP_CTL_QUOTA; CAS by the enter hooks of every thread) */
+	uint64_t quota;
 	/* 552: entries deeper than the shadow stack: counted, given no frame, untimed */
 	uint64_t deep_entries;
 	/* 560: exits of such frames (matched by nesting, untimed) */
 	uint64_t deep_exits;
-	/* 568: generation, bumped by a reader (hotpatch) just before it turns the
-	 * function's probes on. A frame remembers the generation it was pushed
-	 * in; an exit matches only a frame of the current one, because a frame
-	 * from before the probes were last off may be a call whose exit was never
-	 * seen, at the very stack depth of the call now exiting. */
+	/* 568: generation: a reader (hotpatch) about to turn the function's
+	 * probes on adds 1 to header.gen and stores the result here. A frame
+	 * remembers header.gen at its enter; an exit matches only a frame at
+	 * least as new as its function's generation, because a frame from before
+	 * the probes were last off may be a call whose exit was never seen, at
+	 * the very stack depth of the call now exiting. (Low 32 bits compared,
+	 * modulo 2^32.) */
 	uint64_t gen;
 };
 
@@ -243,10 +290,17 @@ struct ep_thread {
 	uint64_t deep_lost;       /* 96: frames deeper than the shadow stack found dead (functions unknown) */
 	uint64_t abandoned_hooks; /* 104: hooks that never finished (a signal handler longjmp'd out of one) */
 	uint64_t fentry_restored; /* 112: dead hijacked fentry frames whose return slot was given back */
-	uint64_t _pad1;           /* 120 */
+	uint64_t quota_skips;     /* 120: hooks that recorded nothing because their function's quota was used
+	                           * up (enters over the quota, and the exits of those calls) */
 	/* ring consumer line (readers) */
 	uint64_t ring_tail;       /* 128: events consumed; only a consuming reader writes it */
-	uint64_t _pad2[6];        /* 136 */
+	/* the owner's sampled timing of its own hooks while EP_CTL_QUOTA is on:
+	 * one hook in EP_HOOK_SAMPLE is timed from its start to its end (TSC) */
+	uint64_t hook_ticks;      /* 136: TSC ticks inside the sampled hooks */
+	uint64_t hook_samples;    /* 144: hooks sampled */
+	uint32_t sample_left;     /* 152: the owner's own: hooks until the next sampled one */
+	uint32_t _pad3;           /* 156 */
+	uint64_t _pad2[3];        /* 160 */
 	/* 184: events this slot's ring holds now (a power of two <= ring_events;
 	 * 0: not used yet). Written by the owner only while the ring is empty,
 	 * before the head that publishes an event written with it (version 5);
@@ -260,7 +314,7 @@ struct ep_thread {
 struct ep_local {
 	uint64_t addr;    /* 0: key, 0 = empty */
 	uint32_t gidx;    /* 8: index of the function in the table */
-	uint32_t _pad0;   /* 12 */
+	uint32_t hint;    /* 12: the owner's own: histogram bucket of its last latency (a branch hint) */
 	uint64_t entries; /* 16 */
 	uint64_t exits;   /* 24 */
 	uint64_t sum_ns;  /* 32 */
@@ -277,7 +331,7 @@ struct ep_frame {
 	                * position with the same site is dead (inlined callees share positions) */
 	uint32_t gidx; /* 32 */
 	uint32_t lidx; /* 36: local index + 1, or 0 when counted in ep_func */
-	uint32_t gen;  /* 40: the function's generation at enter (low 32 bits) */
+	uint32_t gen;  /* 40: header.gen at enter */
 	uint32_t pad;  /* 44 */
 };
 

@@ -145,9 +145,20 @@ EP_SHARED_COLD int ep_busy_live(struct ep_thread *th, uint64_t here) {
 EP_SHARED_COLD void ep_pop_unmatched(struct ep_thread *th, uint32_t from, uint32_t to) {
 	struct ep_frame *fr = ep_frames(th);
 	for (uint32_t j = from; j > to; j--) {
+		if (ep_frame_skip(&fr[j - 1]))
+			continue; /* a call its quota did not record: nothing to balance */
 		ADD(&ep.funcs[fr[j - 1].gidx].unmatched, 1);
 		OWN_ADD(&th->unmatched, 1);
 	}
+}
+
+/* The exit of the skip frame at depth k (k - 1 is its index): frames above
+ * it lost their exits; the call itself records nothing. */
+EP_SHARED_COLD void ep_skip_exit(struct ep_thread *th, uint32_t k) {
+	if (th->depth > k)
+		ep_pop_unmatched(th, th->depth < ep.stack_depth ? th->depth : ep.stack_depth, k);
+	STORE(&th->depth, k - 1);
+	OWN_ADD(&th->quota_skips, 1);
 }
 
 /* Pop the shadow frames at depth >= lo: those stored counted unmatched, those
@@ -194,6 +205,8 @@ EP_SHARED_COLD uint32_t ep_heal(struct ep_thread *th, uint32_t d, uint64_t sp, u
 	}
 	for (uint32_t i = k; i > j; i--) {
 		STORE(&th->depth, i - 1);
+		if (ep_frame_skip(&fr[i - 1]))
+			continue;
 		ADD(&ep.funcs[fr[i - 1].gidx].unmatched, 1);
 		OWN_ADD(&th->unmatched, 1);
 	}
@@ -254,8 +267,12 @@ EP_SHARED_COLD void ep_exit_slow(struct ep_thread *th, uint64_t key, uint64_t sp
 		STORE(&th->depth, k);
 	}
 	struct ep_frame *fr = frs + k - 1;
+	if (ep_frame_skip(fr)) {
+		ep_skip_exit(th, k);
+		return;
+	}
 	STORE(&th->depth, k - 1);
-	if (unlikely(fr->gen != (uint32_t)LOAD(&ep.funcs[fr->gidx].gen))) {
+	if (unlikely(ep_frame_stale(fr))) {
 		/* pushed before the probes were last turned on: that call's exit was
 		 * missed and this exit belongs to a call entered unseen */
 		ep_pop_unmatched(th, k, k - 1);
@@ -263,6 +280,71 @@ EP_SHARED_COLD void ep_exit_slow(struct ep_thread *th, uint64_t key, uint64_t sp
 		return;
 	}
 	ep_exit_frame(th, fr, now);
+}
+
+/* Every enter the inlined ep_enter does not take (edgeprobe_internal.h): the
+ * function not at its home entry of the thread's cache (first sight, a
+ * collision, no cache), frames to heal, the shadow stack full. */
+EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp, uint64_t site, int mark) {
+	uint32_t g;
+	struct ep_local *l = ep_lookup(th, key, &g);
+	if (unlikely(g == EP_NONE)) {
+		ADD(&ep.hdr->func_drop_enters, 1);
+		return 0;
+	}
+	if (unlikely(ctl & EP_CTL_QUOTA) && !ep_quota_take(&ep.funcs[g])) {
+		/* over its quota: record nothing; a cyg call gets a skip frame so
+		 * that its exit records nothing either (beyond the shadow stack
+		 * there is no frame to mark: such a call is recorded, D31) */
+		uint32_t d = th->depth;
+		uint32_t top = d < ep.stack_depth ? d : ep.stack_depth;
+		if (top && ep_frames(th)[top - 1].sp <= sp)
+			d = ep_heal(th, d, sp, site);
+		if (d < ep.stack_depth) {
+			OWN_ADD(&th->quota_skips, 1);
+			if (!mark)
+				return 0;
+			struct ep_frame *fr = ep_frames(th) + d;
+			fr->fn = key;
+			fr->sp = sp;
+			fr->site = site;
+			fr->gidx = EP_NONE;
+			fr->lidx = 0;
+			fr->gen = ep_gen_now();
+			fr->ts = 0;
+			SIGFENCE();
+			STORE(&th->depth, d + 1);
+			return 1;
+		}
+	}
+	if (likely(l != NULL))
+		OWN_ADD(&l->entries, 1);
+	else
+		ADD(&ep.funcs[g].entries, 1);
+	uint32_t d = th->depth;
+	uint32_t top = d < ep.stack_depth ? d : ep.stack_depth;
+	if (top && ep_frames(th)[top - 1].sp <= sp)
+		d = ep_heal(th, d, sp, site);
+	if (likely(d < ep.stack_depth)) {
+		struct ep_frame *fr = ep_frames(th) + d;
+		fr->fn = key;
+		fr->sp = sp;
+		fr->site = site;
+		fr->gidx = g;
+		fr->lidx = l ? (uint32_t)(l - ep_locals(th)) + 1 : 0;
+		fr->gen = ep_gen_now();
+		fr->ts = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();
+	} else {
+		/* deeper than the shadow stack: counted, untimed; its exit is
+		 * matched by nesting (ep_exit_slow) */
+		OWN_ADD(&th->stack_overflows, 1);
+		ADD(&ep.funcs[g].deep_entries, 1);
+	}
+	SIGFENCE();
+	STORE(&th->depth, d + 1);
+	if (unlikely(ctl & EP_CTL_TRACE))
+		ep_trace_at(th, ctl, EP_EV_ENTER, key, d);
+	return 1;
 }
 
 /* Entry without an exit probe: count (and trace) it, push nothing. deep: it
@@ -274,6 +356,10 @@ EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, 
 		ADD(&ep.hdr->func_drop_enters, 1);
 		return;
 	}
+	if (unlikely(ctl & EP_CTL_QUOTA) && !ep_quota_take(&ep.funcs[g])) {
+		OWN_ADD(&th->quota_skips, 1);
+		return;
+	}
 	if (l)
 		OWN_ADD(&l->entries, 1);
 	else
@@ -281,7 +367,28 @@ EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, 
 	if (deep)
 		ADD(&ep.funcs[g].deep_entries, 1);
 	if (ctl & EP_CTL_TRACE)
-		ep_trace(th, EP_EV_ENTER, key);
+		ep_trace_at(th, ctl, EP_EV_ENTER, key, th->depth);
+}
+
+/* ---- trace filters (D32) ---- */
+
+/* Whether an event of this thread at shadow-stack depth may go to its
+ * ring: a capture's depth and thread filters. */
+EP_SHARED_COLD int ep_filter_pass(struct ep_thread *th, uint32_t depth) {
+	uint32_t md = LOAD(&ep.hdr->filter_depth);
+	if (md && depth >= md)
+		return 0;
+	if (!LOAD(&ep.hdr->filter_tid[0]))
+		return 1;
+	int32_t tid = th->tid;
+	for (uint32_t i = 0; i < EP_FILTER_TIDS; i++) {
+		int32_t t = LOAD(&ep.hdr->filter_tid[i]);
+		if (t == tid)
+			return 1;
+		if (!t)
+			break;
+	}
+	return 0;
 }
 
 /* ---- thread exit ---- */

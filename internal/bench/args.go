@@ -109,7 +109,8 @@ func (h *Harness) RunArgs(ctx context.Context) error {
 		}
 		sec.Rows = append(sec.Rows, row)
 	}
-	sec.Foot = "Ratios are of medians within this run. A char * argument costs a `process_vm_readv` of 64 bytes per call (the copy that cannot fault the process); integer and SSE registers are stores into the ring."
+	sec.Foot = "Ratios are of medians within this run. A char * argument costs a `process_vm_readv` of 64 bytes per call (the copy that cannot fault the process); integer and SSE registers are stores into the ring. " +
+		"The rings are fresh in each run, so the traced figures include the first touch of every ring page the run writes (an argument record takes 2-4 cells beside the event's one): what a capture pays until its rings have wrapped once."
 	h.Rep.Add(sec)
 	return nil
 }

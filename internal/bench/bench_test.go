@@ -180,6 +180,22 @@ func TestArgsRow(t *testing.T) {
 	requireKeys(t, h, "args.timing", "args.trace", "args.args", "args.args_str", "args_ratio.args")
 }
 
+// TestRegionRow: the row runs, and an idle preloaded process meets the
+// region memory goal (the row itself checks what was recorded).
+func TestRegionRow(t *testing.T) {
+	h := harness(t, "region")
+	requireKeys(t, h, "region.idle_kib", "region.all20k_kib")
+	if a, _ := h.Rep.Values["region.idle_allocated_kib"].(float64); a > RegionGoalKiB {
+		t.Errorf("idle region's file holds %v KiB after the row's reads (goal <= %d)", a, RegionGoalKiB)
+	}
+	idle, _ := h.Rep.Values["region.idle_kib"].(float64)
+	all, _ := h.Rep.Values["region.all20k_kib"].(float64)
+	t.Logf("region resident: idle %v KiB, all enabled %v KiB", idle, all)
+	if idle > RegionGoalKiB || all <= idle {
+		t.Errorf("region resident idle %v KiB (goal <= %d), all enabled %v KiB", idle, RegionGoalKiB, all)
+	}
+}
+
 func TestThroughputRow(t *testing.T) {
 	h := harness(t, "throughput")
 	requireKeys(t, h, "throughput_ratio.1k", "throughput_ratio.max")

@@ -73,7 +73,7 @@ func Tiny() Config {
 }
 
 // Rows in run order.
-var Rows = []string{"toggle", "invoke", "provider", "batch", "throughput", "micro", "attach", "first", "cli", "session", "args"}
+var Rows = []string{"toggle", "invoke", "provider", "batch", "throughput", "micro", "attach", "first", "cli", "session", "args", "region"}
 
 // Harness runs the rows and collects the report.
 type Harness struct {
@@ -168,7 +168,7 @@ func (h *Harness) Run(ctx context.Context) {
 	fns := map[string]func(context.Context) error{
 		"toggle": h.RunToggle, "invoke": h.RunInvoke, "provider": h.RunProvider, "batch": h.RunBatch,
 		"throughput": h.RunThroughput, "micro": h.RunMicro, "attach": h.RunAttach, "first": h.RunFirstRecord, "cli": h.RunCLI,
-		"session": h.RunSession, "args": h.RunArgs,
+		"session": h.RunSession, "args": h.RunArgs, "region": h.RunRegion,
 	}
 	for _, r := range Rows {
 		if h.Cfg.Rows != nil && !h.Cfg.Rows[r] {

@@ -120,13 +120,23 @@ func firstLine(s string) string {
 // runPlain runs a micro binary to completion (optionally with a preload of
 // the runtime, whose counts are then read back).
 func (h *Harness) runPlain(ctx context.Context, bin string, n int64, env []string, withRuntime bool) (microRun, error) {
+	return h.runPlainMode(ctx, bin, n, "", env, withRuntime)
+}
+
+// runPlainMode is runPlain with micro.c's second argument (mode "tsc": the
+// loop calls empty_tsc(), one rdtsc more per call).
+func (h *Harness) runPlainMode(ctx context.Context, bin string, n int64, mode string, env []string, withRuntime bool) (microRun, error) {
 	var outFile string
 	if withRuntime {
 		outFile = tempFile(h.B.Dir, "ep-out-*")
 		defer os.Remove(outFile)
 		env = append(env, "LD_PRELOAD="+h.Runtime, "EDGEPROBE_OUTPUT="+outFile, "EDGEPROBE_QUIET=1")
 	}
-	cmd := exec.CommandContext(ctx, bin, strconv.FormatInt(n, 10))
+	args := []string{strconv.FormatInt(n, 10)}
+	if mode != "" {
+		args = append(args, mode)
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.Output()
 	if err != nil {

@@ -23,6 +23,7 @@ var RequiredKeys = []string{
 	"provider_cost.cyg_glibc", "provider_cost.cyg_runtime_count", "provider_cost.fentry_glibc",
 	"provider_cost.fentry_runtime_entry",
 	"cli.help", "cli.toggle_list", "cli.toggle_scan", "cli_ratio.toggle_list", "cli_ratio.toggle_scan",
+	"region.idle_kib", "region.all20k_kib",
 }
 
 // Meta says where and how the report was made.

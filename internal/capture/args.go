@@ -142,7 +142,7 @@ func planArgs(pid int, targets []*hotpatch.Target, sites []hotpatch.SiteResult, 
 		notes = append(notes, name+": no DWARF describes this function (build with -g): its arguments are not recorded")
 	}
 	if len(funcs) == 0 {
-		return nil, notes, fmt.Errorf("--args/--retval matched no enabled fentry function with DWARF%s: %w", joinNotes(notes), ErrArgs)
+		return nil, notes, fmt.Errorf("--args/--retval matched no fentry function with DWARF%s: %w", joinNotes(notes), ErrArgs)
 	}
 	if len(funcs) > shm.ArgPlans {
 		return nil, notes, fmt.Errorf("--args/--retval matched %d functions; a capture records the arguments of at most %d: %w", len(funcs), shm.ArgPlans, ErrArgs)
@@ -300,4 +300,29 @@ func missingRet(f *argFunc, why string) *calltrace.Value {
 		return nil
 	}
 	return &calltrace.Value{Type: t.Name, Kind: calltrace.Missing, Note: why}
+}
+
+// probeSites lists, as sites, every probe of the targets whose function one
+// of pats names (globs; checked by planArgs), on or off.
+func probeSites(targets []*hotpatch.Target, pats []string) []hotpatch.SiteResult {
+	var out []hotpatch.SiteResult
+	for _, t := range targets {
+		for i := 0; i < t.List.Len(); i++ {
+			p, err := t.Probe(i)
+			if err != nil {
+				continue // not in the process's mappings: no hook can run there
+			}
+			match := false
+			for _, pat := range pats {
+				if ok, _ := path.Match(pat, p.Function); ok {
+					match = true
+				}
+			}
+			if match {
+				out = append(out, hotpatch.SiteResult{Object: t.Object.Path, Function: p.Function, Provider: p.Provider,
+					Address: "0x" + strconv.FormatUint(t.Object.Runtime(uint64(p.Address)), 16)})
+			}
+		}
+	}
+	return out
 }

@@ -93,8 +93,8 @@ func checkLiveArgs(t *testing.T, spec testutil.Spec) {
 	}
 	checked, values := map[string]int{}, 0
 	for _, e := range trace.TraceEvents {
-		if e.Ph != "X" || !strings.HasPrefix(e.Name, "t_") {
-			continue
+		if e.Ph != "X" || !strings.HasPrefix(e.Name, "t_") || e.Args["still_running"] != "" {
+			continue // a call the capture's end cut has no return value
 		}
 		id := e.Args["id"]
 		if id == "" {
@@ -235,8 +235,8 @@ func TestTraceArgsPerfettoReplay(t *testing.T) {
 	calls, values := 0, 0
 	for _, line := range strings.Split(rp.Stdout, "\n") {
 		_, call, ok := strings.Cut(line, "] | ")
-		if !ok || !strings.HasPrefix(call, "t_") {
-			continue
+		if !ok || !strings.HasPrefix(call, "t_") || strings.HasSuffix(call, " {") || strings.Contains(call, "/* still running") {
+			continue // a call with traced callees (its return is on its closing line), or cut by the capture's end
 		}
 		open := strings.IndexByte(call, '(')
 		closeAt := strings.LastIndex(call, ") = ")
@@ -328,6 +328,89 @@ func leaves(s string) []string {
 		out = append(out, leaves(v)...)
 	}
 	return out
+}
+
+// TestTraceArgsRingFull: an argument record the ring can never hold (t_many's
+// 8 cells in an 8-cell ring that also holds the entry) is dropped and
+// counted, and every call the trace keeps says its arguments were not
+// recorded and why, naming the flag that keeps them.
+func TestTraceArgsRingFull(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.Runtime(t, "gcc")
+	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
+	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path, filepath.Join(t.TempDir(), "calls.log"))
+	out := filepath.Join(t.TempDir(), "trace.json")
+	r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_many", "--args", "t_many", "--retval", "t_many",
+		"--duration", "60s", "--max-calls", "20", "--ring-events", "8", "-o", out, "--json")
+	p.Finish()
+	var sum struct {
+		Dropped uint64 `json:"dropped_events"`
+	}
+	if err := json.Unmarshal([]byte(r.Stdout), &sum); err != nil {
+		t.Fatal(err)
+	}
+	var trace struct {
+		TraceEvents []struct {
+			Name string            `json:"name"`
+			Ph   string            `json:"ph"`
+			Args map[string]string `json:"args"`
+		} `json:"traceEvents"`
+	}
+	raw, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &trace); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	for _, e := range trace.TraceEvents {
+		if e.Ph != "X" || e.Name != "t_many" {
+			continue
+		}
+		calls++
+		for _, a := range []string{"a1", "a6", "a14"} {
+			if v := e.Args[a]; !strings.HasPrefix(v, "?(not recorded: the trace ring had no room") || !strings.Contains(v, "--ring-events") {
+				t.Fatalf("t_many %s = %q with an 8-event ring", a, v)
+			}
+		}
+	}
+	if calls < 20 || sum.Dropped < uint64(calls) {
+		t.Fatalf("%d calls, %d events dropped: want 20 calls and a dropped record for each", calls, sum.Dropped)
+	}
+}
+
+// TestTraceArgsWhatIsOn: without --enable, --args records the functions
+// whose probes are on already.
+func TestTraceArgsWhatIsOn(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.Runtime(t, "gcc")
+	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
+	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	logFile := filepath.Join(t.TempDir(), "calls.log")
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path, logFile)
+	run(t, "--pid", fmt.Sprint(p.Pid), "--enable", "t_dmul")
+	r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--args", "t_dmul", "--retval", "t_dmul", "--duration", "60s", "--max-calls", "10", "--format", "text")
+	p.Finish()
+	logged := loggedCalls(t, logFile)
+	line := regexp.MustCompile(`\| t_dmul\((x=[^,]+), (y=[^,]+), id=(\d+)\) = ([^;]+);`)
+	n := 0
+	for _, m := range line.FindAllStringSubmatch(r.Stdout, -1) {
+		want := logged["t_dmul#"+m[3]]
+		if len(want) != 4 || !sameReplayed(t, strings.TrimPrefix(m[1], "x="), strings.TrimPrefix(want[0], "x=")) ||
+			!sameReplayed(t, strings.TrimPrefix(m[2], "y="), strings.TrimPrefix(want[1], "y=")) || !sameReplayed(t, m[4], strings.TrimPrefix(want[3], "=")) {
+			t.Errorf("traced %q, the program logged %q", m[0], want)
+		}
+		n++
+	}
+	if n < 10 {
+		t.Fatalf("%d t_dmul calls with arguments in:\n%s", n, r.Stdout)
+	}
 }
 
 // TestTraceArgsCyg: --args on a cyg probe says what it can record and why

@@ -27,8 +27,16 @@ type Options struct {
 	// limit): a hot function makes millions of events a second, and the
 	// capture is held in memory.
 	MaxCalls int
-	// Args and Retval (trace only): globs over the names of enabled fentry
-	// functions whose arguments / return values the trace records.
+	// Filters enforced by the runtime while a trace runs (D32): only calls
+	// at probed-call depth below MaxDepth (0: any), only the threads in Tids
+	// (none: every thread), and at most Rate calls per function per second
+	// (0: no limit; counted calls too are limited while it runs).
+	MaxDepth int
+	Tids     []int
+	Rate     uint64
+	// Args and Retval (trace only): globs over the names of fentry functions
+	// whose arguments / return values the trace records (among those
+	// Selectors enable; without Selectors, whichever are on).
 	Args, Retval []string
 	// RingEvents (trace only): the size of every thread's event ring for
 	// the capture, a power of two (0: the process's default); rings take it
@@ -45,6 +53,8 @@ type session struct {
 	hp      *hotpatch.Session
 	sym     *report.Symbolizer
 	enabled *hotpatch.Result
+	quota   bool // the capture turned the runtime's quotas on: off again at close
+	filter  bool // the capture turned the runtime's trace filters on: off again at close
 }
 
 func open(ctx context.Context, o Options) (*session, error) {
@@ -73,17 +83,25 @@ func open(ctx context.Context, o Options) (*session, error) {
 		s.close(ctx)
 		return nil, err
 	}
-	if len(o.Selectors) > 0 {
-		actions := make([]hotpatch.Action, len(o.Selectors))
-		for i, sel := range o.Selectors {
-			actions[i] = hotpatch.Action{Enable: true, Selector: sel}
-		}
-		if s.enabled, err = s.hp.Apply(ctx, actions, hotpatch.ProtoAuto, 0); err != nil {
-			s.close(ctx)
-			return nil, err
-		}
+	if err := s.enable(ctx, o.Selectors); err != nil {
+		s.close(ctx)
+		return nil, err
 	}
 	return s, nil
+}
+
+// enable turns on the probes sels select; close restores them.
+func (s *session) enable(ctx context.Context, sels []probelist.Selector) error {
+	if len(sels) == 0 {
+		return nil
+	}
+	actions := make([]hotpatch.Action, len(sels))
+	for i, sel := range sels {
+		actions[i] = hotpatch.Action{Enable: true, Selector: sel}
+	}
+	var err error
+	s.enabled, err = s.hp.Apply(ctx, actions, hotpatch.ProtoAuto, 0)
+	return err
 }
 
 // close restores the probes it enabled, detaches and unmaps. Restoring must
@@ -92,6 +110,20 @@ func (s *session) close(context.Context) error {
 	var err error
 	if s.enabled != nil {
 		err = s.hp.Restore(context.Background(), s.enabled)
+	}
+	if s.quota {
+		// after the restore: calls made until then stay within their quota
+		if qerr := s.region.SetControl(0, shm.CtlQuota); err == nil {
+			err = qerr
+		}
+	}
+	if s.filter {
+		if ferr := s.region.SetControl(0, shm.CtlFilter); err == nil {
+			err = ferr
+		}
+		if ferr := s.region.SetFilter(0, nil); err == nil {
+			err = ferr
+		}
 	}
 	if cerr := s.hp.Close(); err == nil {
 		err = cerr

@@ -148,8 +148,12 @@ func TestProfile(t *testing.T) {
 			Name    string `json:"name"`
 			Entries uint64 `json:"entries"`
 		} `json:"functions"`
-		Epochs  int    `json:"epochs"`
-		Toggles uint64 `json:"toggles"`
+		Epochs      int     `json:"epochs"`
+		Toggles     uint64  `json:"toggles"`
+		Hooks       uint64  `json:"hooks"`
+		HitCostNs   float64 `json:"hit_cost_ns"`
+		HitCostFrom string  `json:"hit_cost_from"`
+		Slowdown    float64 `json:"estimated_slowdown"`
 	}
 	if err := json.Unmarshal([]byte(r.Stdout), &res); err != nil {
 		t.Fatalf("%v: %q", err, r.Stdout)
@@ -163,6 +167,15 @@ func TestProfile(t *testing.T) {
 	}
 	if got["work"] < 200 || got["leaf"] < 200 {
 		t.Errorf("work %d and leaf %d calls, want at least one epoch's quota each", got["work"], got["leaf"])
+	}
+	// the quota is enforced at the hook: never more than K per epoch
+	for name, n := range got {
+		if n > 200*uint64(res.Epochs) {
+			t.Errorf("%s recorded %d calls in %d epochs of quota 200", name, n, res.Epochs)
+		}
+	}
+	if res.HitCostNs <= 0 || !strings.HasPrefix(res.HitCostFrom, "measured in the target") || res.Hooks == 0 || res.Slowdown <= 0 {
+		t.Errorf("hit cost %.1f ns (%s), %d hooks, slowdown %.4f: want a cost measured in the target", res.HitCostNs, res.HitCostFrom, res.Hooks, res.Slowdown)
 	}
 	top, err := exec.Command("go", "tool", "pprof", "-top", out).CombinedOutput()
 	if err != nil || !strings.Contains(string(top), "work") || !strings.Contains(string(top), "leaf") {

@@ -3,6 +3,7 @@ package capture
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
@@ -17,8 +18,9 @@ type ProfileOptions struct {
 	Options
 	Samples uint64        // K: calls a function may record per epoch
 	Epoch   time.Duration // E
-	// HitCostNs is the cost of one probed call (entry and exit, timed) used
-	// to estimate the slowdown; `make bench` measures it as invoke.runtime.
+	// HitCostNs, if positive, is the cost of one hook used to estimate the
+	// slowdown; 0 means the cost the runtime measured in the target while
+	// the profile ran (its hooks sampled, D31).
 	HitCostNs float64
 }
 
@@ -30,26 +32,43 @@ type ProfileResult struct {
 	TogglesPerSec float64
 	Duration      time.Duration
 	Calls         uint64        // probed calls recorded
+	Hooks         uint64        // hooks that ran: entries and exits recorded, and those the quotas skipped
 	TargetCPU     time.Duration // CPU time the target used meanwhile (all threads)
-	Slowdown      float64       // estimated: Calls x HitCostNs / TargetCPU
+	HitCostNs     float64       // the cost of one hook the estimate used
+	HitCostFrom   string        // where it comes from
+	Slowdown      float64       // estimated: Hooks x HitCostNs / TargetCPU
 }
 
 // quota is one function under the profiler's control.
 type quota struct {
 	actions []hotpatch.Action // its selected sites, by id
 	off     bool
-	base    uint64 // entries at the start of the epoch
+}
+
+// hookTotals are the runtime's per-thread hook accounting, summed.
+type hookTotals struct{ ticks, samples, skips uint64 }
+
+func hooksOf(r *shm.Region) hookTotals {
+	var h hookTotals
+	for _, t := range r.Threads() {
+		h.ticks += t.HookTicks
+		h.samples += t.HookSamples
+		h.skips += t.QuotaSkips
+	}
+	return h
 }
 
 // Profile runs the bursty latency profiler for o.Duration.
 func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err error) {
-	if o.Samples == 0 || o.Epoch <= 0 {
-		return nil, fmt.Errorf("profile needs a positive sample quota and epoch")
+	if o.Samples == 0 || o.Samples > math.MaxUint32 || o.Epoch <= 0 {
+		return nil, fmt.Errorf("profile needs a sample quota of 1..%d and a positive epoch", uint32(math.MaxUint32))
 	}
-	if len(o.Selectors) == 0 {
+	sels := o.Selectors
+	if len(sels) == 0 {
 		all, _ := probelist.ParseSelector("*", "")
-		o.Selectors = []probelist.Selector{all}
+		sels = []probelist.Selector{all}
 	}
+	o.Selectors = nil // enabled below, once the quotas are on
 	s, err := open(ctx, o.Options)
 	if err != nil {
 		return nil, err
@@ -59,8 +78,26 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 			err = cerr
 		}
 	}()
-	quotas := functionsOf(s)
+	// The runtime enforces the quota at the hook (D31): at most K recorded
+	// calls per function per epoch, exactly, however late we look. Turning
+	// a full function's probes off until the next epoch only saves the
+	// target the cost of its skipped calls.
 	before := byAddr(s.region.Functions())
+	hooks0 := hooksOf(s.region)
+	if err := s.region.SetQuota(uint32(o.Samples)); err != nil {
+		return nil, err
+	}
+	if _, err := s.region.NextQuotaEpoch(); err != nil {
+		return nil, err
+	}
+	if err := s.region.SetControl(shm.CtlQuota, 0); err != nil {
+		return nil, err
+	}
+	s.quota = true
+	if err := s.enable(ctx, sels); err != nil {
+		return nil, err
+	}
+	quotas := functionsOf(s)
 	cpu0, err := cpuTime(o.PID)
 	if err != nil {
 		return nil, err
@@ -68,6 +105,7 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 	res = &ProfileResult{}
 	start := time.Now()
 	epochStart := time.Time{}
+	epoch := s.region.QuotaEpoch()
 	// Twenty looks per epoch, but at least ten a second: the quota is
 	// enforced between looks, so a long epoch must not mean a late one.
 	poll := min(max(o.Epoch/20, time.Millisecond), 100*time.Millisecond)
@@ -93,13 +131,18 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 		}
 	}
 	ticker(ctx, o.Duration, poll, o.Progress, func(elapsed time.Duration) string {
-		now := byAddr(s.region.Functions())
 		if epochStart.IsZero() || time.Since(epochStart) >= o.Epoch {
+			if !epochStart.IsZero() {
+				e, err := s.region.NextQuotaEpoch()
+				if err != nil && loopErr == nil {
+					loopErr = err
+				}
+				epoch = e
+			}
 			epochStart = time.Now()
 			res.Epochs++
 			var back []*quota
-			for addr, q := range quotas {
-				q.base = now[addr].Entries
+			for _, q := range quotas {
 				if q.off {
 					back = append(back, q)
 				}
@@ -108,7 +151,7 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 		}
 		var full []*quota
 		for addr, q := range quotas {
-			if !q.off && now[addr].Entries-q.base >= o.Samples {
+			if e, used, ok := s.region.QuotaUsed(addr); ok && !q.off && e == epoch && uint64(used) >= o.Samples {
 				full = append(full, q)
 			}
 		}
@@ -126,14 +169,25 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 	res.TargetCPU = cpu1 - cpu0
 	delta := deltas(s.region.Functions(), before)
 	res.Functions = report.Rows(delta, s.sym)
+	hooks1 := hooksOf(s.region)
+	res.Hooks = hooks1.skips - hooks0.skips
 	for _, f := range delta {
 		res.Calls += f.Entries
+		res.Hooks += f.Entries + f.Exits
 	}
 	if res.Duration > 0 {
 		res.TogglesPerSec = float64(res.Toggles) / res.Duration.Seconds()
 	}
+	res.HitCostNs, res.HitCostFrom = o.HitCostNs, "--hit-cost"
+	if o.HitCostNs <= 0 {
+		res.HitCostNs, res.HitCostFrom = 0, "not measured (no hook sampled: no TSC, or no probed call)"
+		if n := hooks1.samples - hooks0.samples; n > 0 {
+			res.HitCostNs = s.region.TicksToNs(hooks1.ticks-hooks0.ticks) / float64(n)
+			res.HitCostFrom = fmt.Sprintf("measured in the target: %d hooks sampled", n)
+		}
+	}
 	if res.TargetCPU > 0 {
-		res.Slowdown = float64(res.Calls) * o.HitCostNs / float64(res.TargetCPU.Nanoseconds())
+		res.Slowdown = float64(res.Hooks) * res.HitCostNs / float64(res.TargetCPU.Nanoseconds())
 	}
 	return res, nil
 }

@@ -3,10 +3,12 @@ package capture
 import (
 	"context"
 	"fmt"
+	"math"
 	"sort"
 	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/calltrace"
+	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
 	"github.com/edgeprobe/edgeprobe/internal/report"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"golang.org/x/sys/unix"
@@ -22,6 +24,9 @@ type TraceResult struct {
 	Open     uint64 // calls still running when the capture ended
 	Duration time.Duration
 	Limited  bool // the capture stopped at MaxCalls before Duration
+	// RateEpochs is how many one-second quota epochs a --rate capture ran
+	// (each function recorded at most Rate calls in each).
+	RateEpochs int
 	// ArgFuncs is how many functions' arguments or return values were
 	// recorded; Notes say what --args/--retval matched but could not record.
 	ArgFuncs int
@@ -84,10 +89,15 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	res = &TraceResult{}
 	var plans map[uint64]*argFunc
 	if len(o.Args)+len(o.Retval) > 0 {
-		if s.enabled == nil {
-			return nil, fmt.Errorf("--args and --retval record functions the capture enables: add --enable: %w", ErrArgs)
+		var sites []hotpatch.SiteResult
+		if s.enabled != nil {
+			sites = s.enabled.Sites
+		} else {
+			// No --enable: the probes that are on now, whichever they are;
+			// a plan for a function whose probe is off costs nothing.
+			sites = probeSites(s.hp.Targets(), append(append([]string(nil), o.Args...), o.Retval...))
 		}
-		if plans, res.Notes, err = planArgs(o.PID, s.hp.Targets(), s.enabled.Sites, o.Args, o.Retval); err != nil {
+		if plans, res.Notes, err = planArgs(o.PID, s.hp.Targets(), sites, o.Args, o.Retval); err != nil {
 			return nil, err
 		}
 		specs := map[uint64]uint64{}
@@ -219,6 +229,9 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		}
 	}
 	drain(false) // whatever an earlier tracer left behind
+	if err := s.setFilters(o); err != nil {
+		return nil, err
+	}
 	res.RingCapacity, res.RingEvents = s.region.RingCapacity(), s.region.RingDefault()
 	if o.RingEvents != 0 {
 		// The rings are empty now: each thread takes the new size at its
@@ -245,9 +258,24 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		return nil, err
 	}
 	start := time.Now()
+	epochStart := start
+	if o.Rate > 0 {
+		// the first epoch starts with the events on: every call it
+		// records is in the trace
+		if _, err := s.region.NextQuotaEpoch(); err != nil {
+			return nil, err
+		}
+		res.RateEpochs = 1
+	}
 	limitCtx, stopEarly := context.WithCancel(ctx)
 	defer stopEarly()
 	ticker(limitCtx, o.Duration, drainPeriod, o.Progress, func(time.Duration) string {
+		if o.Rate > 0 && time.Since(epochStart) >= time.Second {
+			epochStart = time.Now()
+			if _, err := s.region.NextQuotaEpoch(); err == nil {
+				res.RateEpochs++
+			}
+		}
 		if drain(true); res.Limited || sinkErr != nil {
 			stopEarly()
 		}
@@ -314,6 +342,43 @@ func (c *converter) event(tid int32, e shm.Event) *calltrace.Event {
 		c.ev.Kind = calltrace.Entry
 	}
 	return &c.ev
+}
+
+// setFilters turns on the runtime's trace filters and rate limit that o
+// asks for (before the events are), and marks them for close to undo.
+func (s *session) setFilters(o Options) error {
+	if o.MaxDepth < 0 {
+		return fmt.Errorf("%w: depth %d", shm.ErrFilter, o.MaxDepth)
+	}
+	if o.MaxDepth > 0 || len(o.Tids) > 0 {
+		tids := make([]int32, len(o.Tids))
+		for i, t := range o.Tids {
+			if t <= 0 || t > math.MaxInt32 {
+				return fmt.Errorf("%w: thread id %d", shm.ErrFilter, t)
+			}
+			tids[i] = int32(t)
+		}
+		if err := s.region.SetFilter(uint32(min(o.MaxDepth, math.MaxInt32)), tids); err != nil {
+			return err
+		}
+		s.filter = true
+		if err := s.region.SetControl(shm.CtlFilter, 0); err != nil {
+			return err
+		}
+	}
+	if o.Rate > 0 {
+		if o.Rate > math.MaxUint32 {
+			return fmt.Errorf("%w: rate %d", shm.ErrFilter, o.Rate)
+		}
+		if err := s.region.SetQuota(uint32(o.Rate)); err != nil {
+			return err
+		}
+		s.quota = true
+		if err := s.region.SetControl(shm.CtlQuota, 0); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // monoNow is CLOCK_MONOTONIC now, the runtime's clock.

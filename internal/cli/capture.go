@@ -166,6 +166,9 @@ func newTraceCmd(stdout, stderr io.Writer, inj *injectFlags) *cobra.Command {
 		output   string
 		format   string
 		maxCalls int
+		maxDepth int
+		tids     []int
+		rate     uint64
 		argPats  []string
 		retPats  []string
 		ringEv   uint32
@@ -187,15 +190,20 @@ Formats (--format; by default chosen from the output's extension: .json is chrom
                without -o. 'hotpatch replay FILE' prints a saved Perfetto trace this way.
 
 Arguments and return values (--args GLOB, --retval GLOB; fentry probes, -pg -mfentry):
-the enabled functions whose names GLOB matches have their argument registers copied at
-entry and their return registers at the return, named and typed from the program's DWARF
+the fentry functions GLOB names (among those --enable turns on; without --enable, those
+whose probes are on) have their argument registers copied at entry and their return registers at the return, named and typed from the program's DWARF
 (build with -g): handle_request(req=0x7f3a.., len=512) = 0. A char * is copied as a
 string of up to 64 bytes at entry, never faulting the process (an unreadable pointer is
 shown as such). What cannot be recorded says why: stack arguments past 64 bytes, the
 unnamed arguments of a variadic function, long double return values, structs returned
 in memory. cyg probes (-finstrument-functions) record which function ran and when, not
 its arguments: their hooks run after the prologue, where the arguments are wherever the
-compiler put them. At most 128 functions per capture. docs/tracing.md has the details.`,
+compiler put them. At most 128 functions per capture. docs/tracing.md has the details.
+
+Filters, enforced inside the target's runtime while the trace runs and removed after it:
+--max-depth N records only calls fewer than N probed calls deep on their thread,
+--tid T (repeatable, up to 8) only the threads named, --rate N at most N calls per function
+per second (the calls over it are neither traced nor counted while the trace runs).`,
 		Example: `  hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.pftrace
   hotpatch trace --pid 4242 --enable parse --duration 200ms --format text | less
   hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.json   # chrome-json
@@ -264,8 +272,19 @@ compiler put them. At most 128 functions per capture. docs/tracing.md has the de
 			if format == formatText && file == nil {
 				progress = nil // the call graph itself goes to the terminal
 			}
+			if maxDepth < 0 {
+				return usagef("--max-depth must be 0 (any) or more")
+			}
+			if len(tids) > shm.FilterTids {
+				return usagef("--tid names %d threads; the runtime filters on at most %d", len(tids), shm.FilterTids)
+			}
+			for _, t := range tids {
+				if t <= 0 {
+					return usagef("--tid %d is not a thread id", t)
+				}
+			}
 			res, err := capture.Trace(ctx, capture.Options{PID: tf.pid, ProbeFiles: tf.probes, Selectors: sels, Duration: duration, MaxCalls: maxCalls, Progress: progress,
-				Args: argPats, Retval: retPats, RingEvents: ringEv}, sink)
+				Args: argPats, Retval: retPats, RingEvents: ringEv, MaxDepth: maxDepth, Tids: tids, Rate: rate}, sink)
 			endProgress(stderr, progress)
 			if err != nil {
 				return classify(err)
@@ -288,7 +307,7 @@ compiler put them. At most 128 functions per capture. docs/tracing.md has the de
 			summary := map[string]any{"output": name, "format": format, "calls": res.Calls, "events": res.Events,
 				"dropped_events": res.Dropped, "unpaired_exits": res.Unpaired, "unwound_calls": res.Unwound, "open_calls": res.Open,
 				"duration_ns": res.Duration.Nanoseconds(), "stopped_at_max_calls": res.Limited, "arg_functions": res.ArgFuncs,
-				"ring_events": res.RingEvents, "ring_capacity": res.RingCapacity, "threads": res.Threads}
+				"ring_events": res.RingEvents, "ring_capacity": res.RingCapacity, "threads": res.Threads, "rate_epochs": res.RateEpochs}
 			if n := res.SuggestRing(); n != 0 {
 				summary["suggested_ring_events"] = n
 			}
@@ -315,10 +334,13 @@ compiler put them. At most 128 functions per capture. docs/tracing.md has the de
 	cmd.Flags().DurationVar(&duration, "duration", 0, "how long to record")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write the trace to `FILE` (text: stdout without it)")
 	cmd.Flags().StringVar(&format, "format", "", "perfetto, chrome-json or text (default: from the output's extension)")
-	cmd.Flags().StringArrayVar(&argPats, "args", nil, "record the arguments of the enabled fentry functions `GLOB` names (repeatable)")
-	cmd.Flags().StringArrayVar(&retPats, "retval", nil, "record the return values of the enabled fentry functions `GLOB` names (repeatable)")
+	cmd.Flags().StringArrayVar(&argPats, "args", nil, "record the arguments of the fentry functions `GLOB` names (repeatable)")
+	cmd.Flags().StringArrayVar(&retPats, "retval", nil, "record the return values of the fentry functions `GLOB` names (repeatable)")
 	cmd.Flags().Uint32Var(&ringEv, "ring-events", 0, "size every thread's event ring to `N` events for the capture (a power of two; default: the process's, EDGEPROBE_RING_EVENTS); bigger rings drop less")
 	cmd.Flags().IntVar(&maxCalls, "max-calls", 1000000, "stop early once this many calls are captured (0: no limit; default no limit but for chrome-json, which is held in memory)")
+	cmd.Flags().IntVar(&maxDepth, "max-depth", 0, "record only calls fewer than `N` probed calls deep on their thread (0: any)")
+	cmd.Flags().IntSliceVar(&tids, "tid", nil, "record only thread `T` (repeatable, up to 8)")
+	cmd.Flags().Uint64Var(&rate, "rate", 0, "record at most `N` calls per function per second (0: no limit)")
 	_ = cmd.RegisterFlagCompletionFunc("format", cobra.FixedCompletions([]string{formatPerfetto, formatChrome, formatText}, cobra.ShellCompDirectiveNoFileComp))
 	return cmd
 }
@@ -385,14 +407,18 @@ func newProfileCmd(stdout, stderr io.Writer, inj *injectFlags) *cobra.Command {
 		Use:   "profile --pid N [--enable SEL] --duration D [--samples K --epoch E] -o FILE",
 		Short: "Bursty latency profile: at most K timed calls per function per epoch",
 		Long: `profile is the bursty latency profiler of "Living on the edge" (section 9): every
-selected function records calls and latency until it has K samples in the current epoch;
-then its probes are turned off, and they come back on at the next epoch. The overhead is
-bounded by K per epoch however hot a function is, at the price of fast probe toggling.
+selected function records calls and latency until it has K samples in the current epoch.
+The runtime enforces the quota at the hook, exactly, across threads, however late the
+profiler looks; the profiler turns a full function's probes off until the next epoch,
+which only saves the target the cost of the calls it would skip. While a profile runs,
+every probed function of the process is held to the quota.
 
 The profile is written in pprof format (go tool pprof -top FILE ranks functions by total
 latency; -sample_index=calls by calls), with a text summary on stdout: the functions, the
-toggles per second performed, and the target's estimated slowdown (probed calls x
---hit-cost / the target's CPU time).`,
+toggles per second performed, and the target's estimated slowdown: the hooks that ran
+(recorded and skipped) x the cost of one hook / the target's CPU time. The cost of a hook
+is measured in the target while the profile runs (the runtime times a sample of its hooks;
+the call into the hook itself is not included), unless --hit-cost gives one.`,
 		Example: `  hotpatch profile --pid 4242 --duration 10s -o app.pprof
   hotpatch profile --pid 4242 --enable 'http_*' --samples 100 --epoch 50ms --duration 5s -o http.pprof`,
 		Args: cobra.NoArgs,
@@ -434,14 +460,16 @@ toggles per second performed, and the target's estimated slowdown (probed calls 
 			st.Top(top)
 			if tf.json {
 				return writeJSON(stdout, map[string]any{"output": output, "functions": st.Functions, "epochs": res.Epochs,
-					"toggles": res.Toggles, "toggles_per_sec": res.TogglesPerSec, "calls": res.Calls,
+					"toggles": res.Toggles, "toggles_per_sec": res.TogglesPerSec, "calls": res.Calls, "hooks": res.Hooks,
+					"hit_cost_ns": res.HitCostNs, "hit_cost_from": res.HitCostFrom,
 					"target_cpu_ns": res.TargetCPU.Nanoseconds(), "estimated_slowdown": res.Slowdown, "duration_ns": res.Duration.Nanoseconds()})
 			}
 			if err := st.WriteTable(stdout); err != nil {
 				return err
 			}
-			fmt.Fprintf(stdout, "%s: %d epochs of %s, %d probed calls, %.0f site toggles/s; target CPU %s, estimated slowdown %.2f%%\n",
-				output, res.Epochs, epoch, res.Calls, res.TogglesPerSec, res.TargetCPU.Round(time.Millisecond), 100*res.Slowdown)
+			fmt.Fprintf(stdout, "%s: %d epochs of %s, %d probed calls, %.0f site toggles/s; target CPU %s, estimated slowdown %.2f%% (%d hooks x %.1f ns, %s)\n",
+				output, res.Epochs, epoch, res.Calls, res.TogglesPerSec, res.TargetCPU.Round(time.Millisecond), 100*res.Slowdown,
+				res.Hooks, res.HitCostNs, res.HitCostFrom)
 			return nil
 		},
 	}
@@ -450,7 +478,7 @@ toggles per second performed, and the target's estimated slowdown (probed calls 
 	cmd.Flags().DurationVar(&duration, "duration", 0, "how long to profile")
 	cmd.Flags().DurationVar(&epoch, "epoch", 100*time.Millisecond, "quota period E")
 	cmd.Flags().Uint64Var(&samples, "samples", 1000, "calls K a function may record per epoch")
-	cmd.Flags().Float64Var(&hitCost, "hit-cost", 30, "cost in ns of one timed probed call, for the slowdown estimate (make bench: invoke.runtime)")
+	cmd.Flags().Float64Var(&hitCost, "hit-cost", 0, "cost in ns of one hook for the slowdown estimate (0: measured in the target while profiling)")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write the pprof profile to `FILE`")
 	cmd.Flags().IntVar(&top, "top", 20, "rows in the text summary (0: all)")
 	return cmd

@@ -48,7 +48,7 @@ type Stats struct {
 // Dropped counts what the runtime could not record, or recorded only in
 // part, by reason (docs/runtime.md lists them).
 type Dropped struct {
-	TableFull    uint64 `json:"function_table_full"`   // hooks of functions the table had no slot for
+	TableFull    uint64 `json:"function_table_full"`   // hooks of functions the table, at its cap, had no slot for
 	ThreadsFull  uint64 `json:"thread_slots_full"`     // hooks of threads that found no slot
 	BeforeInit   uint64 `json:"outside_thread_life"`   // before the runtime's constructor, or after a thread released its slot
 	Reentrant    uint64 `json:"reentrant"`             // hooks run inside a hook (signal handlers), and during fork
@@ -164,7 +164,7 @@ func (d Dropped) line() string {
 		{d.DeepLost, "frames deeper than the shadow stack found dead"},
 		{d.Abandoned, "hooks abandoned by a signal handler's longjmp"},
 		{d.Reentrant, "hooks dropped inside a hook (signal handler) or fork"},
-		{d.TableFull, "hooks dropped: function table full"},
+		{d.TableFull, "hooks dropped: function table at its cap (EDGEPROBE_MAX_FUNCS)"},
 		{d.ThreadsFull, "hooks dropped: thread slots full"},
 		{d.BeforeInit, "hooks dropped outside a thread's life"},
 		{d.RingFull, "trace events dropped: ring full"},

@@ -66,11 +66,20 @@ func (t *Tracer) Event(e *calltrace.Event) error {
 		o := th.stack[len(th.stack)-1]
 		th.stack = th.stack[:len(th.stack)-1]
 		args := o.args
-		if e.Ret != nil {
+		if e.Ret != nil || e.Open || e.Unwound {
 			if args == nil {
 				args = map[string]string{}
 			}
+		}
+		if e.Ret != nil {
 			args["return"] = e.Ret.String()
+		}
+		// an end the Matcher made up, flagged as the Perfetto writer flags it
+		if e.Open {
+			args["still_running"] = "true"
+		}
+		if e.Unwound {
+			args["unwound"] = "true"
 		}
 		d := float64(e.TimeNs-o.startNs) / 1e3
 		th.events = append(th.events, traceEvent{Name: e.Func.Name, Cat: base(e.Func.Object), Ph: "X", Ts: float64(o.startNs),

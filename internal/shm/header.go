@@ -91,8 +91,17 @@ func (h *Header) validate(size uint64) error {
 	if h.StackDepth == 0 {
 		return layoutErr("stack_depth", 0, "zero")
 	}
-	if h.MaxProbe == 0 || h.MaxProbe > h.MaxFuncs {
-		return layoutErr("max_probe", uint64(h.MaxProbe), "outside [1, max_funcs]")
+	if err := pow2("func_first", h.FuncFirst, false); err != nil {
+		return err
+	}
+	if h.FuncFirst > h.MaxFuncs {
+		return layoutErr("func_first", uint64(h.FuncFirst), "more than max_funcs")
+	}
+	if h.MaxProbe == 0 || h.MaxProbe > h.FuncFirst {
+		return layoutErr("max_probe", uint64(h.MaxProbe), "outside [1, func_first]")
+	}
+	if h.FuncSegs == 0 || h.FuncSegs > h.funcSegsMax() {
+		return layoutErr("func_segs", uint64(h.FuncSegs), fmt.Sprintf("outside [1, %d]", h.funcSegsMax()))
 	}
 	// A thread slot: fixed part, local cache, stack, in that order.
 	localEnd := uint64(threadSize) + uint64(h.LocalFuncs)*localSize
@@ -113,9 +122,10 @@ func (h *Header) validate(size uint64) error {
 	}
 	prev := uint64(HeaderSize)
 	for _, s := range []sec{
-		{"func_off", h.FuncOff, uint64(h.MaxFuncs), funcSize},
 		{"thread_off", h.ThreadOff, uint64(h.MaxThreads), uint64(h.ThreadSize)},
 		{"ring_off", h.RingOff, uint64(h.MaxThreads), h.RingStride},
+		{"keys_off", h.KeysOff, uint64(h.MaxFuncs), 8},
+		{"func_off", h.FuncOff, uint64(h.MaxFuncs), funcSize},
 	} {
 		if s.off < prev || s.off%64 != 0 {
 			return layoutErr(s.name, s.off, "overlaps the previous section or misaligned")
@@ -134,4 +144,14 @@ func (h *Header) validate(size uint64) error {
 		}
 	}
 	return nil
+}
+
+// funcSegsMax is the number of function-table segments up to MaxFuncs:
+// segment 0 holds FuncFirst slots, segment k >= 1 FuncFirst<<(k-1), so
+// MaxFuncs = FuncFirst<<(segments-1). Both are powers of two (validate).
+func (h *Header) funcSegsMax() uint32 {
+	if h.FuncFirst == 0 || h.MaxFuncs < h.FuncFirst {
+		return 0
+	}
+	return uint32(bits.Len32(h.MaxFuncs / h.FuncFirst))
 }

@@ -12,15 +12,17 @@ import (
 func validRegion() []byte {
 	h := Header{
 		Magic: Magic, Version: Version, HeaderSize: HeaderSize, Pid: 42, HistBuckets: HistBuckets,
-		ClockKind: ClockMono, TSCMult: 1 << 32, FuncOff: HeaderSize, MaxFuncs: 4, FuncSize: funcSize,
+		ClockKind: ClockMono, TSCMult: 1 << 32, MaxFuncs: 4, FuncFirst: 2, FuncSegs: 2, FuncSize: funcSize,
 		MaxThreads: 2, ThreadLocalOff: threadSize, LocalFuncs: 2, LocalSize: localSize,
 		ThreadStackOff: 320, StackDepth: 4, FrameSize: frameSize, RingEvents: 4, EventSize: eventSize,
-		RingStride: 64, MaxProbe: 4, State: StateExited,
+		RingStride: 64, MaxProbe: 2, State: StateExited,
 	}
 	h.ThreadSize = 512 // 320 + 4*frameSize = 512, a multiple of 64
-	h.ThreadOff = h.FuncOff + 4*funcSize
+	h.ThreadOff = HeaderSize
 	h.RingOff = h.ThreadOff + 2*uint64(h.ThreadSize)
-	h.RegionSize = h.RingOff + 2*h.RingStride
+	h.KeysOff = h.RingOff + 2*h.RingStride
+	h.FuncOff = h.KeysOff + 64
+	h.RegionSize = h.FuncOff + 4*funcSize
 	b := make([]byte, h.RegionSize)
 	*(*Header)(unsafe.Pointer(&b[0])) = h
 	return b
@@ -66,6 +68,14 @@ func TestParseHeaderErrors(t *testing.T) {
 			return int(unsafe.Offsetof(Header{}.MapsLen))
 		case "clock_kind":
 			return int(unsafe.Offsetof(Header{}.ClockKind))
+		case "func_first":
+			return int(unsafe.Offsetof(Header{}.FuncFirst))
+		case "func_segs":
+			return int(unsafe.Offsetof(Header{}.FuncSegs))
+		case "max_probe":
+			return int(unsafe.Offsetof(Header{}.MaxProbe))
+		case "keys_off":
+			return int(unsafe.Offsetof(Header{}.KeysOff))
 		}
 		panic(f)
 	}
@@ -85,6 +95,12 @@ func TestParseHeaderErrors(t *testing.T) {
 		{"threads-overflow", put32(off("max_threads"), math.MaxUint32), ErrLayout},
 		{"maps-outside", put64(off("maps_len"), 10), ErrLayout},
 		{"clock", put32(off("clock_kind"), 7), ErrLayout},
+		{"first-not-pow2", put32(off("func_first"), 3), ErrLayout},
+		{"first-above-max", put32(off("func_first"), 8), ErrLayout},
+		{"segs-zero", put32(off("func_segs"), 0), ErrLayout},
+		{"segs-beyond-cap", put32(off("func_segs"), 3), ErrLayout},
+		{"probe-beyond-first", put32(off("max_probe"), 4), ErrLayout},
+		{"keys-overlap-rings", put64(off("keys_off"), HeaderSize+1024), ErrLayout},
 		{"truncated-tables", func(b []byte) []byte { return b[:len(b)-1] }, ErrTruncated},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -112,6 +128,9 @@ func FuzzParseHeader(f *testing.F) {
 		r.Threads()
 		r.Counters()
 		r.Maps()
+		r.FuncSlots()
+		r.lookup(1)
+		r.lookup(0x4011d6)
 		for i := 0; i < int(h.MaxThreads) && i < 8; i++ {
 			r.Events(i)
 		}

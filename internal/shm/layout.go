@@ -10,13 +10,21 @@ const Magic uint64 = 0x3142525045474445
 const Version uint32 = 5
 
 // MinVersion is the oldest layout version this package still reads. Version
-// 4 moved the function entry's last histogram buckets (giving the deep-entry
-// counters their place) and grew the frame, so older regions are not read.
-const MinVersion uint32 = 4
+// 5 made the function table a chain of segments with its keys in an array of
+// their own, after the rings, so older regions are not read.
+const MinVersion uint32 = 5
+
+// The function table's hash (runtime/edgeprobe_shm.h: EP_HASH_MUL,
+// EP_HASH_STEP): segment k of a key's probe sequence starts at the top 32
+// bits of h_k, h_0 = key * hashMul, h_(k+1) = (h_k ^ h_k>>29) * hashStep.
+const (
+	hashMul  uint64 = 0x9E3779B97F4A7C15
+	hashStep uint64 = 0xBF58476D1CE4E5B9
+)
 
 const (
 	HeaderSize  = 4096 // bytes of Header
-	HistBuckets = 61   // bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2); the last also takes longer ones
+	HistBuckets = 60   // bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2); the last also takes longer ones
 	funcSize    = 576
 	threadSize  = 192
 	localSize   = 48
@@ -51,12 +59,17 @@ const (
 
 // Control bits (Header.Control), written by readers and read by every hook.
 const (
-	CtlTrace  uint32 = 1 // append enter/exit events to the per-thread rings
-	CtlNoTime uint32 = 2 // count only: no clock reads, no latency
-	CtlPause  uint32 = 4 // record nothing
+	CtlTrace  uint32 = 1  // append enter/exit events to the per-thread rings
+	CtlNoTime uint32 = 2  // count only: no clock reads, no latency
+	CtlPause  uint32 = 4  // record nothing
+	CtlQuota  uint32 = 8  // per-function quotas: at most QuotaK recorded calls per quota epoch
+	CtlFilter uint32 = 16 // trace events only within Header.FilterDepth and FilterTid
 	// CtlArgs (with CtlTrace): fentry functions with a plan in the header's
 	// ArgPlan table get an EvData record after their entry and exit events.
 	CtlArgs uint32 = 0x100
+
+	// FilterTids is how many threads a trace filter can name.
+	FilterTids = 8
 )
 
 // Event kinds.
@@ -154,7 +167,7 @@ type Header struct {
 	RingEvents     uint32
 	EventSize      uint32
 	MaxProbe       uint32
-	_              uint32
+	FuncFirst      uint32 // slots of the function table's segment 0
 	CalibNs        uint64
 	MapsOff        uint64
 	MapsLen        uint64
@@ -164,12 +177,22 @@ type Header struct {
 	FentryMode uint32
 	ExitMono   uint64
 	ExitTSC    uint64
-	_          [5]uint64
+	KeysOff    uint64 // the function table's keys: MaxFuncs uint64s
+	FuncSegs   uint32 // function-table segments in use (grows while the process runs)
+	_          uint32
+	_          [3]uint64
 
-	Control uint32
-	_       [13]uint32
-	RingReq uint32 // version 5: the ring size a capture asks for
-	RingDef uint32 // version 5: the size rings start with
+	Control    uint32
+	Gen        uint32 // process-wide generation: NewGeneration adds 1 and stores it in each function's Gen
+	QuotaK     uint32 // CtlQuota: calls a function may record per quota epoch
+	QuotaEpoch uint32 // the current quota epoch
+	// CtlFilter: trace events only below FilterDepth (0: any depth) and of
+	// the threads in FilterTid (first 0: every thread)
+	FilterDepth uint32
+	FilterTid   [FilterTids]int32
+	_           [1]uint32
+	RingReq     uint32 // version 5: the ring size a capture asks for
+	RingDef     uint32 // version 5: the size rings start with
 
 	FuncsUsed       uint64
 	FuncDropEnters  uint64
@@ -189,7 +212,7 @@ type Header struct {
 
 // funcEntry is struct ep_func.
 type funcEntry struct {
-	Addr        uint64
+	Addr        uint64 // a copy of the slot's key, written after the claim (the keys array is the table)
 	Entries     uint64
 	Exits       uint64
 	SumNs       uint64
@@ -198,9 +221,10 @@ type funcEntry struct {
 	Orphans     uint64
 	Unmatched   uint64
 	Hist        [HistBuckets]uint64
+	Quota       uint64 // quota epoch << 32 | calls recorded in it (CtlQuota)
 	DeepEntries uint64 // entries deeper than the shadow stack (no frame, untimed)
 	DeepExits   uint64 // exits of such entries
-	Gen         uint64 // bumped before the function's probes are turned on (NewGeneration)
+	Gen         uint64 // a value of Header.Gen, stored before the function's probes are turned on (NewGeneration)
 }
 
 // threadSlot is struct ep_thread.
@@ -223,9 +247,13 @@ type threadSlot struct {
 	DeepLost       uint64
 	AbandonedHooks uint64
 	FentryRestored uint64
-	_              uint64
+	QuotaSkips     uint64
 	RingTail       uint64
-	_              [6]uint64
+	HookTicks      uint64
+	HookSamples    uint64
+	SampleLeft     uint32
+	_              uint32
+	_              [3]uint64
 	RingSize       uint32 // version 5: events the slot's ring holds now (0: unused)
 	_              uint32
 }
@@ -234,7 +262,7 @@ type threadSlot struct {
 type localEntry struct {
 	Addr    uint64
 	Gidx    uint32
-	_       uint32
+	Hint    uint32 // the owner's own (histogram bucket of its last latency)
 	Entries uint64
 	Exits   uint64
 	SumNs   uint64

@@ -37,7 +37,7 @@ func TestLayoutMatchesC(t *testing.T) {
 		"EP_MAGIC": Magic, "EP_VERSION": uint64(Version), "EP_HEADER_SIZE": HeaderSize, "EP_HIST_BUCKETS": HistBuckets,
 		"EP_KEY_BARE": KeyBare, "EP_CLOCK_TSC": ClockTSC, "EP_CLOCK_MONO": ClockMono,
 		"EP_STATE_RUNNING": StateRunning, "EP_STATE_EXITED": StateExited,
-		"EP_CTL_TRACE": uint64(CtlTrace), "EP_CTL_NOTIME": uint64(CtlNoTime), "EP_CTL_PAUSE": uint64(CtlPause),
+		"EP_CTL_TRACE": uint64(CtlTrace), "EP_CTL_NOTIME": uint64(CtlNoTime), "EP_CTL_PAUSE": uint64(CtlPause), "EP_CTL_QUOTA": uint64(CtlQuota), "EP_CTL_FILTER": uint64(CtlFilter), "EP_FILTER_TIDS": FilterTids,
 		"EP_SLOT_OWNED": slotOwned, "EP_EV_ENTER": EvEnter, "EP_EV_EXIT": EvExit, "EP_EV_THREAD": EvThread,
 		"EP_FENTRY_USED": uint64(FentryUsed), "EP_FENTRY_EXITS": uint64(FentryExits),
 		"EP_FENTRY_EXITS_OFF": uint64(FentryExitsOff), "EP_FENTRY_SHSTK": uint64(FentrySHSTK),
@@ -48,6 +48,7 @@ func TestLayoutMatchesC(t *testing.T) {
 		"EP_ARGPLANS": ArgPlans, "EP_PLAN_ENTRY": PlanEntry, "EP_PLAN_EXIT": PlanExit, "EP_PLAN_RSTR": PlanRStr,
 		"SPEC_INT": uint64(SpecInt(layoutSpec)), "SPEC_SSE": uint64(SpecSSE(layoutSpec)), "SPEC_STR": uint64(SpecStr(layoutSpec)),
 		"SPEC_STACK": uint64(SpecStack(layoutSpec)), "SPEC_RINT": uint64(SpecRInt(layoutSpec)), "SPEC_RSSE": uint64(SpecRSSE(layoutSpec)),
+		"EP_HASH_MUL": hashMul, "EP_HASH_STEP": hashStep,
 	}
 	sizes := map[string]uintptr{"ep_func": funcSize, "ep_thread": threadSize, "ep_local": localSize, "ep_frame": frameSize, "ep_event": eventSize, "ep_header": HeaderSize, "ep_argplan": 16}
 	seenFields := map[string]int{}

@@ -25,6 +25,7 @@ type Region struct {
 	hdr      Header // validated copy of the immutable geometry
 	writable bool
 	dataBuf  []uint64 // Consume's payload buffer for EvData records
+	file     *os.File // the region's file, for data's questions (nil: none)
 }
 
 // Errors of OpenPID; test with errors.Is. ErrNoRuntime also matches
@@ -151,7 +152,7 @@ func mapFile(f *os.File, path string, writable bool) (*Region, error) {
 		syscall.Munmap(mem)
 		return nil, fmt.Errorf("shm: %s: %w", path, err)
 	}
-	return &Region{path: path, mem: mem, hdr: h, writable: writable}, nil
+	return &Region{path: path, mem: mem, hdr: h, writable: writable, file: dupFile(f)}, nil
 }
 
 // Close unmaps the region.
@@ -161,6 +162,10 @@ func (r *Region) Close() error {
 	}
 	err := syscall.Munmap(r.mem)
 	r.mem = nil
+	if r.file != nil {
+		r.file.Close()
+		r.file = nil
+	}
 	return err
 }
 
@@ -179,8 +184,14 @@ func (r *Region) u32(off uint64) uint32 {
 }
 
 var (
-	hdrControl = uint64(unsafe.Offsetof(Header{}.Control))
-	hdrState   = uint64(unsafe.Offsetof(Header{}.State))
+	hdrControl  = uint64(unsafe.Offsetof(Header{}.Control))
+	hdrGen      = uint64(unsafe.Offsetof(Header{}.Gen))
+	hdrQuotaK   = uint64(unsafe.Offsetof(Header{}.QuotaK))
+	hdrQuotaE   = uint64(unsafe.Offsetof(Header{}.QuotaEpoch))
+	hdrFDepth   = uint64(unsafe.Offsetof(Header{}.FilterDepth))
+	hdrFTid     = uint64(unsafe.Offsetof(Header{}.FilterTid))
+	hdrState    = uint64(unsafe.Offsetof(Header{}.State))
+	hdrFuncSegs = uint64(unsafe.Offsetof(Header{}.FuncSegs))
 )
 
 // Header returns the header with its mutable fields (state, control,
@@ -206,6 +217,7 @@ func (r *Region) Header() Header {
 	h.FentrySites = atomic.LoadUint64(&p.FentrySites)
 	h.FentryBadSites = atomic.LoadUint64(&p.FentryBadSites)
 	h.FentryUnwound = atomic.LoadUint64(&p.FentryUnwound)
+	h.FuncSegs = r.funcSegs()
 	return h
 }
 
@@ -253,34 +265,166 @@ func (r *Region) NewGeneration(keys []uint64) (int, error) {
 	if !r.writable {
 		return 0, fmt.Errorf("shm: %s: %w", r.path, ErrReadOnly)
 	}
+	// One new value of the process-wide generation for all of them
+	// (D29): a frame is stale when its function's generation is newer than
+	// the one it was pushed in, and an exit whose frame was pushed in the
+	// current one needs no look at the function (the hooks' fast path).
+	// Only lookups that find the function take a value: a call that finds
+	// none leaves the fast path alone.
+	var gen uint32
 	n := 0
+	d := r.data()
 	for _, key := range keys {
-		if e := r.lookup(key); e != nil {
-			atomic.AddUint64(&e.Gen, 1)
+		if e := r.lookupIn(d, key); e != nil {
+			if n == 0 {
+				gen = atomic.AddUint32((*uint32)(unsafe.Pointer(&r.mem[hdrGen])), 1)
+			}
+			atomic.StoreUint64(&e.Gen, uint64(gen))
 			n++
 		}
 	}
 	return n, nil
 }
 
-// lookup finds key's function entry the way the runtime's ep_gfind probes
-// the table: from the hash's upper half, at most MaxProbe slots on.
-func (r *Region) lookup(key uint64) *funcEntry {
-	if r.hdr.MaxFuncs == 0 {
-		return nil
+// SetQuota sets the per-function quota: with CtlQuota on, each function
+// records at most k calls per quota epoch, counted at the hook across all
+// threads (D31). Set it before turning CtlQuota on.
+func (r *Region) SetQuota(k uint32) error {
+	if !r.writable {
+		return fmt.Errorf("shm: %s: %w", r.path, ErrReadOnly)
 	}
-	home := uint32((key * 0x9E3779B97F4A7C15) >> 32)
-	mask := r.hdr.MaxFuncs - 1
-	for p := uint32(0); p < r.hdr.MaxProbe; p++ {
-		e := r.funcAt(uint64((home + p) & mask))
-		switch atomic.LoadUint64(&e.Addr) {
-		case key:
-			return e
-		case 0:
-			return nil
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&r.mem[hdrQuotaK])), k)
+	return nil
+}
+
+// NextQuotaEpoch starts a new quota epoch: every function may record its
+// quota of calls again. It returns the new epoch.
+func (r *Region) NextQuotaEpoch() (uint32, error) {
+	if !r.writable {
+		return 0, fmt.Errorf("shm: %s: %w", r.path, ErrReadOnly)
+	}
+	return atomic.AddUint32((*uint32)(unsafe.Pointer(&r.mem[hdrQuotaE])), 1), nil
+}
+
+// ErrFilter says a trace filter asks for more than the runtime can hold.
+var ErrFilter = errors.New("trace filter")
+
+// SetFilter sets the trace filters CtlFilter turns on (D32): events only of
+// calls at shadow-stack depth below maxDepth (0: any) and only of the
+// threads in tids (none: every thread; at most FilterTids). Set it before
+// turning CtlFilter on; clear it (SetFilter(0, nil)) after turning it off.
+func (r *Region) SetFilter(maxDepth uint32, tids []int32) error {
+	if !r.writable {
+		return fmt.Errorf("shm: %s: %w", r.path, ErrReadOnly)
+	}
+	if len(tids) > FilterTids {
+		return fmt.Errorf("%w: %d threads, the runtime can filter on at most %d", ErrFilter, len(tids), FilterTids)
+	}
+	for _, t := range tids {
+		if t <= 0 {
+			return fmt.Errorf("%w: thread id %d", ErrFilter, t)
 		}
 	}
+	for i := 0; i < FilterTids; i++ {
+		var t int32
+		if i < len(tids) {
+			t = tids[i]
+		}
+		atomic.StoreInt32((*int32)(unsafe.Pointer(&r.mem[hdrFTid+uint64(4*i)])), t)
+	}
+	atomic.StoreUint32((*uint32)(unsafe.Pointer(&r.mem[hdrFDepth])), maxDepth)
 	return nil
+}
+
+// QuotaEpoch is the current quota epoch.
+func (r *Region) QuotaEpoch() uint32 { return r.u32(hdrQuotaE) }
+
+// QuotaUsed returns the quota state of the function at key: the epoch of
+// its last recorded call under quotas and how many calls it recorded in
+// that epoch. ok is false when the runtime has not recorded the function.
+func (r *Region) QuotaUsed(key uint64) (epoch, used uint32, ok bool) {
+	e := r.lookup(key)
+	if e == nil {
+		return 0, 0, false
+	}
+	q := atomic.LoadUint64(&e.Quota)
+	return uint32(q >> 32), uint32(q), true
+}
+
+// TicksToNs converts clock ticks of the runtime (TSC ticks, or ns under
+// the monotonic clock) to ns.
+func (r *Region) TicksToNs(ticks uint64) float64 {
+	return float64(ticks) * float64(r.hdr.TSCMult) / (1 << 32)
+}
+
+// HookCost is the mean time inside the runtime's hooks sampled while quotas
+// were on (one hook in 64 per thread, TSC), over every thread slot, and how
+// many hooks were sampled; 0 samples when none was (no quotas yet, or no TSC).
+func (r *Region) HookCost() (ns float64, samples uint64) {
+	var ticks uint64
+	for _, t := range r.Threads() {
+		ticks += t.HookTicks
+		samples += t.HookSamples
+	}
+	if samples == 0 {
+		return 0, 0
+	}
+	return r.TicksToNs(ticks) / float64(samples), samples
+}
+
+// lookup finds key's function entry the way the runtime's ep_gfind probes
+// the table: MaxProbe slots from the key's home in each segment in use, in
+// order; an empty slot on the way means the key was never claimed.
+func (r *Region) lookup(key uint64) *funcEntry { return r.lookupIn(r.data(), key) }
+
+// lookupIn is lookup with the region's data extents already known (a page
+// of keys that holds no data holds only empty slots).
+func (r *Region) lookupIn(d extents, key uint64) *funcEntry {
+	segs := r.funcSegs()
+	h := key * hashMul
+	base, n := uint64(0), uint64(r.hdr.FuncFirst)
+	for seg := uint32(0); seg < segs; seg++ {
+		if seg > 1 {
+			n <<= 1
+		}
+		if seg > 0 {
+			base = n
+		}
+		home := h >> 32
+		for p := uint64(0); p < uint64(r.hdr.MaxProbe); p++ {
+			i := base + (home+p)&(n-1)
+			if !d.has(r.hdr.KeysOff+i*8, 8) {
+				return nil
+			}
+			switch atomic.LoadUint64(r.keyAt(i)) {
+			case key:
+				return r.funcAt(i)
+			case 0:
+				return nil
+			}
+		}
+		h = (h ^ h>>29) * hashStep
+	}
+	return nil
+}
+
+// funcSegs is the number of function-table segments in use now (the runtime
+// only raises it), within what the geometry allows.
+func (r *Region) funcSegs() uint32 {
+	n := atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.mem[hdrFuncSegs])))
+	if max := r.hdr.funcSegsMax(); n > max {
+		n = max
+	}
+	if n == 0 {
+		n = 1
+	}
+	return n
+}
+
+// FuncSlots is the number of function-table slots in the segments in use
+// now: the table's size, which grows with the functions recorded.
+func (r *Region) FuncSlots() uint64 {
+	return uint64(r.hdr.FuncFirst) << (r.funcSegs() - 1)
 }
 
 // SetTrace switches the event rings on or off.
@@ -332,8 +476,22 @@ func (f *Func) MeanNs() uint64 {
 // Percentile estimates latency quantile q in [0,1] at bucket resolution.
 func (f *Func) Percentile(q float64) uint64 { return Percentile(&f.Hist, q, f.MinNs, f.MaxNs) }
 
+func (r *Region) keyAt(i uint64) *uint64 {
+	return (*uint64)(unsafe.Pointer(&r.mem[r.hdr.KeysOff+i*8]))
+}
+
 func (r *Region) funcAt(i uint64) *funcEntry {
 	return (*funcEntry)(unsafe.Pointer(&r.mem[r.hdr.FuncOff+i*funcSize]))
+}
+
+// slotUsed reports whether thread slot i has ever been claimed, without
+// touching the page of a slot that never was (see extents.go).
+func (r *Region) slotUsed(d extents, i uint64) bool {
+	off := r.hdr.ThreadOff + i*uint64(r.hdr.ThreadSize)
+	if !d.has(off, threadSize) {
+		return false
+	}
+	return atomic.LoadUint32(&r.slotAt(i).Generation) != 0
 }
 
 func (r *Region) slotAt(i uint64) *threadSlot {
@@ -351,17 +509,22 @@ func (r *Region) localAt(slot, i uint64) *localEntry {
 }
 
 // Functions snapshots the function table, each function's shared counters
-// plus every thread cache entry naming it, in table order.
+// plus every thread cache entry naming it, in table order. Only the segments
+// in use are read (the rest is address space no page of which was touched).
 func (r *Region) Functions() []Func {
-	n := uint64(r.hdr.MaxFuncs)
+	n := r.FuncSlots()
+	d := r.data()
 	idx := make(map[uint32]int)
 	var out []Func
 	for i := uint64(0); i < n; i++ {
-		e := r.funcAt(i)
-		key := atomic.LoadUint64(&e.Addr)
+		if !d.has(r.hdr.KeysOff+i*8, 8) {
+			continue // a page no key was written to (see extents.go)
+		}
+		key := atomic.LoadUint64(r.keyAt(i))
 		if key == 0 {
 			continue
 		}
+		e := r.funcAt(i)
 		f := Func{Addr: key &^ KeyBare, Bare: key&KeyBare != 0}
 		f.Entries = atomic.LoadUint64(&e.Entries)
 		f.Exits = atomic.LoadUint64(&e.Exits)
@@ -382,6 +545,9 @@ func (r *Region) Functions() []Func {
 		out = append(out, f)
 	}
 	for s := uint64(0); s < uint64(r.hdr.MaxThreads); s++ {
+		if !r.slotUsed(d, s) {
+			continue // never claimed: its cache is empty
+		}
 		for i := uint64(0); i < uint64(r.hdr.LocalFuncs); i++ {
 			l := r.localAt(s, i)
 			if atomic.LoadUint64(&l.Addr) == 0 {
@@ -398,15 +564,15 @@ func (r *Region) Functions() []Func {
 	}
 	// Open frames: every stored frame below each claimed slot's depth.
 	for s := uint64(0); s < uint64(r.hdr.MaxThreads); s++ {
-		slot := r.slotAt(s)
-		if atomic.LoadUint32(&slot.Generation) == 0 {
+		if !r.slotUsed(d, s) {
 			continue
 		}
-		d := uint64(atomic.LoadUint32(&slot.Depth))
-		if d > uint64(r.hdr.StackDepth) {
-			d = uint64(r.hdr.StackDepth)
+		slot := r.slotAt(s)
+		depth := uint64(atomic.LoadUint32(&slot.Depth))
+		if depth > uint64(r.hdr.StackDepth) {
+			depth = uint64(r.hdr.StackDepth)
 		}
-		for i := uint64(0); i < d; i++ {
+		for i := uint64(0); i < depth; i++ {
 			fr := r.frameAt(s, i)
 			if k, ok := idx[atomic.LoadUint32(&fr.Gidx)]; ok {
 				out[k].Open++
@@ -438,17 +604,21 @@ type Thread struct {
 	DeepLost       uint64 // frames deeper than the shadow stack found dead (functions unknown)
 	AbandonedHooks uint64 // hooks a signal handler longjmp'd out of
 	FentryRestored uint64 // dead hijacked fentry frames whose return slot was given back
+	QuotaSkips     uint64 // hooks that recorded nothing: their function's quota was used up
+	HookTicks      uint64 // TSC ticks inside the hooks sampled while quotas were on
+	HookSamples    uint64 // hooks sampled (one in 64 per thread)
 }
 
 // Threads returns every slot that has ever been claimed.
 func (r *Region) Threads() []Thread {
 	var out []Thread
+	d := r.data()
 	for i := uint64(0); i < uint64(r.hdr.MaxThreads); i++ {
-		s := r.slotAt(i)
-		gen := atomic.LoadUint32(&s.Generation)
-		if gen == 0 {
+		if !r.slotUsed(d, i) {
 			continue
 		}
+		s := r.slotAt(i)
+		gen := atomic.LoadUint32(&s.Generation)
 		out = append(out, Thread{
 			Index:          int(i),
 			Owned:          atomic.LoadUint32(&s.State) == slotOwned,
@@ -467,6 +637,9 @@ func (r *Region) Threads() []Thread {
 			DeepLost:       atomic.LoadUint64(&s.DeepLost),
 			AbandonedHooks: atomic.LoadUint64(&s.AbandonedHooks),
 			FentryRestored: atomic.LoadUint64(&s.FentryRestored),
+			QuotaSkips:     atomic.LoadUint64(&s.QuotaSkips),
+			HookTicks:      atomic.LoadUint64(&s.HookTicks),
+			HookSamples:    atomic.LoadUint64(&s.HookSamples),
 		})
 	}
 	return out
@@ -476,7 +649,7 @@ func (r *Region) Threads() []Thread {
 // the sums over thread slots.
 type Counters struct {
 	FuncsUsed       uint64
-	FuncDropEnters  uint64 // function table full
+	FuncDropEnters  uint64 // function table at its cap (every segment full along the key's probe sequence)
 	FuncDropExits   uint64
 	ThreadsClaimed  uint64
 	ThreadsActive   uint64

@@ -238,9 +238,9 @@ func (r *Region) ReleaseRings() {
 		return
 	}
 	page := uint64(os.Getpagesize())
+	d := r.data()
 	for i := uint64(0); i < uint64(r.hdr.MaxThreads); i++ {
-		s := r.slotAt(i)
-		if atomic.LoadUint32(&s.Generation) == 0 {
+		if !r.slotUsed(d, i) {
 			continue
 		}
 		base := r.hdr.RingOff + i*r.hdr.RingStride

@@ -1,0 +1,194 @@
+package capture
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/edgeprobe/edgeprobe/internal/testutil"
+)
+
+// Trace filters enforced by the runtime (D32): each test checks the
+// events against counts that follow from the program and the filter.
+
+// fibTreeMax is fibTree with the calls at depth max and deeper left out:
+// what a trace with --max-depth max shows of fib(n).
+func fibTreeMax(n, depth, max int, lines []string) []string {
+	ind := strings.Repeat("  ", depth)
+	if n < 2 || depth+1 >= max {
+		return append(lines, ind+"fib();")
+	}
+	lines = append(lines, ind+"fib() {")
+	lines = fibTreeMax(n-1, depth+1, max, lines)
+	lines = fibTreeMax(n-2, depth+1, max, lines)
+	return append(lines, ind+"} /* fib */")
+}
+
+// TestTraceMaxDepth: with --max-depth 2 every call tree of fib(5) shows
+// exactly fib(5) and its two calls, never a deeper one, for both providers.
+func TestTraceMaxDepth(t *testing.T) {
+	testutil.RequirePtrace(t)
+	const n, max = 5, 2
+	want := map[string]int{}
+	for k := 0; k <= n; k++ {
+		want[strings.Join(fibTreeMax(k, 0, max, nil), "\n")] = k
+	}
+	lib := testutil.Runtime(t, "gcc")
+	for _, spec := range []testutil.Spec{
+		{Sources: []string{"calltree.c"}, Opt: "-O0"},
+		{Sources: []string{"calltree.c"}, Opt: "-O0", NoInstr: true, Profile: testutil.ProfileFentry},
+	} {
+		t.Run(spec.String(), func(t *testing.T) {
+			fx := testutil.Build(t, spec)
+			if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
+				t.Fatal(r.Stderr)
+			}
+			p := testutil.Start(t, []string{"LD_PRELOAD=" + lib, "EDGEPROBE_RING_EVENTS=65536"}, fx.Path, fmt.Sprint(n))
+			r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "fib", "--max-depth", strconv.Itoa(max),
+				"--duration", "60s", "--max-calls", "300", "--format", "text", "--json")
+			var sum struct {
+				Dropped uint64 `json:"dropped_events"`
+			}
+			if err := json.Unmarshal([]byte(r.Stderr), &sum); err != nil || sum.Dropped != 0 {
+				t.Fatalf("summary %q (%v): want no drops", r.Stderr, err)
+			}
+			full, trees := 0, 0
+			var cur []string
+			sc := bufio.NewScanner(strings.NewReader(r.Stdout))
+			for sc.Scan() {
+				line := sc.Text()
+				if strings.HasPrefix(line, "#") {
+					continue
+				}
+				_, fn, ok := strings.Cut(line, "] | ")
+				if !ok {
+					t.Fatalf("line %q", line)
+				}
+				if strings.Contains(fn, "still running") {
+					break
+				}
+				if strings.HasPrefix(fn, strings.Repeat("  ", max)) {
+					t.Fatalf("a call at depth %d or more: %q", max, line)
+				}
+				cur = append(cur, fn)
+				if strings.HasPrefix(fn, " ") || (fn == "fib() {" && len(cur) == 1) {
+					continue
+				}
+				k, ok := want[strings.Join(cur, "\n")]
+				if !ok {
+					t.Fatalf("tree %d is not fib's cut at depth %d:\n%s", trees, max, strings.Join(cur, "\n"))
+				}
+				trees++
+				if k == n {
+					full++
+				}
+				cur = cur[:0]
+			}
+			if full < 10 {
+				t.Errorf("%d fib(%d) trees of %d", full, n, trees)
+			}
+			if o, _ := p.Finish(); !strings.HasPrefix(o, "done ") {
+				t.Fatalf("program output %q", o)
+			}
+		})
+	}
+}
+
+// workerTids are the threads of pid other than its main thread.
+func workerTids(t *testing.T, pid int) []int {
+	t.Helper()
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, e := range ents {
+		if tid, err := strconv.Atoi(e.Name()); err == nil && tid != pid {
+			out = append(out, tid)
+		}
+	}
+	if len(out) == 0 {
+		t.Fatal("no worker threads")
+	}
+	return out
+}
+
+func chromeCalls(t *testing.T, path string) []slice {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct{ TraceEvents []slice }
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatalf("trace is not JSON: %v", err)
+	}
+	var out []slice
+	for _, e := range doc.TraceEvents {
+		if e.Ph == "X" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// TestTraceTid: with --tid naming one of mt.c's four workers, every call in
+// the trace is that thread's, and the capture fills up all the same.
+func TestTraceTid(t *testing.T) {
+	p := startCold(t)
+	tid := workerTids(t, p.Pid)[0]
+	out := filepath.Join(t.TempDir(), "trace.json")
+	run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "work", "--enable", "leaf", "--tid", strconv.Itoa(tid),
+		"--duration", "60s", "--max-calls", "3000", "-o", out)
+	calls := chromeCalls(t, out)
+	others := 0
+	for _, c := range calls {
+		if c.Tid != tid {
+			others++
+		}
+	}
+	if others != 0 || len(calls) < 3000 {
+		t.Errorf("%d calls, %d of them not thread %d's; want at least 3000, all of %d", len(calls), others, tid, tid)
+	}
+	allOff(t, p)
+	if out, _ := p.Finish(); !strings.Contains(out, "wrong=0") {
+		t.Fatalf("program output %q", out)
+	}
+}
+
+// TestTraceRate: with --rate 50 each of mt.c's hot functions is traced 50
+// times in every one-second quota epoch of the capture (its threads make
+// millions of calls a second), and the calls of the epoch that was current
+// when the events went on can add at most 50 more.
+func TestTraceRate(t *testing.T) {
+	const rate = 50
+	p := startCold(t)
+	out := filepath.Join(t.TempDir(), "trace.json")
+	r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "work", "--enable", "leaf", "--rate", strconv.Itoa(rate),
+		"--duration", "1500ms", "-o", out, "--json")
+	var sum struct {
+		Epochs  int    `json:"rate_epochs"`
+		Dropped uint64 `json:"dropped_events"`
+	}
+	if err := json.Unmarshal([]byte(r.Stdout), &sum); err != nil || sum.Dropped != 0 || sum.Epochs < 1 {
+		t.Fatalf("summary %q (%v): want no drops and at least one epoch", r.Stdout, err)
+	}
+	n := map[string]int{}
+	for _, c := range chromeCalls(t, out) {
+		n[c.Name]++
+	}
+	for _, f := range []string{"work", "leaf"} {
+		if n[f] < rate*sum.Epochs || n[f] > rate*(sum.Epochs+1) {
+			t.Errorf("%s traced %d times in %d epochs of --rate %d; want %d..%d", f, n[f], sum.Epochs, rate, rate*sum.Epochs, rate*(sum.Epochs+1))
+		}
+	}
+	allOff(t, p)
+	if out, _ := p.Finish(); !strings.Contains(out, "wrong=0") {
+		t.Fatalf("program output %q", out)
+	}
+}
