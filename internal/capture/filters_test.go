@@ -217,8 +217,14 @@ func TestTraceMinDuration(t *testing.T) {
 			}
 			p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path)
 			out := filepath.Join(t.TempDir(), "trace.json")
-			run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "outer", "--enable", "fast", "--enable", "slow",
-				"--min-duration", "50us", "--duration", "60s", "--max-calls", "1100", "-o", out)
+			r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "outer", "--enable", "fast", "--enable", "slow",
+				"--min-duration", "50us", "--ring-events", "65536", "--duration", "60s", "--max-calls", "1100", "-o", out, "--json")
+			var sum struct {
+				Dropped uint64 `json:"dropped_events"`
+			}
+			if err := json.Unmarshal([]byte(r.Stdout), &sum); err != nil || sum.Dropped != 0 {
+				t.Fatalf("summary %q (%v): want no drops", r.Stdout, err)
+			}
 			calls := chromeCalls(t, out)
 			var outers, slows []slice
 			for _, c := range calls {
