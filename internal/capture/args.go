@@ -4,6 +4,7 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
+	"os"
 	"path"
 	"sort"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/dwarfargs"
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 )
@@ -135,6 +137,14 @@ func planArgs(pid int, targets []*hotpatch.Target, sites []hotpatch.SiteResult, 
 		f.args, f.rets = f.args || a, f.rets || r
 	}
 	var notes []string
+	if n := seccompThreads(pid); n > 0 {
+		// A filter may forbid process_vm_readv, and its action may be to kill
+		// the process: strings are not copied, their pointers are shown.
+		for _, f := range funcs {
+			f.plan.StringRegs, f.plan.RetString = 0, false
+		}
+		notes = append(notes, fmt.Sprintf("%d threads of the process run under a seccomp filter, which may forbid the call that copies strings without faulting (process_vm_readv) and kill the process for it: char * values are shown as pointers", n))
+	}
 	for _, name := range sortedKeys(cyg) {
 		notes = append(notes, name+": "+CygArgsNote)
 	}
@@ -325,4 +335,28 @@ func probeSites(targets []*hotpatch.Target, pats []string) []hotpatch.SiteResult
 		}
 	}
 	return out
+}
+
+// seccompThreads counts the threads of pid under seccomp (strict or filter
+// mode); a thread that cannot be read counts as one.
+func seccompThreads(pid int) int {
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 1
+	}
+	n := 0
+	for _, e := range ents {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		st, err := procfs.ReadStatus(pid, tid)
+		if err != nil {
+			continue // the thread ended
+		}
+		if st.Int("Seccomp") > 0 { // 1 strict, 2 filter; -1: a kernel without the field
+			n++
+		}
+	}
+	return n
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
 
@@ -410,6 +411,106 @@ func TestTraceArgsWhatIsOn(t *testing.T) {
 	}
 	if n < 10 {
 		t.Fatalf("%d t_dmul calls with arguments in:\n%s", n, r.Stdout)
+	}
+}
+
+// TestTraceAfterKilledCapture: a capture SIGKILLed while it records
+// arguments into bigger rings leaves them asked for; the next capture starts
+// from the defaults and leaves nothing of either behind.
+func TestTraceAfterKilledCapture(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.Runtime(t, "gcc")
+	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
+	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path, filepath.Join(t.TempDir(), "calls.log"))
+	cmd := exec.Command(testutil.Command(t, "hotpatch"), "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_dmul", "--args", "t_dmul",
+		"--ring-events", "4096", "--duration", "5m", "-o", filepath.Join(t.TempDir(), "t.pftrace"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	region, err := shm.OpenPID(p.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer region.Close()
+	waitFor(t, "the capture to start", func() bool { return region.Control()&shm.CtlArgs != 0 })
+	cmd.Process.Kill()
+	cmd.Wait()
+	if h := region.Header(); h.RingReq != 4096 || h.Control&shm.CtlArgs == 0 {
+		t.Fatalf("after the kill: ring_req %d, control %#x; want what the killed capture set", h.RingReq, h.Control)
+	}
+	run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_dmul", "--duration", "60s", "--max-calls", "5", "--format", "text")
+	h := region.Header()
+	if h.RingReq != region.RingDefault() || h.Control&(shm.CtlArgs|shm.CtlTrace) != 0 {
+		t.Errorf("after the next capture: ring_req %d (default %d), control %#x", h.RingReq, region.RingDefault(), h.Control)
+	}
+	p.Finish()
+}
+
+// TestTraceArgsSeccomp: in a process under a seccomp filter, whose action
+// for the string copy's system call could be to kill it, strings are not
+// copied: their pointers are recorded, and the capture says why.
+func TestTraceArgsSeccomp(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.Runtime(t, "gcc")
+	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
+	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib, "ARGSLIVE_SECCOMP=1"}, fx.Path, filepath.Join(t.TempDir(), "calls.log"))
+	r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_pick", "--args", "t_pick", "--retval", "t_pick",
+		"--duration", "60s", "--max-calls", "10", "--format", "text")
+	p.Finish()
+	if !strings.Contains(r.Stderr, "seccomp filter") {
+		t.Errorf("no word of the seccomp filter: %q", r.Stderr)
+	}
+	line := regexp.MustCompile(`\| t_pick\(id=\d+, a=(\S+), b=(\S+)\) = ([^;]+);`)
+	n := 0
+	for _, m := range line.FindAllStringSubmatch(r.Stdout, -1) {
+		for _, v := range m[1:] {
+			if !strings.HasPrefix(v, "0x") {
+				t.Errorf("%q: a string copied in a process under seccomp", m[0])
+			}
+		}
+		n++
+	}
+	if n < 10 {
+		t.Fatalf("%d t_pick calls in:\n%s", n, r.Stdout)
+	}
+}
+
+// TestTraceArgsWithDepthFilter: with the runtime's depth filter, the calls
+// it keeps have their arguments and return values, and the calls it filters
+// out leave no record behind (gcc -O0: t_tail calls t_leafx, one deeper).
+func TestTraceArgsWithDepthFilter(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.Runtime(t, "gcc")
+	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O0", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
+	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	logFile := filepath.Join(t.TempDir(), "calls.log")
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path, logFile)
+	r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_tail", "--enable", "t_leafx", "--args", "t_*", "--retval", "t_*",
+		"--max-depth", "1", "--duration", "60s", "--max-calls", "10", "--format", "text")
+	p.Finish()
+	logged := loggedCalls(t, logFile)
+	if strings.Contains(r.Stdout, "t_leafx(") {
+		t.Errorf("t_leafx, one deeper than --max-depth 1 allows, is in the trace:\n%s", r.Stdout)
+	}
+	line := regexp.MustCompile(`\| t_tail\(x=(-?\d+), id=(\d+)\) = (-?\d+);`)
+	n := 0
+	for _, m := range line.FindAllStringSubmatch(r.Stdout, -1) {
+		want := logged["t_tail#"+m[2]]
+		if len(want) != 3 || want[0] != "x="+m[1] || want[2] != "=T("+m[3]+")" {
+			t.Errorf("traced %q, the program logged %q", m[0], want)
+		}
+		n++
+	}
+	if n < 10 {
+		t.Fatalf("%d t_tail calls with arguments and return value in:\n%s", n, r.Stdout)
 	}
 }
 

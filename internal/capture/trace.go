@@ -233,17 +233,28 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		return nil, err
 	}
 	res.RingCapacity, res.RingEvents = s.region.RingCapacity(), s.region.RingDefault()
-	if o.RingEvents != 0 {
+	// A capture killed before it could put things back (SIGKILL) may have
+	// left bigger rings asked for, and argument plans with their bit on:
+	// this capture starts from the defaults unless it asks otherwise.
+	if req := s.region.Header().RingReq; o.RingEvents != 0 || req != 0 && req != s.region.RingDefault() {
 		// The rings are empty now: each thread takes the new size at its
 		// first event of the capture.
 		if err := s.region.SetRingEvents(o.RingEvents); err != nil {
 			return nil, err
 		}
-		res.RingEvents = o.RingEvents
+		if o.RingEvents != 0 {
+			res.RingEvents = o.RingEvents
+		}
 		defer func() {
 			s.region.SetRingEvents(0)
 			s.region.ReleaseRings() // after the last drain: what is left was consumed
 		}()
+	}
+	if plans == nil && s.region.Control()&shm.CtlArgs != 0 {
+		if err := s.region.SetControl(0, shm.CtlArgs); err != nil {
+			return nil, err
+		}
+		s.region.ClearArgPlans()
 	}
 	dropped0 := s.region.Counters().RingDropped
 	slotDropped0 := map[int]uint64{}

@@ -375,9 +375,11 @@ func (s *Session) newGeneration(p *prepared, before []xmod.State) {
 		return
 	}
 	keys := p.gen[:0]
-	for i, c := range p.sel {
-		if c.on && before[i] != xmod.StateActive && c.probe.Resolved && c.probe.FunctionAddress != 0 {
-			keys = append(keys, c.target.Object.Runtime(uint64(c.probe.FunctionAddress)))
+	for i, k := range p.genKey {
+		// Adjacent duplicates (a function's entry and exit) once: a second
+		// increment of the same generation adds nothing.
+		if k != 0 && before[i] != xmod.StateActive && (len(keys) == 0 || keys[len(keys)-1] != k) {
+			keys = append(keys, k)
 		}
 	}
 	if len(keys) > 0 {

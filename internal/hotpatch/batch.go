@@ -45,6 +45,10 @@ type prepared struct {
 	protoErr error          // --protocol flip asked of a site it cannot toggle
 	batch    *xmod.Prepared // every site: the reads, and the writes when onlyFlip
 	verified bool           // listed probes checked against a scan (verify)
+	// genKey[i]: the run-time address of sel[i]'s function, the runtime's
+	// key for a new generation (newGeneration), when sel[i] enables a
+	// probe whose function is known; 0 otherwise.
+	genKey []uint64
 	// Scratch reused by each Apply (a Session is used by one goroutine).
 	before, after []xmod.State
 	gen           []uint64
@@ -84,9 +88,13 @@ func (s *Session) prepare(actions []Action, protocol string) (*prepared, error) 
 	if err != nil {
 		return nil, err
 	}
-	p := &prepared{sel: sel, sites: make([]xmod.Site, len(sel)), protoOf: make([]string, len(sel)), byProto: map[string][]xmod.Change{}}
+	p := &prepared{sel: sel, sites: make([]xmod.Site, len(sel)), protoOf: make([]string, len(sel)), byProto: map[string][]xmod.Change{},
+		genKey: make([]uint64, len(sel))}
 	all := make([]xmod.Change, len(sel))
 	for i, c := range sel {
+		if c.on && c.probe.Resolved && c.probe.FunctionAddress != 0 {
+			p.genKey[i] = c.target.Object.Runtime(uint64(c.probe.FunctionAddress))
+		}
 		p.sites[i] = siteOf(c)
 		all[i] = xmod.Change{Site: p.sites[i], On: c.on}
 		pr := protocolFor(protocol, c.probe)

@@ -17,6 +17,14 @@
 // seen without its entry). A function's totals are its shared table entry
 // plus the per-thread cache entries that name it (see docs/runtime.md).
 //
+// The function table grows while the process runs, in segments reserved as
+// address space (decision D35): readers take the segments in use from the
+// header at each read (FuncSlots) and probe a key's windows segment by
+// segment as the runtime does. Most of a region is reserve no page of which
+// was written, and reading such a page through the shared mapping would make
+// the kernel allocate it, so scans read only what the file says holds data
+// (extents.go); ReadMemory reports what a process's region costs.
+//
 // Trace rings are single-producer rings with a head the runtime advances and
 // a tail only a consuming reader advances: Consume reads and frees events
 // (one consumer at a time), Events copies them without freeing. Control flags

@@ -26,37 +26,55 @@ type extents struct {
 	all    bool
 }
 
-// data returns the parts of the region's file that hold data.
-func (r *Region) data() extents {
+// data returns the parts of the given byte ranges of the region's file that
+// hold data (ranges in increasing order, inside the region). Only those
+// ranges are walked: a live region's rings and counters may hold many
+// extents that a scan of the thread slots or keys does not need.
+func (r *Region) data(ranges ...[2]uint64) extents {
 	if r.file == nil {
 		return extents{all: true}
 	}
 	fd := int(r.file.Fd())
-	size := int64(len(r.mem))
+	size := uint64(len(r.mem))
 	var e extents
-	for off := int64(0); off < size; {
-		d, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) || (err == nil && d >= size) {
-			break
+	for _, rg := range ranges {
+		end := min(rg[1], size)
+		for off := rg[0]; off < end; {
+			d, err := unix.Seek(fd, int64(off), unix.SEEK_DATA)
+			if errors.Is(err, unix.ENXIO) || (err == nil && uint64(d) >= end) {
+				break
+			}
+			if err != nil {
+				return extents{all: true}
+			}
+			h, err := unix.Seek(fd, d, unix.SEEK_HOLE)
+			if err != nil {
+				return extents{all: true}
+			}
+			if uint64(h) <= uint64(d) {
+				return extents{all: true} // the file changed under us: read everything
+			}
+			hi := min(uint64(h), end)
+			if n := len(e.hi); n > 0 && e.hi[n-1] >= uint64(d) {
+				e.hi[n-1] = max(e.hi[n-1], hi) // ranges that touch
+			} else {
+				e.lo = append(e.lo, uint64(d))
+				e.hi = append(e.hi, hi)
+			}
+			off = hi
 		}
-		if err != nil {
-			return extents{all: true}
-		}
-		h, err := unix.Seek(fd, d, unix.SEEK_HOLE)
-		if err != nil {
-			return extents{all: true}
-		}
-		if h > size {
-			h = size
-		}
-		if h <= d {
-			return extents{all: true} // the file changed under us: read everything
-		}
-		e.lo = append(e.lo, uint64(d))
-		e.hi = append(e.hi, uint64(h))
-		off = h
 	}
 	return e
+}
+
+// threadRange is the byte range of the thread slots.
+func (r *Region) threadRange() [2]uint64 {
+	return [2]uint64{r.hdr.ThreadOff, r.hdr.ThreadOff + uint64(r.hdr.MaxThreads)*uint64(r.hdr.ThreadSize)}
+}
+
+// keysRange is the byte range of the function table's keys in use.
+func (r *Region) keysRange() [2]uint64 {
+	return [2]uint64{r.hdr.KeysOff, r.hdr.KeysOff + r.FuncSlots()*8}
 }
 
 // has reports whether any of the n bytes at off may hold data.

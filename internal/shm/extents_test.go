@@ -27,7 +27,7 @@ func TestExtents(t *testing.T) {
 		}
 	}
 	r := &Region{mem: make([]byte, size), file: f}
-	d := r.data()
+	d := r.data([2]uint64{0, size})
 	if d.all || len(d.lo) != 2 || d.lo[0] != 3*page || d.hi[0] != 4*page || d.lo[1] != 40*page || d.hi[1] != 41*page {
 		t.Fatalf("extents %+v, want [3p,4p) and [40p,41p)", d)
 	}
@@ -43,7 +43,11 @@ func TestExtents(t *testing.T) {
 			t.Errorf("has(%d, %d) = %v, want %v", c.off, c.n, got, c.want)
 		}
 	}
-	if !(&Region{mem: make([]byte, size)}).data().has(0, 1) {
+	// Only the ranges asked about are walked.
+	if d := r.data([2]uint64{0, 20 * page}, [2]uint64{50 * page, size}); len(d.lo) != 1 || d.lo[0] != 3*page || d.has(40*page, page) {
+		t.Errorf("extents of two ranges %+v, want [3p,4p) only", d)
+	}
+	if !(&Region{mem: make([]byte, size)}).data([2]uint64{0, size}).has(0, 1) {
 		t.Error("a region without a file must be read whole")
 	}
 }

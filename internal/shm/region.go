@@ -275,9 +275,8 @@ func (r *Region) NewGeneration(keys []uint64) (int, error) {
 	// none leaves the fast path alone.
 	var gen uint32
 	n := 0
-	d := r.data()
 	for _, key := range keys {
-		if e := r.lookupIn(d, key); e != nil {
+		if e := r.lookup(key); e != nil {
 			if n == 0 {
 				gen = atomic.AddUint32((*uint32)(unsafe.Pointer(&r.mem[hdrGen])), 1)
 			}
@@ -384,10 +383,14 @@ func (r *Region) HookCost() (ns float64, samples uint64) {
 // lookup finds key's function entry the way the runtime's ep_gfind probes
 // the table: MaxProbe slots from the key's home in each segment in use, in
 // order; an empty slot on the way means the key was never claimed.
-func (r *Region) lookup(key uint64) *funcEntry { return r.lookupIn(r.data(), key) }
+//
+// A lookup reads only the windows of the key's probe sequence, and stops at
+// an empty slot, so it touches a few pages of keys at most: it asks nothing
+// of the file (see extents.go), which would cost more than the lookup.
+func (r *Region) lookup(key uint64) *funcEntry { return r.lookupIn(extents{all: true}, key) }
 
-// lookupIn is lookup with the region's data extents already known (a page
-// of keys that holds no data holds only empty slots).
+// lookupIn is lookup with the region's data extents known (a page of keys
+// that holds no data holds only empty slots).
 func (r *Region) lookupIn(d extents, key uint64) *funcEntry {
 	segs := r.funcSegs()
 	h := key * hashMul
@@ -522,7 +525,7 @@ func (r *Region) localAt(slot, i uint64) *localEntry {
 // in use are read (the rest is address space no page of which was touched).
 func (r *Region) Functions() []Func {
 	n := r.FuncSlots()
-	d := r.data()
+	d := r.data(r.threadRange(), r.keysRange())
 	idx := make(map[uint32]int)
 	var out []Func
 	for i := uint64(0); i < n; i++ {
@@ -621,7 +624,7 @@ type Thread struct {
 // Threads returns every slot that has ever been claimed.
 func (r *Region) Threads() []Thread {
 	var out []Thread
-	d := r.data()
+	d := r.data(r.threadRange())
 	for i := uint64(0); i < uint64(r.hdr.MaxThreads); i++ {
 		if !r.slotUsed(d, i) {
 			continue

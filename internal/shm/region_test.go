@@ -276,3 +276,33 @@ func regionRss(t testing.TB, pid int) (rss, size int) {
 	}
 	return int(m.ResidentKiB), int(m.SizeKiB)
 }
+
+// TestReserveFirstSegment: EDGEPROBE_RESERVE=1 allocates, at start-up, the
+// region's fixed part and the function table's first segment (no page
+// fault later can meet a memory limit there), and nothing of the table's
+// reserve beyond it, which stays address space (D35).
+func TestReserveFirstSegment(t *testing.T) {
+	lib := buildRuntime(t, "gcc")
+	bin := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c"}}).Path
+	if r := testutil.Run(t, "coldpatch", bin); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib, "EDGEPROBE_RESERVE=1"}, bin)
+	p.AwaitProgress(p.Symbol(bin, "progress"), 1000)
+	r, err := OpenPID(p.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := r.Header()
+	r.Close()
+	m, err := ReadMemory(p.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := (h.KeysOff + uint64(h.FuncFirst)*(8+funcSize)) >> 10
+	t.Logf("reserved region: file holds %d KiB, fixed part and first segment %d KiB, mapped %d KiB", m.AllocatedKiB, want, m.SizeKiB)
+	if m.AllocatedKiB < want || m.AllocatedKiB > want+1024 || m.AllocatedKiB*4 > m.SizeKiB {
+		t.Errorf("file holds %d KiB, want %d..%d KiB (the fixed part and the first segment) of %d KiB mapped", m.AllocatedKiB, want, want+1024, m.SizeKiB)
+	}
+	p.Finish()
+}

@@ -238,7 +238,7 @@ func (r *Region) ReleaseRings() {
 		return
 	}
 	page := uint64(os.Getpagesize())
-	d := r.data()
+	d := r.data(r.threadRange())
 	for i := uint64(0); i < uint64(r.hdr.MaxThreads); i++ {
 		if !r.slotUsed(d, i) {
 			continue
