@@ -161,10 +161,14 @@ func TestTraceTid(t *testing.T) {
 	}
 }
 
-// TestTraceRate: with --rate 50 each of mt.c's hot functions is traced 50
-// times in every one-second quota epoch of the capture (its threads make
-// millions of calls a second), and the calls of the epoch that was current
-// when the events went on can add at most 50 more.
+// TestTraceRate: with --rate 50 each of mt.c's hot functions records 50
+// calls in every one-second quota epoch of the capture (its threads make
+// millions of calls a second), and the epoch that was current when the
+// events went on can add at most 50 more traced calls. A recorded call goes
+// untraced only if its hook was already running when the events went on (it
+// read the control word before) or had not written its event when the
+// capture drained for the last time: at most one hook per thread each time,
+// so at most 2 x 4 (mt.c's workers) fewer. (Seen once under load: 99 of 100.)
 func TestTraceRate(t *testing.T) {
 	const rate = 50
 	p := startCold(t)
@@ -182,9 +186,10 @@ func TestTraceRate(t *testing.T) {
 	for _, c := range chromeCalls(t, out) {
 		n[c.Name]++
 	}
+	const inFlight = 2 * 4
 	for _, f := range []string{"work", "leaf"} {
-		if n[f] < rate*sum.Epochs || n[f] > rate*(sum.Epochs+1) {
-			t.Errorf("%s traced %d times in %d epochs of --rate %d; want %d..%d", f, n[f], sum.Epochs, rate, rate*sum.Epochs, rate*(sum.Epochs+1))
+		if n[f] < rate*sum.Epochs-inFlight || n[f] > rate*(sum.Epochs+1) {
+			t.Errorf("%s traced %d times in %d epochs of --rate %d; want %d..%d", f, n[f], sum.Epochs, rate, rate*sum.Epochs-inFlight, rate*(sum.Epochs+1))
 		}
 	}
 	allOff(t, p)
@@ -212,8 +217,14 @@ func TestTraceMinDuration(t *testing.T) {
 			}
 			p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path)
 			out := filepath.Join(t.TempDir(), "trace.json")
-			run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "outer", "--enable", "fast", "--enable", "slow",
-				"--min-duration", "50us", "--duration", "60s", "--max-calls", "1100", "-o", out)
+			r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "outer", "--enable", "fast", "--enable", "slow",
+				"--min-duration", "50us", "--ring-events", "65536", "--duration", "60s", "--max-calls", "1100", "-o", out, "--json")
+			var sum struct {
+				Dropped uint64 `json:"dropped_events"`
+			}
+			if err := json.Unmarshal([]byte(r.Stdout), &sum); err != nil || sum.Dropped != 0 {
+				t.Fatalf("summary %q (%v): want no drops", r.Stdout, err)
+			}
 			calls := chromeCalls(t, out)
 			var outers, slows []slice
 			for _, c := range calls {

@@ -231,6 +231,23 @@ per second (the calls over it are neither traced nor counted while the trace run
 			if duration <= 0 {
 				return usagef("trace needs a positive --duration")
 			}
+			if minDur < 0 || minDur > time.Duration(math.MaxUint32) {
+				return usagef("--min-duration must be 0 (any) .. %s", time.Duration(math.MaxUint32))
+			}
+			if maxDepth < 0 {
+				return usagef("--max-depth must be 0 (any) or more")
+			}
+			if rate > math.MaxUint32 {
+				return usagef("--rate must be 0 (no limit) .. %d calls a second", uint32(math.MaxUint32))
+			}
+			if len(tids) > shm.FilterTids {
+				return usagef("--tid names %d threads; the runtime filters on at most %d", len(tids), shm.FilterTids)
+			}
+			for _, t := range tids {
+				if t <= 0 {
+					return usagef("--tid %d is not a thread id", t)
+				}
+			}
 			if ringEv&(ringEv-1) != 0 {
 				return usagef("--ring-events %d is not a power of two", ringEv)
 			}
@@ -274,20 +291,6 @@ per second (the calls over it are neither traced nor counted while the trace run
 			progress := progressTo(stderr, "tracing")
 			if format == formatText && file == nil {
 				progress = nil // the call graph itself goes to the terminal
-			}
-			if minDur < 0 || minDur > time.Duration(math.MaxUint32) {
-				return usagef("--min-duration must be 0 (any) .. %s", time.Duration(math.MaxUint32))
-			}
-			if maxDepth < 0 {
-				return usagef("--max-depth must be 0 (any) or more")
-			}
-			if len(tids) > shm.FilterTids {
-				return usagef("--tid names %d threads; the runtime filters on at most %d", len(tids), shm.FilterTids)
-			}
-			for _, t := range tids {
-				if t <= 0 {
-					return usagef("--tid %d is not a thread id", t)
-				}
 			}
 			res, err := capture.Trace(ctx, capture.Options{PID: tf.pid, ProbeFiles: tf.probes, Selectors: sels, Duration: duration, MaxCalls: maxCalls, Progress: progress,
 				Args: argPats, Retval: retPats, RingEvents: ringEv, MaxDepth: maxDepth, Tids: tids, Rate: rate, MinDuration: minDur}, sink)
