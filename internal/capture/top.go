@@ -56,7 +56,10 @@ func Top(ctx context.Context, o Options, interval time.Duration, count int, show
 	}
 	sampler := report.NewTopSampler(o.PID, sym)
 	sampler.Sample(region.Functions(), time.Now())
-	t := time.NewTicker(interval)
+	// A timer armed after each sample, not a ticker: when sampling or
+	// printing overruns an interval (a loaded machine), a ticker's pending
+	// tick would make the next snapshot cover a fraction of a millisecond.
+	t := time.NewTimer(interval)
 	defer t.Stop()
 	for n := 0; count == 0 || n < count; n++ {
 		select {
@@ -65,6 +68,7 @@ func Top(ctx context.Context, o Options, interval time.Duration, count int, show
 		case <-t.C:
 		}
 		snap := sampler.Sample(region.Functions(), time.Now())
+		t.Reset(interval)
 		snap.Exited = region.Exited() || !alive(o.PID)
 		if err := show(snap); err != nil {
 			return err
