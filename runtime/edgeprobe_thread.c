@@ -439,10 +439,21 @@ EP_SHARED_COLD int ep_trace_held(struct ep_thread *th, uint32_t kind, uint64_t k
 	}
 	if (now <= fr->ts || ep_to_ns(now - fr->ts) < LOAD(&ep.hdr->filter_min_ns))
 		return 0;
+	/* The pending callers: down the stack over pending frames and over
+	 * frames a quota skipped (D31: they record nothing, so a pending caller
+	 * below one is still this call's caller in the stream); the walk stops
+	 * at the first frame that is neither (written already, or not judged). */
 	uint32_t j = depth;
-	while (j > 0 && frs[j - 1].flags == (ep_ | EP_FR_PENDING))
-		j--;
+	for (uint32_t i = depth; i > 0; i--) {
+		const struct ep_frame *c = &frs[i - 1];
+		if (c->flags == (ep_ | EP_FR_PENDING))
+			j = i - 1;
+		else if (!ep_frame_skip(c))
+			break;
+	}
 	for (uint32_t i = j; i < depth; i++) {
+		if (frs[i].flags != (ep_ | EP_FR_PENDING))
+			continue; /* a skipped frame between pending ones */
 		ep_trace_ts(th, EP_EV_ENTER, frs[i].fn, ep_ticks_mono(frs[i].ts));
 		frs[i].flags = ep_ | EP_FR_EMITTED;
 	}
