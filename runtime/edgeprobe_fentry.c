@@ -102,7 +102,7 @@ EP_STATIC int ep_shstk_on(void) {
 		return 1;
 	unsigned long features = 0;
 	/* ARCH_SHSTK_STATUS (Linux 6.6+); older kernels fail: no user shadow stacks */
-	if (syscall(SYS_arch_prctl, 0x5005, &features) == 0)
+	if (ep_sys2(SYS_arch_prctl, 0x5005, (long)&features) == 0) /* raw: errno untouched */
 		return (features & 1) != 0; /* ARCH_SHSTK_SHSTK */
 	return 0;
 }
@@ -172,8 +172,7 @@ EP_STATIC int ep_readable(uint64_t a, uint64_t call) {
 	if ((a >> 12) == (call >> 12))
 		return 1;
 	char buf[16];
-	struct iovec l = {buf, (size_t)(call - a)}, r = {(void *)(uintptr_t)a, (size_t)(call - a)};
-	return syscall(SYS_process_vm_readv, (long)getpid(), &l, 1L, &r, 1L, 0L) == (long)(call - a);
+	return ep_self_read(buf, a, (size_t)(call - a)) == (long)(call - a);
 }
 
 EP_INLINE int ep_is_endbr64(const uint8_t *p) {
@@ -347,7 +346,7 @@ EP_COLD uint32_t ep_fentry_resync(struct ep_thread *th, uint64_t slot, uint64_t 
 		/* On a signal stack the frames below us on the thread's stack are
 		 * alive: only frames on the signal stack itself can be dead. */
 		stack_t ss;
-		if (sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_ONSTACK)) {
+		if (ep_on_altstack(&ss)) {
 			lo = (uint64_t)(uintptr_t)ss.ss_sp;
 			hi = lo + ss.ss_size;
 		}
@@ -454,6 +453,7 @@ __attribute__((visibility("hidden"), no_instrument_function, cold)) void ep_fent
                                                                                             const uint64_t *gregs,
                                                                                             const void *vsave) {
 	uint64_t here = EP_HERE(), hret = (uint64_t)(uintptr_t)__builtin_return_address(0);
+	int saved_errno = errno; /* the return-address stack's mmap, the CET check: libc */
 	if (ep_tls.slot == EP_TS_NONE)
 		ep_claim();
 	if ((uintptr_t)ep_tls.slot >= EP_SLOT_MIN && ep_tls.rs_state == EP_RS_UNSET &&
@@ -466,6 +466,7 @@ __attribute__((visibility("hidden"), no_instrument_function, cold)) void ep_fent
 		SIGFENCE();
 		ep_tls.busy = 0;
 	}
+	errno = saved_errno;
 	ep_fentry_enter_impl(ret, slotp, 0, here, hret, gregs, vsave);
 }
 

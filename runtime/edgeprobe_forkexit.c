@@ -116,6 +116,36 @@ EP_STATIC int ep_write_range(int fd, const char *src, uint64_t n, uint64_t off) 
  * in use are written (the output's max_funcs is their slots): the rest of
  * the table is address space the process never used. */
 EP_STATIC void ep_write_output(void) {
+	/* The file keeps what is used, not what is reserved: each ring's cells
+	 * in use (rings of the largest size any thread uses, so that a reader
+	 * finds each slot's ring_size cells at its slot's offset) and the
+	 * function table's segments in use; the counters and keys follow the
+	 * rings as in the live region. */
+	const struct ep_header *h = ep.hdr;
+	uint32_t segs = __atomic_load_n(&h->func_segs, __ATOMIC_ACQUIRE);
+	uint64_t used = (uint64_t)h->func_first << (segs - 1);
+	uint32_t rdef = h->ring_def, nr = ep.ring_events ? rdef : 0;
+	for (uint32_t i = 0; i < ep.max_threads && ep.ring_events; i++) {
+		uint32_t n = LOAD(&ep_slot(i)->ring_size);
+		if (n > nr && n <= ep.ring_events)
+			nr = n;
+	}
+	uint64_t rstride = ((uint64_t)nr * sizeof(struct ep_event) + 63) & ~63ull;
+	uint64_t keys_off = (ep.ring_off + (uint64_t)ep.max_threads * rstride + 63) & ~63ull;
+	uint64_t func_off = (keys_off + used * sizeof(uint64_t) + 63) & ~63ull;
+	uint64_t size = (func_off + used * sizeof(struct ep_func) + 4095) & ~4095ull;
+	/* A file-size limit (RLIMIT_FSIZE) applies here too: a write past it
+	 * raises SIGXFSZ, whose default action kills the program at its exit
+	 * (and loses its exit status). Never write past it: the output is
+	 * skipped, with one line, when it does not fit. */
+	uint64_t flim = ~0ull;
+	struct rlimit fl;
+	if (getrlimit(RLIMIT_FSIZE, &fl) == 0 && fl.rlim_cur != RLIM_INFINITY)
+		flim = (uint64_t)fl.rlim_cur;
+	if (size > flim) {
+		ep_say("EDGEPROBE_OUTPUT would exceed the file-size limit (ulimit -f); not written", 0);
+		return;
+	}
 	/* A fresh temporary beside the output (O_EXCL | O_NOFOLLOW: never a file
 	 * or symlink someone planted), renamed over it: rename replaces a
 	 * planted symlink itself, it does not follow it. */
@@ -135,24 +165,6 @@ EP_STATIC void ep_write_output(void) {
 		ep_say("cannot write EDGEPROBE_OUTPUT", errno);
 		return;
 	}
-	/* The file keeps what is used, not what is reserved: each ring's cells
-	 * in use (rings of the largest size any thread uses, so that a reader
-	 * finds each slot's ring_size cells at its slot's offset) and the
-	 * function table's segments in use; the counters and keys follow the
-	 * rings as in the live region. */
-	const struct ep_header *h = ep.hdr;
-	uint32_t segs = __atomic_load_n(&h->func_segs, __ATOMIC_ACQUIRE);
-	uint64_t used = (uint64_t)h->func_first << (segs - 1);
-	uint32_t rdef = h->ring_def, nr = ep.ring_events ? rdef : 0;
-	for (uint32_t i = 0; i < ep.max_threads && ep.ring_events; i++) {
-		uint32_t n = LOAD(&ep_slot(i)->ring_size);
-		if (n > nr && n <= ep.ring_events)
-			nr = n;
-	}
-	uint64_t rstride = ((uint64_t)nr * sizeof(struct ep_event) + 63) & ~63ull;
-	uint64_t keys_off = (ep.ring_off + (uint64_t)ep.max_threads * rstride + 63) & ~63ull;
-	uint64_t func_off = (keys_off + used * sizeof(uint64_t) + 63) & ~63ull;
-	uint64_t size = (func_off + used * sizeof(struct ep_func) + 4095) & ~4095ull;
 	int ok = ep_write_range(fd, ep.base + EP_HEADER_SIZE, ep.ring_off - EP_HEADER_SIZE, EP_HEADER_SIZE);
 	for (uint32_t i = 0; i < ep.max_threads && nr && ok; i++) {
 		uint32_t n = LOAD(&ep_slot(i)->ring_size);
@@ -173,6 +185,11 @@ EP_STATIC void ep_write_output(void) {
 				continue;
 			if (r <= 0)
 				break;
+			if (size + mlen + (uint64_t)r > flim) {
+				ok = 0;
+				errno = EFBIG;
+				break;
+			}
 			if (pwrite(fd, buf, (size_t)r, (off_t)(size + mlen)) != r) {
 				ok = 0;
 				break;

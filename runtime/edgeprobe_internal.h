@@ -76,6 +76,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -254,6 +255,50 @@ EP_SHARED uint32_t ep_fentry_mode(void);
 EP_SHARED void ep_rs_free(void);
 
 /* ---- clocks ---- */
+
+/* System calls made inside hooks go through these instead of libc's
+ * syscall(): glibc's wrapper stores a failure in the thread's errno, and a
+ * hook must leave the probed program's errno as it found it (a failed
+ * process_vm_readv of an unreadable char * would otherwise show EFAULT to
+ * code that tests errno after the probed call). They return what the kernel
+ * returns (-errno on failure) and call no libc. */
+EP_INLINE long ep_sys1(long nr, long a) {
+	long r;
+	__asm__ volatile("syscall" : "=a"(r) : "a"(nr), "D"(a) : "rcx", "r11", "memory");
+	return r;
+}
+
+EP_INLINE long ep_sys2(long nr, long a, long b) {
+	long r;
+	__asm__ volatile("syscall" : "=a"(r) : "a"(nr), "D"(a), "S"(b) : "rcx", "r11", "memory");
+	return r;
+}
+
+EP_INLINE long ep_sys6(long nr, long a, long b, long c, long d, long e, long f) {
+	long r;
+	register long r10 __asm__("r10") = d;
+	register long r8 __asm__("r8") = e;
+	register long r9 __asm__("r9") = f;
+	__asm__ volatile("syscall"
+			 : "=a"(r)
+			 : "a"(nr), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+			 : "rcx", "r11", "memory");
+	return r;
+}
+
+/* Read n bytes of our own memory at src into dst without faulting (an
+ * unmapped or protected source fails instead); the bytes read, <= 0 on a
+ * failure. errno is left alone. */
+EP_INLINE long ep_self_read(void *dst, uint64_t src, size_t n) {
+	struct iovec l = {dst, n}, r = {(void *)(uintptr_t)src, n};
+	return ep_sys6(SYS_process_vm_readv, ep_sys1(SYS_getpid, 0), (long)&l, 1L, (long)&r, 1L, 0L);
+}
+
+/* Whether the thread runs on its alternate signal stack; its bounds in
+ * *ss then. errno is left alone. */
+EP_INLINE int ep_on_altstack(stack_t *ss) {
+	return ep_sys2(SYS_sigaltstack, 0, (long)ss) == 0 && (ss->ss_flags & SS_ONSTACK);
+}
 
 EP_INLINE uint64_t ep_mono_ns(void) {
 	struct timespec ts;

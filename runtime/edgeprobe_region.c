@@ -243,6 +243,29 @@ EP_STATIC int ep_make_region(void) {
 	 * limited (RLIMIT_AS), a smaller region rather than none: first rings
 	 * of the start size only (no capture-time growth), then the table's
 	 * cap halved down to the first segment. */
+	/* A file-size limit (RLIMIT_FSIZE, `ulimit -f`) applies to a memfd
+	 * too: an ftruncate past it raises SIGXFSZ, whose default action kills
+	 * the program before main. Shrink the same way as for RLIMIT_AS until
+	 * the region fits; if even the smallest does not, run unrecorded. */
+	struct rlimit fl;
+	if (getrlimit(RLIMIT_FSIZE, &fl) == 0 && fl.rlim_cur != RLIM_INFINITY) {
+		while (size > fl.rlim_cur && (nr > rdef || nf > nf0)) {
+			if (nr > rdef) {
+				nr = rdef;
+				rstride = ((uint64_t)nr * sizeof(struct ep_event) + 63) & ~63ull;
+			} else {
+				nf >>= 1;
+			}
+			g = ep_geometry(nf, nt, tsize, rstride);
+			thread_off = g.thread_off;
+			ring_off = g.ring_off;
+			size = g.size;
+		}
+		if (size > fl.rlim_cur) {
+			ep_say("the file-size limit (ulimit -f) is below the region's size", 0);
+			goto fail;
+		}
+	}
 	void *m = MAP_FAILED;
 	for (;;) {
 		if (ftruncate(fd, (off_t)size) != 0) {

@@ -13,8 +13,10 @@
  * only (OWN_ADD), shared counters with relaxed atomics; a slot is claimed by
  * CAS. Everything here may run in a signal handler interrupting a hook of the
  * same thread, and is only entered with the busy word set (or judged stale
- * here first). No libc except on the claim (gettid, pthread_setspecific) and
- * in ep_busy_live / ep_heal's rare checks (process_vm_readv, sigaltstack).
+ * here first). No libc except on the claim (region set-up, pthread_setspecific;
+ * it saves and restores errno around them); ep_busy_live / ep_heal's rare
+ * checks (process_vm_readv, sigaltstack) are raw system calls: a hook leaves
+ * the program's errno as it found it.
  */
 #include "edgeprobe_internal.h"
 
@@ -43,12 +45,15 @@ EP_SHARED_COLD struct ep_thread *ep_claim(void) {
 	SIGFENCE();
 	ep_tls.busy = here;
 	SIGFENCE();
+	/* Region set-up and pthread_setspecific are libc and may set errno: the
+	 * probed program's errno must not change under it. */
+	int saved_errno = errno;
 	struct ep_thread *got = NULL;
 	if (!ep_ensure_init()) {
 		ep_count_early_drop();
 		goto out;
 	}
-	pid_t tid = (pid_t)syscall(SYS_gettid);
+	pid_t tid = (pid_t)ep_sys1(SYS_gettid, 0);
 	uint32_t n = ep.max_threads;
 	uint32_t start = (uint32_t)tid % n;
 	uint32_t idx = 0;
@@ -81,6 +86,7 @@ EP_SHARED_COLD struct ep_thread *ep_claim(void) {
 	if ((LOAD(&ep.hdr->control) & EP_CTL_TRACE) && ep.ring_events)
 		ep_trace_thread(got, tid);
 out:
+	errno = saved_errno;
 	SIGFENCE();
 	ep_tls.busy = 0;
 	return got;
@@ -92,8 +98,7 @@ out:
  * behind); 0 when it cannot be read. A system call: rare paths only. */
 EP_STATIC uint64_t ep_peek(uint64_t a) {
 	uint64_t v = 0;
-	struct iovec l = {&v, sizeof v}, r = {(void *)(uintptr_t)a, sizeof v};
-	if (syscall(SYS_process_vm_readv, (long)getpid(), &l, 1L, &r, 1L, 0L) != (long)sizeof v)
+	if (ep_self_read(&v, a, sizeof v) != (long)sizeof v)
 		return 0;
 	return v;
 }
@@ -123,7 +128,7 @@ EP_SHARED_COLD int ep_busy_live(struct ep_thread *th, uint64_t here) {
 	int above = here >= b;
 	if (above) {
 		stack_t ss;
-		if (sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_ONSTACK))
+		if (ep_on_altstack(&ss))
 			above = 0;
 	}
 	if (!above && got == ep_tls.busy_ret)
@@ -190,7 +195,7 @@ EP_SHARED_COLD uint32_t ep_heal(struct ep_thread *th, uint32_t d, uint64_t sp, u
 		return d;
 	if (j < k && sp - fr[j].sp > EP_NEAR_STACK) {
 		stack_t ss;
-		if (sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_ONSTACK)) {
+		if (ep_on_altstack(&ss)) {
 			uint64_t lo = (uint64_t)(uintptr_t)ss.ss_sp, hi = lo + ss.ss_size;
 			j = k;
 			while (j > 0 && ep_frame_dead(&fr[j - 1], sp) && fr[j - 1].sp >= lo && fr[j - 1].sp < hi)
@@ -434,10 +439,21 @@ EP_SHARED_COLD int ep_trace_held(struct ep_thread *th, uint32_t kind, uint64_t k
 	}
 	if (now <= fr->ts || ep_to_ns(now - fr->ts) < LOAD(&ep.hdr->filter_min_ns))
 		return 0;
+	/* The pending callers: down the stack over pending frames and over
+	 * frames a quota skipped (D31: they record nothing, so a pending caller
+	 * below one is still this call's caller in the stream); the walk stops
+	 * at the first frame that is neither (written already, or not judged). */
 	uint32_t j = depth;
-	while (j > 0 && frs[j - 1].flags == (ep_ | EP_FR_PENDING))
-		j--;
+	for (uint32_t i = depth; i > 0; i--) {
+		const struct ep_frame *c = &frs[i - 1];
+		if (c->flags == (ep_ | EP_FR_PENDING))
+			j = i - 1;
+		else if (!ep_frame_skip(c))
+			break;
+	}
 	for (uint32_t i = j; i < depth; i++) {
+		if (frs[i].flags != (ep_ | EP_FR_PENDING))
+			continue; /* a skipped frame between pending ones */
 		ep_trace_ts(th, EP_EV_ENTER, frs[i].fn, ep_ticks_mono(frs[i].ts));
 		frs[i].flags = ep_ | EP_FR_EMITTED;
 	}

@@ -1,5 +1,3 @@
-//go:build reviewbugs
-
 package capture
 
 import (
@@ -13,12 +11,12 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
 
-// Review (hostile): the string copy of --args runs in the probed thread at
+// The string copy of --args runs in the probed thread at
 // the function's entry; a char * that points at unreadable memory makes its
 // system call fail, and the hook must not leave that failure in the
 // program's errno (t_str never touches errno; the program checks it after
 // every call).
-func TestReviewArgsStringKeepsErrno(t *testing.T) {
+func TestArgsStringKeepsErrno(t *testing.T) {
 	testutil.RequirePtrace(t)
 	for _, cc := range []string{"gcc", "clang"} {
 		t.Run(cc, func(t *testing.T) {

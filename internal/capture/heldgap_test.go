@@ -1,5 +1,3 @@
-//go:build reviewbugs
-
 package capture
 
 import (
@@ -12,14 +10,14 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
 
-// Review (hostile): --rate and --min-duration together. t_a -> t_b -> t_c,
+// --rate and --min-duration together. t_a -> t_b -> t_c,
 // where the quota records t_a and t_c but skips t_b (its one call per epoch
 // went to a top-level t_b(0) just before). t_c's exit writes its held-back
 // enter and its pending callers' first; the skipped t_b's frame between
 // them must not hide t_a, or t_a's enter is written after t_c's events and
 // the thread's stream is no longer nested: the text view shows t_c as a
 // top-level call, and t_a with no callee.
-func TestReviewTraceRateWithMinDuration(t *testing.T) {
+func TestTraceRateWithMinDuration(t *testing.T) {
 	testutil.RequirePtrace(t)
 	lib := testutil.Runtime(t, "gcc")
 	fx := testutil.Build(t, testutil.Spec{Sources: []string{"heldgap.c"}, Opt: "-O0"})
