@@ -234,8 +234,9 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	}
 	res.RingCapacity, res.RingEvents = s.region.RingCapacity(), s.region.RingDefault()
 	// A capture killed before it could put things back (SIGKILL) may have
-	// left bigger rings asked for, and argument plans with their bit on:
-	// this capture starts from the defaults unless it asks otherwise.
+	// left bigger rings asked for (its control bits, plans, quota and
+	// filters open's resetStale cleared): this capture starts from the
+	// defaults unless it asks otherwise.
 	if req := s.region.Header().RingReq; o.RingEvents != 0 || req != 0 && req != s.region.RingDefault() {
 		// The rings are empty now: each thread takes the new size at its
 		// first event of the capture.
@@ -249,12 +250,6 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 			s.region.SetRingEvents(0)
 			s.region.ReleaseRings() // after the last drain: what is left was consumed
 		}()
-	}
-	if plans == nil && s.region.Control()&shm.CtlArgs != 0 {
-		if err := s.region.SetControl(0, shm.CtlArgs); err != nil {
-			return nil, err
-		}
-		s.region.ClearArgPlans()
 	}
 	dropped0 := s.region.Counters().RingDropped
 	slotDropped0 := map[int]uint64{}

@@ -19,6 +19,7 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/capture"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/report"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 )
@@ -141,6 +142,11 @@ included), then from --probes lists, else sub_<address>.`,
 			}
 			defer region.Close()
 			st := report.Collect(region, sym)
+			// A tracer is a capture (or another hotpatch) at work, whose
+			// bits these are; with none, they were left by a killed one.
+			if input == "" && procfs.TracerPid(tf.pid, 0) == 0 {
+				st.MarkLeftOn(region.Control())
+			}
 			if err := st.Sort(sort); err != nil {
 				return usageError{err}
 			}
