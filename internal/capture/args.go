@@ -179,8 +179,12 @@ func joinNotes(notes []string) string {
 // Why an argument or return value of a planned function has no record.
 const (
 	noArgRecord = "not recorded: the trace ring had no room for the arguments (a bigger --ring-events keeps them)"
-	noRetRecord = "not recorded: the trace ring had no room for the return value, or the call left by a tail call"
-	badRecord   = "not recorded: the runtime copied less than the plan asks for"
+	// No events were lost after the enter: the ring had room, something
+	// else kept the runtime from writing the record after the enter (or
+	// the capture ended between the two).
+	noArgMissing = "not recorded: no record followed the call's entry (the ring lost nothing there)"
+	noRetRecord  = "not recorded: the trace ring had no room for the return value, or the call left by a tail call"
+	badRecord    = "not recorded: the runtime copied less than the plan asks for"
 )
 
 // entryRegs unpacks an args record (layout in runtime/edgeprobe_shm.h).

@@ -74,6 +74,12 @@ const drainPeriod = 5 * time.Millisecond
 // well-formed call stream, see calltrace.Matcher), then switches them off,
 // closes the sink and puts the probes back as they were.
 func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResult, err error) {
+	if len(o.Args) > 0 && o.MinDuration > 0 {
+		// The runtime writes an args record only right after its call's
+		// enter event; --min-duration writes the enter at the exit, with
+		// nothing to put after it (docs/tracing.md).
+		return nil, fmt.Errorf("%w: not with a minimum duration (held-back enters are written without them)", ErrArgs)
+	}
 	s, err := open(ctx, o)
 	if err != nil {
 		return nil, err
@@ -145,14 +151,24 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		}
 		res.Limited = o.MaxCalls > 0 && m.Calls >= uint64(o.MaxCalls)
 	}
-	flush := func(slot int) { // the held event had no record
+	lastDropped := map[int]uint64{} // each slot's drop count at its last drain
+	// flush: the held event had no record; ringFull says the thread lost
+	// events right after it (else the ring is not to blame, unless it
+	// dropped some since the last drain: it may have been read from
+	// while the runtime dropped the record).
+	flush := func(slot int, ringFull bool) {
 		h := pend[slot]
 		if h == nil {
 			return
 		}
 		delete(pend, slot)
+		ringFull = ringFull || s.region.RingDropped(slot) != lastDropped[slot]
 		if h.e.Kind == shm.EvEnter {
-			add(h.tid, h.e, missingArgs(h.f, noArgRecord), nil)
+			why := noArgMissing
+			if ringFull {
+				why = noArgRecord
+			}
+			add(h.tid, h.e, missingArgs(h.f, why), nil)
 		} else {
 			add(h.tid, h.e, nil, missingRet(h.f, noRetRecord))
 		}
@@ -180,7 +196,6 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	// Drops: a full ring drops the newest events, so what a drain finds
 	// dropped since the last one was lost after the events it consumed; a
 	// Lost event marks the gap there, on the thread's track.
-	lastDropped := map[int]uint64{}
 	lastNs := map[int]uint64{}
 	lost := func(slot int, keep bool) {
 		d := s.region.RingDropped(slot)
@@ -189,7 +204,7 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		if !keep || delta == 0 || res.Limited || sinkErr != nil {
 			return
 		}
-		flush(slot)
+		flush(slot, true)
 		ts := lastNs[slot]
 		if ts == 0 {
 			ts = monoNow()
@@ -207,7 +222,7 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 					lastNs[th.Index] = e.TimeNs
 				}
 				if e.Kind == shm.EvThread {
-					flush(th.Index)
+					flush(th.Index, false)
 					tids[th.Index] = int32(e.Addr) // the slot changed hands
 					return
 				}
@@ -218,7 +233,7 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 					withData(th.Index, e)
 					return
 				}
-				flush(th.Index)
+				flush(th.Index, false)
 				if f := plans[e.Addr]; f != nil && (e.Kind == shm.EvEnter && f.args || e.Kind == shm.EvExit && f.rets) {
 					pend[th.Index] = &held{tids[th.Index], e, f}
 					return
@@ -291,7 +306,7 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	res.Dropped = s.region.Counters().RingDropped - dropped0
 	drain(true) // what the rings hold is kept unless the limit was reached
 	for slot := range pend {
-		flush(slot)
+		flush(slot, false)
 	}
 	for _, th := range s.region.Threads() {
 		if d := th.RingDropped - slotDropped0[th.Index]; d > 0 {

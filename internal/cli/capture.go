@@ -240,6 +240,9 @@ per second (the calls over it are neither traced nor counted while the trace run
 			if minDur < 0 || minDur > time.Duration(math.MaxUint32) {
 				return usagef("--min-duration must be 0 (any) .. %s", time.Duration(math.MaxUint32))
 			}
+			if len(argPats) > 0 && minDur > 0 {
+				return usagef("--args cannot be combined with --min-duration: a held-back call's enter is written at its exit, without the arguments copied at its entry")
+			}
 			if maxDepth < 0 {
 				return usagef("--max-depth must be 0 (any) or more")
 			}
