@@ -140,9 +140,7 @@ func planArgs(pid int, targets []*hotpatch.Target, sites []hotpatch.SiteResult, 
 	if n := seccompThreads(pid); n > 0 {
 		// A filter may forbid process_vm_readv, and its action may be to kill
 		// the process: strings are not copied, their pointers are shown.
-		for _, f := range funcs {
-			f.plan.StringRegs, f.plan.RetString = 0, false
-		}
+		dropStrings(funcs)
 		notes = append(notes, fmt.Sprintf("%d threads of the process run under a seccomp filter, which may forbid the call that copies strings without faulting (process_vm_readv) and kill the process for it: char * values are shown as pointers", n))
 	}
 	for _, name := range sortedKeys(cyg) {
@@ -159,6 +157,26 @@ func planArgs(pid int, targets []*hotpatch.Target, sites []hotpatch.SiteResult, 
 	}
 	return funcs, notes, nil
 }
+
+// copiesStrings reports whether any plan copies a string.
+func copiesStrings(funcs map[uint64]*argFunc) bool {
+	for _, f := range funcs {
+		if f.plan.StringRegs != 0 || f.plan.RetString {
+			return true
+		}
+	}
+	return false
+}
+
+// dropStrings plans no string copies: char * values are shown as pointers.
+func dropStrings(funcs map[uint64]*argFunc) {
+	for _, f := range funcs {
+		f.plan.StringRegs, f.plan.RetString = 0, false
+	}
+}
+
+// lateSeccompNote says why strings stopped being copied during a capture.
+const lateSeccompNote = "a thread of the process entered a seccomp filter during the capture, which may forbid the call that copies strings without faulting (process_vm_readv) and kill the process for it: char * values after that are shown as pointers"
 
 func sortedKeys(m map[string]bool) []string {
 	out := make([]string, 0, len(m))

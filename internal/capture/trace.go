@@ -290,7 +290,18 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	}
 	limitCtx, stopEarly := context.WithCancel(ctx)
 	defer stopEarly()
+	watchSeccomp := copiesStrings(plans)
 	ticker(limitCtx, o.Duration, drainPeriod, o.Progress, func(time.Duration) string {
+		// A program may enter a sandbox after the capture's start (the
+		// planning checked then): once any thread is under seccomp, no more
+		// string copies. Calls between its filter and this look still copy
+		// (docs/tracing.md); only the runtime could close that window.
+		if watchSeccomp && seccompThreads(o.PID) > 0 {
+			watchSeccomp = false
+			s.region.DropArgStrings()
+			dropStrings(plans) // records already written carry their own spec
+			res.Notes = append(res.Notes, lateSeccompNote)
+		}
 		if o.Rate > 0 && time.Since(epochStart) >= time.Second {
 			epochStart = time.Now()
 			if _, err := s.region.NextQuotaEpoch(); err == nil {
