@@ -148,7 +148,12 @@ func TestInjectLive(t *testing.T) {
 					}
 
 					hotpatchOK(t, "--pid", pid, "--disable", "*")
-					p.AwaitProgress(progress, 2000)
+					// Each worker finishes the calls it was in when the sites
+					// went inert (a worker descheduled inside a hook records
+					// that call late; the other worker alone can move the sum).
+					workers := p.Symbol(bin, "worker_progress")
+					p.AwaitProgress(workers, 2)
+					p.AwaitProgress(workers+8, 2)
 					before := funcStats(statsOf(t, p.Pid), "work")
 					p.AwaitProgress(progress, 20000)
 					after := funcStats(statsOf(t, p.Pid), "work")
