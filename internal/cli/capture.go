@@ -352,7 +352,7 @@ per second (the calls over it are neither traced nor counted while the trace run
 	cmd.Flags().DurationVar(&duration, "duration", 0, "how long to record")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write the trace to `FILE` (text: stdout without it)")
 	cmd.Flags().StringVar(&format, "format", "", "perfetto, chrome-json or text (default: from the output's extension)")
-	cmd.Flags().StringArrayVar(&argPats, "args", nil, "record the arguments of the fentry functions `GLOB` names (repeatable)")
+	cmd.Flags().StringArrayVar(&argPats, "args", nil, "record the arguments of the fentry functions `GLOB` names (repeatable; not with --min-duration)")
 	cmd.Flags().StringArrayVar(&retPats, "retval", nil, "record the return values of the fentry functions `GLOB` names (repeatable)")
 	cmd.Flags().Uint32Var(&ringEv, "ring-events", 0, "size every thread's event ring to `N` events for the capture (a power of two; default: the process's, EDGEPROBE_RING_EVENTS); bigger rings drop less")
 	cmd.Flags().IntVar(&maxCalls, "max-calls", 1000000, "stop early once this many calls are captured (0: no limit; default no limit but for chrome-json, which is held in memory)")
