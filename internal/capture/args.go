@@ -140,9 +140,7 @@ func planArgs(pid int, targets []*hotpatch.Target, sites []hotpatch.SiteResult, 
 	if n := seccompThreads(pid); n > 0 {
 		// A filter may forbid process_vm_readv, and its action may be to kill
 		// the process: strings are not copied, their pointers are shown.
-		for _, f := range funcs {
-			f.plan.StringRegs, f.plan.RetString = 0, false
-		}
+		dropStrings(funcs)
 		notes = append(notes, fmt.Sprintf("%d threads of the process run under a seccomp filter, which may forbid the call that copies strings without faulting (process_vm_readv) and kill the process for it: char * values are shown as pointers", n))
 	}
 	for _, name := range sortedKeys(cyg) {
@@ -159,6 +157,26 @@ func planArgs(pid int, targets []*hotpatch.Target, sites []hotpatch.SiteResult, 
 	}
 	return funcs, notes, nil
 }
+
+// copiesStrings reports whether any plan copies a string.
+func copiesStrings(funcs map[uint64]*argFunc) bool {
+	for _, f := range funcs {
+		if f.plan.StringRegs != 0 || f.plan.RetString {
+			return true
+		}
+	}
+	return false
+}
+
+// dropStrings plans no string copies: char * values are shown as pointers.
+func dropStrings(funcs map[uint64]*argFunc) {
+	for _, f := range funcs {
+		f.plan.StringRegs, f.plan.RetString = 0, false
+	}
+}
+
+// lateSeccompNote says why strings stopped being copied during a capture.
+const lateSeccompNote = "a thread of the process entered a seccomp filter during the capture, which may forbid the call that copies strings without faulting (process_vm_readv) and kill the process for it: char * values after that are shown as pointers"
 
 func sortedKeys(m map[string]bool) []string {
 	out := make([]string, 0, len(m))
@@ -179,8 +197,12 @@ func joinNotes(notes []string) string {
 // Why an argument or return value of a planned function has no record.
 const (
 	noArgRecord = "not recorded: the trace ring had no room for the arguments (a bigger --ring-events keeps them)"
-	noRetRecord = "not recorded: the trace ring had no room for the return value, or the call left by a tail call"
-	badRecord   = "not recorded: the runtime copied less than the plan asks for"
+	// No events were lost after the enter: the ring had room, something
+	// else kept the runtime from writing the record after the enter (or
+	// the capture ended between the two).
+	noArgMissing = "not recorded: no record followed the call's entry (the ring lost nothing there)"
+	noRetRecord  = "not recorded: the trace ring had no room for the return value, or the call left by a tail call"
+	badRecord    = "not recorded: the runtime copied less than the plan asks for"
 )
 
 // entryRegs unpacks an args record (layout in runtime/edgeprobe_shm.h).

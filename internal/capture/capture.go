@@ -71,6 +71,10 @@ func open(ctx context.Context, o Options) (*session, error) {
 		region.Close()
 		return nil, err
 	}
+	if err := s.resetStale(); err != nil {
+		s.close(ctx)
+		return nil, err
+	}
 	var lists []*probelist.List
 	for _, t := range s.hp.Targets() {
 		l, err := t.List.List()
@@ -89,6 +93,38 @@ func open(ctx context.Context, o Options) (*session, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// StaleBits are the control bits only a running capture sets (trace
+// events, argument records, quotas, trace filters). With no capture running
+// they are left over from one that was killed before its close (SIGKILL).
+const StaleBits = shm.CtlTrace | shm.CtlArgs | shm.CtlQuota | shm.CtlFilter
+
+// resetStale turns off what a capture killed before its close left on
+// (StaleBits, the quota, the filters, the argument plans), so that each
+// capture starts from the runtime's defaults and sets only what it asks
+// for. It is safe because the caller holds the process's hotpatch lock
+// (hotpatch.Open): no other capture is running whose bits these could be.
+// The ring size a killed trace asked for is Trace's to reset: the rings
+// must be drained first (and nothing writes to them with CtlTrace off).
+func (s *session) resetStale() error {
+	if !s.region.Writable() {
+		return nil // read-only to us: the capture says so when it needs to write
+	}
+	if s.region.Control()&StaleBits != 0 {
+		if err := s.region.SetControl(0, StaleBits); err != nil {
+			return err
+		}
+	}
+	// with the bits off, the values they guard are unused: clear them too
+	if err := s.region.SetQuota(0); err != nil {
+		return err
+	}
+	if err := s.region.SetFilter(0, nil, 0); err != nil {
+		return err
+	}
+	s.region.ClearArgPlans()
+	return nil
 }
 
 // enable turns on the probes sels select; close restores them.

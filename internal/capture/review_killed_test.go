@@ -1,11 +1,11 @@
-//go:build reviewbugs
-
 package capture
 
 import (
+	"encoding/json"
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/edgeprobe/edgeprobe/internal/shm"
@@ -16,7 +16,8 @@ import (
 // trace --rate) or trace filters (--max-depth) are on leaves their control
 // bits set in the target. The next capture that does not ask for them must
 // not inherit them: a trace without --rate must see every call, a trace
-// without --max-depth every depth.
+// without --max-depth every depth. Meanwhile `stats` (table and --json)
+// warns that the bits are on with no capture running.
 func TestReviewTraceAfterKilledQuotaOrFilter(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -44,6 +45,19 @@ func TestReviewTraceAfterKilledQuotaOrFilter(t *testing.T) {
 			waitFor(t, "the capture to turn its bit on", func() bool { return region.Control()&c.bit != 0 })
 			cmd.Process.Kill()
 			cmd.Wait()
+			var st struct {
+				LeftOn []string `json:"left_on_by_killed_capture"`
+			}
+			r := run(t, "stats", "--pid", fmt.Sprint(p.Pid), "--json")
+			if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
+				t.Fatalf("stats --json: %v", err)
+			}
+			if len(st.LeftOn) == 0 {
+				t.Errorf("stats --json after the killed %s (control %#x): no left_on_by_killed_capture", c.name, region.Control())
+			}
+			if r := run(t, "stats", "--pid", fmt.Sprint(p.Pid)); !strings.Contains(r.Stdout, "warning: left on by a capture killed") {
+				t.Errorf("stats after the killed %s: no warning in\n%s", c.name, r.Stdout)
+			}
 			out := filepath.Join(dir, "next.json")
 			run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "work", "--enable", "leaf",
 				"--duration", "20s", "--max-calls", "400", "-o", out)
@@ -57,6 +71,9 @@ func TestReviewTraceAfterKilledQuotaOrFilter(t *testing.T) {
 			}
 			if ctl := region.Control(); ctl&(shm.CtlQuota|shm.CtlFilter) != 0 {
 				t.Errorf("control %#x after the next capture: the killed capture's bits are still on", ctl)
+			}
+			if r := run(t, "stats", "--pid", fmt.Sprint(p.Pid)); strings.Contains(r.Stdout, "warning: left on") {
+				t.Errorf("stats after the next capture still warns:\n%s", r.Stdout)
 			}
 			p.Finish()
 		})

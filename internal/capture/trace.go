@@ -74,6 +74,12 @@ const drainPeriod = 5 * time.Millisecond
 // well-formed call stream, see calltrace.Matcher), then switches them off,
 // closes the sink and puts the probes back as they were.
 func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResult, err error) {
+	if len(o.Args) > 0 && o.MinDuration > 0 {
+		// The runtime writes an args record only right after its call's
+		// enter event; --min-duration writes the enter at the exit, with
+		// nothing to put after it (docs/tracing.md).
+		return nil, fmt.Errorf("%w: not with a minimum duration (held-back enters are written without them)", ErrArgs)
+	}
 	s, err := open(ctx, o)
 	if err != nil {
 		return nil, err
@@ -145,14 +151,24 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		}
 		res.Limited = o.MaxCalls > 0 && m.Calls >= uint64(o.MaxCalls)
 	}
-	flush := func(slot int) { // the held event had no record
+	lastDropped := map[int]uint64{} // each slot's drop count at its last drain
+	// flush: the held event had no record; ringFull says the thread lost
+	// events right after it (else the ring is not to blame, unless it
+	// dropped some since the last drain: it may have been read from
+	// while the runtime dropped the record).
+	flush := func(slot int, ringFull bool) {
 		h := pend[slot]
 		if h == nil {
 			return
 		}
 		delete(pend, slot)
+		ringFull = ringFull || s.region.RingDropped(slot) != lastDropped[slot]
 		if h.e.Kind == shm.EvEnter {
-			add(h.tid, h.e, missingArgs(h.f, noArgRecord), nil)
+			why := noArgMissing
+			if ringFull {
+				why = noArgRecord
+			}
+			add(h.tid, h.e, missingArgs(h.f, why), nil)
 		} else {
 			add(h.tid, h.e, nil, missingRet(h.f, noRetRecord))
 		}
@@ -180,7 +196,6 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	// Drops: a full ring drops the newest events, so what a drain finds
 	// dropped since the last one was lost after the events it consumed; a
 	// Lost event marks the gap there, on the thread's track.
-	lastDropped := map[int]uint64{}
 	lastNs := map[int]uint64{}
 	lost := func(slot int, keep bool) {
 		d := s.region.RingDropped(slot)
@@ -189,7 +204,7 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		if !keep || delta == 0 || res.Limited || sinkErr != nil {
 			return
 		}
-		flush(slot)
+		flush(slot, true)
 		ts := lastNs[slot]
 		if ts == 0 {
 			ts = monoNow()
@@ -207,7 +222,7 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 					lastNs[th.Index] = e.TimeNs
 				}
 				if e.Kind == shm.EvThread {
-					flush(th.Index)
+					flush(th.Index, false)
 					tids[th.Index] = int32(e.Addr) // the slot changed hands
 					return
 				}
@@ -218,7 +233,7 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 					withData(th.Index, e)
 					return
 				}
-				flush(th.Index)
+				flush(th.Index, false)
 				if f := plans[e.Addr]; f != nil && (e.Kind == shm.EvEnter && f.args || e.Kind == shm.EvExit && f.rets) {
 					pend[th.Index] = &held{tids[th.Index], e, f}
 					return
@@ -234,8 +249,9 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	}
 	res.RingCapacity, res.RingEvents = s.region.RingCapacity(), s.region.RingDefault()
 	// A capture killed before it could put things back (SIGKILL) may have
-	// left bigger rings asked for, and argument plans with their bit on:
-	// this capture starts from the defaults unless it asks otherwise.
+	// left bigger rings asked for (its control bits, plans, quota and
+	// filters open's resetStale cleared): this capture starts from the
+	// defaults unless it asks otherwise.
 	if req := s.region.Header().RingReq; o.RingEvents != 0 || req != 0 && req != s.region.RingDefault() {
 		// The rings are empty now: each thread takes the new size at its
 		// first event of the capture.
@@ -249,12 +265,6 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 			s.region.SetRingEvents(0)
 			s.region.ReleaseRings() // after the last drain: what is left was consumed
 		}()
-	}
-	if plans == nil && s.region.Control()&shm.CtlArgs != 0 {
-		if err := s.region.SetControl(0, shm.CtlArgs); err != nil {
-			return nil, err
-		}
-		s.region.ClearArgPlans()
 	}
 	dropped0 := s.region.Counters().RingDropped
 	slotDropped0 := map[int]uint64{}
@@ -280,7 +290,18 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	}
 	limitCtx, stopEarly := context.WithCancel(ctx)
 	defer stopEarly()
+	watchSeccomp := copiesStrings(plans)
 	ticker(limitCtx, o.Duration, drainPeriod, o.Progress, func(time.Duration) string {
+		// A program may enter a sandbox after the capture's start (the
+		// planning checked then): once any thread is under seccomp, no more
+		// string copies. Calls between its filter and this look still copy
+		// (docs/tracing.md); only the runtime could close that window.
+		if watchSeccomp && seccompThreads(o.PID) > 0 {
+			watchSeccomp = false
+			s.region.DropArgStrings()
+			dropStrings(plans) // records already written carry their own spec
+			res.Notes = append(res.Notes, lateSeccompNote)
+		}
 		if o.Rate > 0 && time.Since(epochStart) >= time.Second {
 			epochStart = time.Now()
 			if _, err := s.region.NextQuotaEpoch(); err == nil {
@@ -296,7 +317,7 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	res.Dropped = s.region.Counters().RingDropped - dropped0
 	drain(true) // what the rings hold is kept unless the limit was reached
 	for slot := range pend {
-		flush(slot)
+		flush(slot, false)
 	}
 	for _, th := range s.region.Threads() {
 		if d := th.RingDropped - slotDropped0[th.Index]; d > 0 {

@@ -19,6 +19,7 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/capture"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/report"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 )
@@ -141,6 +142,11 @@ included), then from --probes lists, else sub_<address>.`,
 			}
 			defer region.Close()
 			st := report.Collect(region, sym)
+			// A tracer is a capture (or another hotpatch) at work, whose
+			// bits these are; with none, they were left by a killed one.
+			if input == "" && procfs.TracerPid(tf.pid, 0) == 0 {
+				st.MarkLeftOn(region.Control())
+			}
 			if err := st.Sort(sort); err != nil {
 				return usageError{err}
 			}
@@ -233,6 +239,9 @@ per second (the calls over it are neither traced nor counted while the trace run
 			}
 			if minDur < 0 || minDur > time.Duration(math.MaxUint32) {
 				return usagef("--min-duration must be 0 (any) .. %s", time.Duration(math.MaxUint32))
+			}
+			if len(argPats) > 0 && minDur > 0 {
+				return usagef("--args cannot be combined with --min-duration: a held-back call's enter is written at its exit, without the arguments copied at its entry")
 			}
 			if maxDepth < 0 {
 				return usagef("--max-depth must be 0 (any) or more")
@@ -343,7 +352,7 @@ per second (the calls over it are neither traced nor counted while the trace run
 	cmd.Flags().DurationVar(&duration, "duration", 0, "how long to record")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write the trace to `FILE` (text: stdout without it)")
 	cmd.Flags().StringVar(&format, "format", "", "perfetto, chrome-json or text (default: from the output's extension)")
-	cmd.Flags().StringArrayVar(&argPats, "args", nil, "record the arguments of the fentry functions `GLOB` names (repeatable)")
+	cmd.Flags().StringArrayVar(&argPats, "args", nil, "record the arguments of the fentry functions `GLOB` names (repeatable; not with --min-duration)")
 	cmd.Flags().StringArrayVar(&retPats, "retval", nil, "record the return values of the fentry functions `GLOB` names (repeatable)")
 	cmd.Flags().Uint32Var(&ringEv, "ring-events", 0, "size every thread's event ring to `N` events for the capture (a power of two; default: the process's, EDGEPROBE_RING_EVENTS); bigger rings drop less")
 	cmd.Flags().IntVar(&maxCalls, "max-calls", 1000000, "stop early once this many calls are captured (0: no limit; default no limit but for chrome-json, which is held in memory)")

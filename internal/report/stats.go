@@ -43,6 +43,42 @@ type Stats struct {
 	Exited    bool        `json:"exited"`
 	Functions []FuncStats `json:"functions"`
 	Dropped   Dropped     `json:"dropped"`
+	// LeftOn names the capture-only runtime settings found on while no
+	// capture held the process (see MarkLeftOn): a capture killed before
+	// its close left them, and they change what the runtime records.
+	LeftOn []string `json:"left_on_by_killed_capture,omitempty"`
+}
+
+// leftOnBits describes each capture-only control bit and its effect.
+var leftOnBits = []struct {
+	bit  uint32
+	what string
+}{
+	{shm.CtlQuota, "quota (each function records at most a few calls per epoch: counts stop growing)"},
+	{shm.CtlFilter, "trace filter (depth, threads or minimum duration)"},
+	{shm.CtlTrace, "trace events (every hook takes the slow path)"},
+	{shm.CtlArgs, "argument records"},
+}
+
+// MarkLeftOn records which capture-only bits of ctl are on; call it only
+// when no capture holds the process (no tracer), for then nothing should
+// have them on.
+func (s *Stats) MarkLeftOn(ctl uint32) {
+	s.LeftOn = nil
+	for _, b := range leftOnBits {
+		if ctl&b.bit != 0 {
+			s.LeftOn = append(s.LeftOn, b.what)
+		}
+	}
+}
+
+// LeftOnLine is the warning for LeftOn, "" when nothing is left on.
+func (s *Stats) LeftOnLine() string {
+	if len(s.LeftOn) == 0 {
+		return ""
+	}
+	return "warning: left on by a capture killed before it finished: " + strings.Join(s.LeftOn, "; ") +
+		"; the next capture (trace, profile, or top --enable) turns them off"
 }
 
 // Dropped counts what the runtime could not record, or recorded only in
@@ -145,6 +181,9 @@ func (s *Stats) WriteTable(w io.Writer) error {
 		return err
 	}
 	if line := s.Dropped.line(); line != "" {
+		fmt.Fprintln(w, line)
+	}
+	if line := s.LeftOnLine(); line != "" {
 		fmt.Fprintln(w, line)
 	}
 	return nil

@@ -180,6 +180,43 @@ func (r *Region) SetArgPlans(plans map[uint64]uint64) error {
 	return nil
 }
 
+// DropArgStrings turns the string copies of every plan off (the other
+// words stay planned), while CtlArgs may be on: each spec is one atomic
+// word the runtime's hook loads once, so a hook records either the old
+// plan or the new one, and its record carries the spec it used. A hook
+// already past its load still copies its strings.
+func (r *Region) DropArgStrings() {
+	if !r.writable || r.hdr.Version < 5 {
+		return
+	}
+	h := (*Header)(unsafe.Pointer(&r.mem[0]))
+	for i := range h.ArgPlan {
+		e := &h.ArgPlan[i]
+		if atomic.LoadUint64(&e.Key) == 0 {
+			continue
+		}
+		spec := atomic.LoadUint64(&e.Spec)
+		if n := spec &^ (0x3f<<16 | PlanRStr); n != spec {
+			atomic.StoreUint64(&e.Spec, n)
+		}
+	}
+}
+
+// ArgStrings reports whether any plan in the table copies a string.
+func (r *Region) ArgStrings() bool {
+	if r.hdr.Version < 5 {
+		return false
+	}
+	h := (*Header)(unsafe.Pointer(&r.mem[0]))
+	for i := range h.ArgPlan {
+		e := &h.ArgPlan[i]
+		if atomic.LoadUint64(&e.Key) != 0 && atomic.LoadUint64(&e.Spec)&(0x3f<<16|PlanRStr) != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // ClearArgPlans empties the plan table (keys first: a hook that still finds
 // a key reads a spec that is either the old one or 0, recording nothing).
 func (r *Region) ClearArgPlans() {
