@@ -174,10 +174,14 @@ EP_SHARED_COLD void ep_args_entry(struct ep_thread *th, uint64_t key, uint64_t h
 			w[n++] = x[i];
 	for (uint32_t i = 0; i < (stack + 7) / 8; i++)
 		w[n++] = LOAD(&slot[1 + i]);
+	/* The program asked for a seccomp mode (edgeprobe_seccomp.c): no more
+	 * system calls here; the record's spec then shows bare pointers. */
+	if (__atomic_load_n(&ep_nosys, __ATOMIC_RELAXED))
+		strm = 0;
 	for (int i = 0; i < 6; i++)
 		if (strm & (1u << i))
 			n += ep_copy_str(gregs[1 + i], w + n);
-	spec = (spec & ~(0x7full << 24)) | ((uint64_t)stack << 24) | ((uint64_t)strm << 16);
+	spec = (spec & ~(0x7full << 24 | 0x3full << 16)) | ((uint64_t)stack << 24) | ((uint64_t)strm << 16);
 	ep_put_data(th, h0, EP_EV_ENTER, key, EP_DATA_ARGS, spec, w, n);
 }
 
@@ -199,6 +203,8 @@ EP_SHARED_COLD void ep_args_exit(struct ep_thread *th, uint64_t key, uint64_t h0
 		w[n++] = rregs[2];
 	if (sm & 2)
 		w[n++] = rregs[4];
+	if ((spec & EP_PLAN_RSTR) && __atomic_load_n(&ep_nosys, __ATOMIC_RELAXED))
+		spec &= ~EP_PLAN_RSTR; /* seccomp: a bare pointer, as at entry */
 	if (spec & EP_PLAN_RSTR)
 		n += ep_copy_str(rregs[0], w + n);
 	ep_put_data(th, h0, EP_EV_EXIT, key, EP_DATA_RET, spec, w, n);

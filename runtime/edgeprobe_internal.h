@@ -48,7 +48,7 @@
  *   - a failure to set up (no memory, no memfd_create, bad limits) disables recording,
  *     it never aborts the host;
  *   - names shared between files are hidden (EP_HIDDEN, EP_SHARED*): the
- *     library exports the hooks only.
+ *     library exports the hooks only (and prctl/syscall: edgeprobe_seccomp.c).
  *
  * Every .c file includes this header first and ends by popping the
  * general-regs-only pragma it pushes.
@@ -249,6 +249,9 @@ EP_SHARED_COLD void ep_trace_thread(struct ep_thread *th, pid_t tid);
 EP_SHARED_COLD void ep_args_entry(struct ep_thread *th, uint64_t key, uint64_t h0, const uint64_t *gregs,
                                   const uint64_t *slot, const void *vsave);
 EP_SHARED_COLD void ep_args_exit(struct ep_thread *th, uint64_t key, uint64_t h0, const uint64_t *rregs);
+
+/* edgeprobe_seccomp.c: set once the program asked for a seccomp mode */
+EP_HIDDEN extern int ep_nosys;
 
 /* edgeprobe_fentry.c */
 EP_SHARED uint32_t ep_fentry_mode(void);

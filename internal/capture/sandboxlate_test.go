@@ -18,10 +18,10 @@ import (
 // its strings: the capture sees it at its next look (each drain), turns the
 // string copies off in the runtime's plans and says so; later calls show
 // their char * as a pointer. The filter here makes process_vm_readv fail
-// (EPERM) rather than kill, so that the calls in the window between the
-// filter and that look (which still copy: docs/tracing.md) do no harm;
-// TestReviewArgsLateSandbox (tag reviewbugs) is the killing filter, which
-// that window still lets through.
+// (EPERM) rather than kill, so that calls in the window between the
+// filter and that look could do no harm where the runtime's own prctl
+// interposer does not apply (docs/tracing.md); TestArgsLateSandbox is the
+// killing filter, which the preloaded runtime's interposer stops.
 func TestTraceArgsLateSandboxStopsCopies(t *testing.T) {
 	testutil.RequirePtrace(t)
 	lib := testutil.Runtime(t, "gcc")

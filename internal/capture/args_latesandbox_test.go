@@ -1,5 +1,3 @@
-//go:build reviewbugs
-
 package capture
 
 import (
@@ -14,12 +12,14 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
 
-// Review (hostile): a program that enters a seccomp sandbox while a capture
-// copies its char * arguments. The capture checked for seccomp when it
-// started (TestTraceArgsSeccomp) and found none; the filter installed after
-// that kills the process at the next process_vm_readv. A capture must
-// never kill its target.
-func TestReviewArgsLateSandbox(t *testing.T) {
+// Hostile: a program that enters a seccomp sandbox (libc's prctl) while a
+// capture copies its char * arguments, with a filter that kills it at its
+// next process_vm_readv. The capture checked for seccomp when it started
+// (TestTraceArgsSeccomp) and its per-drain check comes a drain period late;
+// the preloaded runtime's prctl interposer (runtime/edgeprobe_seccomp.c)
+// turns the hooks' string copies off before the filter exists. A capture
+// must never kill its target.
+func TestArgsLateSandbox(t *testing.T) {
 	testutil.RequirePtrace(t)
 	lib := testutil.Runtime(t, "gcc")
 	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"sandboxlate.c"}, Profile: testutil.ProfileFentry, NoInstr: true})
