@@ -56,8 +56,8 @@ EP_STATIC uint64_t ep_plan(uint64_t key) {
 #define EP_NO_IDIOM() __asm__ volatile("" ::: "memory")
 
 /* Copy the string at p into w (status word, then the bytes); returns the
- * number of words written (1 to 1 + EP_STR_MAX / 8). Calls no libc but
- * the plain getpid and syscall wrappers. */
+ * number of words written (1 to 1 + EP_STR_MAX / 8). No libc, no errno:
+ * two raw system calls (getpid, process_vm_readv). */
 EP_STATIC uint32_t ep_copy_str(uint64_t p, uint64_t *w) {
 	union {
 		char c[EP_STR_MAX];
@@ -72,7 +72,7 @@ EP_STATIC uint32_t ep_copy_str(uint64_t p, uint64_t *w) {
 		return 1;
 	}
 	struct iovec l = {buf.c, EP_STR_MAX}, r = {(void *)(uintptr_t)p, EP_STR_MAX};
-	long n = syscall(SYS_process_vm_readv, (long)getpid(), &l, 1L, &r, 1L, 0L);
+	long n = ep_sys(SYS_process_vm_readv, ep_sys(SYS_getpid, 0, 0, 0, 0, 0, 0), (long)&l, 1L, (long)&r, 1L, 0L);
 	if (n <= 0) {
 		w[0] = EP_STR_FAULT;
 		return 1;

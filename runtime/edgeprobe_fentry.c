@@ -173,7 +173,7 @@ EP_STATIC int ep_readable(uint64_t a, uint64_t call) {
 		return 1;
 	char buf[16];
 	struct iovec l = {buf, (size_t)(call - a)}, r = {(void *)(uintptr_t)a, (size_t)(call - a)};
-	return syscall(SYS_process_vm_readv, (long)getpid(), &l, 1L, &r, 1L, 0L) == (long)(call - a);
+	return ep_sys(SYS_process_vm_readv, ep_sys(SYS_getpid, 0, 0, 0, 0, 0, 0), (long)&l, 1L, (long)&r, 1L, 0L) == (long)(call - a);
 }
 
 EP_INLINE int ep_is_endbr64(const uint8_t *p) {
@@ -454,6 +454,7 @@ __attribute__((visibility("hidden"), no_instrument_function, cold)) void ep_fent
                                                                                             const uint64_t *gregs,
                                                                                             const void *vsave) {
 	uint64_t here = EP_HERE(), hret = (uint64_t)(uintptr_t)__builtin_return_address(0);
+	int saved_errno = errno; /* the slot claim and set-up call libc: the program's errno stays its own */
 	if (ep_tls.slot == EP_TS_NONE)
 		ep_claim();
 	if ((uintptr_t)ep_tls.slot >= EP_SLOT_MIN && ep_tls.rs_state == EP_RS_UNSET &&
@@ -467,6 +468,7 @@ __attribute__((visibility("hidden"), no_instrument_function, cold)) void ep_fent
 		ep_tls.busy = 0;
 	}
 	ep_fentry_enter_impl(ret, slotp, 0, here, hret, gregs, vsave);
+	errno = saved_errno;
 }
 
 /* A return through a slot with no entry cannot happen: an entry leaves the
@@ -578,9 +580,12 @@ __attribute__((visibility("hidden"), no_instrument_function)) struct ep_ret2 ep_
 
 __attribute__((visibility("hidden"), no_instrument_function, cold)) uint64_t ep_fentry_exit_slow(uint64_t sp,
                                                                                                const uint64_t *rregs) {
+	int saved_errno = errno;
 	if (ep_tls.slot == EP_TS_NONE)
 		ep_claim();
-	return ep_fentry_exit_impl(sp, 0, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0), rregs).ret;
+	uint64_t ret = ep_fentry_exit_impl(sp, 0, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0), rregs).ret;
+	errno = saved_errno;
+	return ret;
 }
 
 /* ---- unwinding through hijacked frames ----

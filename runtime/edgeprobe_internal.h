@@ -253,6 +253,18 @@ EP_SHARED_COLD void ep_args_exit(struct ep_thread *th, uint64_t key, uint64_t h0
 EP_SHARED uint32_t ep_fentry_mode(void);
 EP_SHARED void ep_rs_free(void);
 
+/* A system call without libc: glibc's syscall() stores a failure in the
+ * thread's errno, which the probed program may be about to read (a hook's
+ * read of unreadable memory fails with EFAULT). Returns -errno on failure. */
+EP_INLINE long ep_sys(long n, long a, long b, long c, long d, long e, long f) {
+	long ret;
+	register long r10 __asm__("r10") = d;
+	register long r8 __asm__("r8") = e;
+	register long r9 __asm__("r9") = f;
+	__asm__ volatile("syscall" : "=a"(ret) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9) : "rcx", "r11", "memory");
+	return ret;
+}
+
 /* ---- clocks ---- */
 
 EP_INLINE uint64_t ep_mono_ns(void) {

@@ -237,6 +237,11 @@ per second (the calls over it are neither traced nor counted while the trace run
 			if maxDepth < 0 {
 				return usagef("--max-depth must be 0 (any) or more")
 			}
+			if minDur > 0 && len(argPats)+len(retPats) > 0 {
+				// the runtime writes a held call's entry at its exit, after the
+				// moment the arguments were in their registers
+				return usagef("--args and --retval cannot be combined with --min-duration (a call's entry is written at its exit, without its arguments)")
+			}
 			if rate > math.MaxUint32 {
 				return usagef("--rate must be 0 (no limit) .. %d calls a second", uint32(math.MaxUint32))
 			}

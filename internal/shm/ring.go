@@ -260,3 +260,17 @@ func (r *Region) RingDropped(slot int) uint64 {
 	}
 	return atomic.LoadUint64(&s.RingDropped)
 }
+
+// UpdateArgPlans replaces the specs of planned functions while hooks read
+// them (one atomic store each: a hook sees the old spec or the new one).
+func (r *Region) UpdateArgPlans(specs map[uint64]uint64) {
+	if !r.writable || r.hdr.Version < 5 {
+		return
+	}
+	h := (*Header)(unsafe.Pointer(&r.mem[0]))
+	for i := range h.ArgPlan {
+		if spec, ok := specs[atomic.LoadUint64(&h.ArgPlan[i].Key)]; ok {
+			atomic.StoreUint64(&h.ArgPlan[i].Spec, spec)
+		}
+	}
+}
