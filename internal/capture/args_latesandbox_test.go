@@ -19,15 +19,21 @@ import (
 // the preloaded runtime's prctl interposer (runtime/edgeprobe_seccomp.c)
 // turns the hooks' string copies off before the filter exists. A capture
 // must never kill its target.
-func TestArgsLateSandbox(t *testing.T) { lateSandbox(t, false) }
+func TestArgsLateSandbox(t *testing.T) { lateSandbox(t, "") }
+
+// The same filter installed with syscall(SYS_seccomp, ...), as libseccomp
+// does: the runtime's syscall interposer.
+func TestArgsLateSandboxSyscall(t *testing.T) { lateSandbox(t, "sys") }
 
 // The same with a filter the kernel refuses (EINVAL): the runtime stopped
 // copying before the call (it cannot know the outcome), the capture never
 // sees a filter, and the calls after it must still show their char * as a
 // pointer rather than as values the runtime failed to record.
-func TestArgsRefusedSandbox(t *testing.T) { lateSandbox(t, true) }
+func TestArgsRefusedSandbox(t *testing.T) { lateSandbox(t, "bad") }
 
-func lateSandbox(t *testing.T, refused bool) {
+// mode: the fixture's third argument ("": prctl).
+func lateSandbox(t *testing.T, mode string) {
+	refused := mode == "bad"
 	testutil.RequirePtrace(t)
 	lib := testutil.Runtime(t, "gcc")
 	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"sandboxlate.c"}, Profile: testutil.ProfileFentry, NoInstr: true})
@@ -37,8 +43,8 @@ func lateSandbox(t *testing.T, refused bool) {
 	dir := t.TempDir()
 	goFile := filepath.Join(dir, "go")
 	args := []string{goFile}
-	if refused {
-		args = append(args, "bad")
+	if mode != "" {
+		args = append(args, mode)
 	}
 	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path, args...)
 	region, err := shm.OpenPID(p.Pid)
