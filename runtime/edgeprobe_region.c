@@ -178,6 +178,22 @@ EP_STATIC struct ep_geom ep_geometry(uint32_t nf, uint32_t nt, uint64_t tsize, u
 	return g;
 }
 
+/* One step towards a smaller region: the rings' reserve goes first (rings
+ * of the start size, no capture-time growth), then the function table's cap
+ * is halved down to its first segment. 0 when nothing is left to give up. */
+EP_STATIC int ep_shrink(uint32_t *nr, uint32_t rdef, uint32_t *nf, uint32_t nf0, uint64_t *rstride) {
+	if (*nr > rdef) {
+		*nr = rdef;
+		*rstride = ((uint64_t)*nr * sizeof(struct ep_event) + 63) & ~63ull;
+		return 1;
+	}
+	if (*nf > nf0) {
+		*nf >>= 1;
+		return 1;
+	}
+	return 0;
+}
+
 EP_STATIC int ep_make_region(void) {
 	/* The function table's cap and first segment (D35): the cap only
 	 * reserves address space (untouched pages of a memfd cost nothing), so
@@ -239,48 +255,33 @@ EP_STATIC int ep_make_region(void) {
 		ep_say("cannot create the shared-memory file (memfd_create)", errno);
 		return -1;
 	}
-	/* Address space for the whole cap and the rings' reserve. Where it is
-	 * limited (RLIMIT_AS), a smaller region rather than none: first rings
-	 * of the start size only (no capture-time growth), then the table's
-	 * cap halved down to the first segment. */
-	/* A file-size limit (RLIMIT_FSIZE, `ulimit -f`) applies to a memfd
-	 * too: an ftruncate past it raises SIGXFSZ, whose default action kills
-	 * the program before main. Shrink the same way as for RLIMIT_AS until
-	 * the region fits; if even the smallest does not, run unrecorded. */
+	/* Address space for the whole cap and the rings' reserve, and a file
+	 * no larger than RLIMIT_FSIZE (`ulimit -f` applies to a memfd too: an
+	 * ftruncate past it raises SIGXFSZ, whose default action kills the
+	 * program before main). Where either is limited, a smaller region
+	 * rather than none (ep_shrink); if even the smallest is too large for
+	 * the file-size limit, run unrecorded. */
 	struct rlimit fl;
-	if (getrlimit(RLIMIT_FSIZE, &fl) == 0 && fl.rlim_cur != RLIM_INFINITY) {
-		while (size > fl.rlim_cur && (nr > rdef || nf > nf0)) {
-			if (nr > rdef) {
-				nr = rdef;
-				rstride = ((uint64_t)nr * sizeof(struct ep_event) + 63) & ~63ull;
-			} else {
-				nf >>= 1;
-			}
-			g = ep_geometry(nf, nt, tsize, rstride);
-			thread_off = g.thread_off;
-			ring_off = g.ring_off;
-			size = g.size;
-		}
-		if (size > fl.rlim_cur) {
-			ep_say("the file-size limit (ulimit -f) is below the region's size", 0);
-			goto fail;
-		}
-	}
+	uint64_t flimit = UINT64_MAX;
+	if (getrlimit(RLIMIT_FSIZE, &fl) == 0 && fl.rlim_cur != RLIM_INFINITY)
+		flimit = (uint64_t)fl.rlim_cur;
 	void *m = MAP_FAILED;
 	for (;;) {
-		if (ftruncate(fd, (off_t)size) != 0) {
-			ep_say("cannot size the shared-memory file", errno);
-			goto fail;
+		if (size <= flimit) {
+			if (ftruncate(fd, (off_t)size) != 0) {
+				ep_say("cannot size the shared-memory file", errno);
+				goto fail;
+			}
+			m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+			if (m != MAP_FAILED || errno != ENOMEM)
+				break;
 		}
-		m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
-		if (m != MAP_FAILED || errno != ENOMEM || (nf <= nf0 && nr <= rdef))
-			break;
-		if (nr > rdef) {
-			/* the rings' reserve goes first: rings of the start size */
-			nr = rdef;
-			rstride = ((uint64_t)nr * sizeof(struct ep_event) + 63) & ~63ull;
-		} else {
-			nf >>= 1;
+		if (!ep_shrink(&nr, rdef, &nf, nf0, &rstride)) {
+			if (size > flimit) {
+				ep_say("the file-size limit (ulimit -f) is below the region's size", 0);
+				goto fail;
+			}
+			break; /* m is MAP_FAILED with errno ENOMEM */
 		}
 		g = ep_geometry(nf, nt, tsize, rstride);
 		thread_off = g.thread_off;
