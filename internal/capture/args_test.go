@@ -31,6 +31,21 @@ func TestTraceArgsMatchProgram(t *testing.T) {
 	}
 }
 
+// startArgsLive builds argslive.c (gcc opt, -pg -mfentry), coldpatches it and
+// starts it under the gcc-built runtime with env added, logging its calls to
+// the file it returns.
+func startArgsLive(t *testing.T, opt string, env ...string) (*testutil.Process, string) {
+	t.Helper()
+	testutil.RequirePtrace(t)
+	lib := testutil.Runtime(t, "gcc")
+	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: opt, Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
+	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	logFile := filepath.Join(t.TempDir(), "calls.log")
+	return testutil.Start(t, append([]string{"LD_PRELOAD=" + lib}, env...), fx.Path, logFile), logFile
+}
+
 // fpText replaces the program's D(%a) and F(%a) by the trace's text for the
 // same double or float.
 var fpText = regexp.MustCompile(`([DF])\(([^)]*)\)`)
@@ -200,15 +215,8 @@ func splitArgs(s string) []string {
 // decodes, and 'hotpatch replay' prints each call with the values the
 // program logged (floats as the doubles the trace stores).
 func TestTraceArgsPerfettoReplay(t *testing.T) {
-	testutil.RequirePtrace(t)
 	testutil.RequireTool(t, "protoc")
-	lib := testutil.Runtime(t, "gcc")
-	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
-	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	logFile := filepath.Join(t.TempDir(), "calls.log")
-	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path, logFile)
+	p, logFile := startArgsLive(t, "-O2")
 	out := filepath.Join(t.TempDir(), "trace.pftrace")
 	run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_*", "--args", "t_*", "--retval", "t_*",
 		"--duration", "60s", "--max-calls", "260", "--ring-events", "65536", "-o", out)
@@ -336,13 +344,7 @@ func leaves(s string) []string {
 // counted, and every call the trace keeps says its arguments were not
 // recorded and why, naming the flag that keeps them.
 func TestTraceArgsRingFull(t *testing.T) {
-	testutil.RequirePtrace(t)
-	lib := testutil.Runtime(t, "gcc")
-	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
-	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path, filepath.Join(t.TempDir(), "calls.log"))
+	p, _ := startArgsLive(t, "-O2")
 	out := filepath.Join(t.TempDir(), "trace.json")
 	r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_many", "--args", "t_many", "--retval", "t_many",
 		"--duration", "60s", "--max-calls", "20", "--ring-events", "8", "-o", out, "--json")
@@ -387,14 +389,7 @@ func TestTraceArgsRingFull(t *testing.T) {
 // TestTraceArgsWhatIsOn: without --enable, --args records the functions
 // whose probes are on already.
 func TestTraceArgsWhatIsOn(t *testing.T) {
-	testutil.RequirePtrace(t)
-	lib := testutil.Runtime(t, "gcc")
-	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
-	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	logFile := filepath.Join(t.TempDir(), "calls.log")
-	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path, logFile)
+	p, logFile := startArgsLive(t, "-O2")
 	run(t, "--pid", fmt.Sprint(p.Pid), "--enable", "t_dmul")
 	r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--args", "t_dmul", "--retval", "t_dmul", "--duration", "60s", "--max-calls", "10", "--format", "text")
 	p.Finish()
@@ -418,13 +413,7 @@ func TestTraceArgsWhatIsOn(t *testing.T) {
 // arguments into bigger rings leaves them asked for; the next capture starts
 // from the defaults and leaves nothing of either behind.
 func TestTraceAfterKilledCapture(t *testing.T) {
-	testutil.RequirePtrace(t)
-	lib := testutil.Runtime(t, "gcc")
-	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
-	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path, filepath.Join(t.TempDir(), "calls.log"))
+	p, _ := startArgsLive(t, "-O2")
 	cmd := exec.Command(testutil.Command(t, "hotpatch"), "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_dmul", "--args", "t_dmul",
 		"--ring-events", "4096", "--duration", "5m", "-o", filepath.Join(t.TempDir(), "t.pftrace"))
 	if err := cmd.Start(); err != nil {
@@ -453,13 +442,7 @@ func TestTraceAfterKilledCapture(t *testing.T) {
 // for the string copy's system call could be to kill it, strings are not
 // copied: their pointers are recorded, and the capture says why.
 func TestTraceArgsSeccomp(t *testing.T) {
-	testutil.RequirePtrace(t)
-	lib := testutil.Runtime(t, "gcc")
-	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
-	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib, "ARGSLIVE_SECCOMP=1"}, fx.Path, filepath.Join(t.TempDir(), "calls.log"))
+	p, _ := startArgsLive(t, "-O2", "ARGSLIVE_SECCOMP=1")
 	r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_pick", "--args", "t_pick", "--retval", "t_pick",
 		"--duration", "60s", "--max-calls", "10", "--format", "text")
 	p.Finish()
@@ -485,14 +468,7 @@ func TestTraceArgsSeccomp(t *testing.T) {
 // it keeps have their arguments and return values, and the calls it filters
 // out leave no record behind (gcc -O0: t_tail calls t_leafx, one deeper).
 func TestTraceArgsWithDepthFilter(t *testing.T) {
-	testutil.RequirePtrace(t)
-	lib := testutil.Runtime(t, "gcc")
-	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O0", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
-	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	logFile := filepath.Join(t.TempDir(), "calls.log")
-	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path, logFile)
+	p, logFile := startArgsLive(t, "-O0")
 	r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_tail", "--enable", "t_leafx", "--args", "t_*", "--retval", "t_*",
 		"--max-depth", "1", "--duration", "60s", "--max-calls", "10", "--format", "text")
 	p.Finish()

@@ -19,13 +19,7 @@ import (
 // usage errors) from the command, ErrArgs from Trace. --retval with
 // --min-duration still works (its record follows the exit).
 func TestReviewTraceArgsWithMinDuration(t *testing.T) {
-	testutil.RequirePtrace(t)
-	lib := testutil.Runtime(t, "gcc")
-	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O0", Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
-	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path, t.TempDir()+"/calls.log")
+	p, _ := startArgsLive(t, "-O0")
 	defer p.Finish()
 	r := testutil.Run(t, "hotpatch", "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_tail", "--args", "t_tail", "--retval", "t_tail",
 		"--min-duration", "1ns", "--duration", "60s", "--max-calls", "10", "--format", "text")
