@@ -36,14 +36,9 @@ func TestTraceArgsMatchProgram(t *testing.T) {
 // the file it returns.
 func startArgsLive(t *testing.T, opt string, env ...string) (*testutil.Process, string) {
 	t.Helper()
-	testutil.RequirePtrace(t)
-	lib := testutil.Runtime(t, "gcc")
-	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: opt, Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}})
-	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
 	logFile := filepath.Join(t.TempDir(), "calls.log")
-	return testutil.Start(t, append([]string{"LD_PRELOAD=" + lib}, env...), fx.Path, logFile), logFile
+	spec := testutil.Spec{Compiler: "gcc", Opt: opt, Sources: []string{"argslive.c"}, Profile: testutil.ProfileFentry, NoInstr: true, LDFlags: []string{"-pthread"}}
+	return startColdSpec(t, spec, env, logFile), logFile
 }
 
 // fpText replaces the program's D(%a) and F(%a) by the trace's text for the

@@ -15,13 +15,20 @@ import (
 // startCold builds mt.c, makes it cold, and runs it under the runtime.
 func startCold(t *testing.T, env ...string) *testutil.Process {
 	t.Helper()
+	return startColdSpec(t, testutil.Spec{Sources: []string{"mt.c"}}, env)
+}
+
+// startColdSpec builds spec's program, coldpatches it and runs it with args
+// under the gcc-built runtime, env added to the preload.
+func startColdSpec(t *testing.T, spec testutil.Spec, env []string, args ...string) *testutil.Process {
+	t.Helper()
 	testutil.RequirePtrace(t)
 	lib := testutil.Runtime(t, "gcc")
-	fx := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c"}})
+	fx := testutil.Build(t, spec)
 	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
 		t.Fatal(r.Stderr)
 	}
-	return testutil.Start(t, append([]string{"LD_PRELOAD=" + lib}, env...), fx.Path)
+	return testutil.Start(t, append([]string{"LD_PRELOAD=" + lib}, env...), fx.Path, args...)
 }
 
 func run(t *testing.T, args ...string) testutil.Result {

@@ -38,17 +38,12 @@ func TestTraceMaxDepth(t *testing.T) {
 	for k := 0; k <= n; k++ {
 		want[strings.Join(fibTreeMax(k, 0, max, nil), "\n")] = k
 	}
-	lib := testutil.Runtime(t, "gcc")
 	for _, spec := range []testutil.Spec{
 		{Sources: []string{"calltree.c"}, Opt: "-O0"},
 		{Sources: []string{"calltree.c"}, Opt: "-O0", NoInstr: true, Profile: testutil.ProfileFentry},
 	} {
 		t.Run(spec.String(), func(t *testing.T) {
-			fx := testutil.Build(t, spec)
-			if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
-				t.Fatal(r.Stderr)
-			}
-			p := testutil.Start(t, []string{"LD_PRELOAD=" + lib, "EDGEPROBE_RING_EVENTS=65536"}, fx.Path, fmt.Sprint(n))
+			p := startColdSpec(t, spec, []string{"EDGEPROBE_RING_EVENTS=65536"}, fmt.Sprint(n))
 			r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "fib", "--max-depth", strconv.Itoa(max),
 				"--duration", "60s", "--max-calls", "300", "--format", "text", "--json")
 			var sum struct {
@@ -205,17 +200,12 @@ func TestTraceRate(t *testing.T) {
 func TestTraceMinDuration(t *testing.T) {
 	testutil.RequirePtrace(t)
 	const minUs = 50.0
-	lib := testutil.Runtime(t, "gcc")
 	for _, spec := range []testutil.Spec{
 		{Sources: []string{"durations.c"}},
 		{Sources: []string{"durations.c"}, NoInstr: true, Profile: testutil.ProfileFentry},
 	} {
 		t.Run(spec.String(), func(t *testing.T) {
-			fx := testutil.Build(t, spec)
-			if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
-				t.Fatal(r.Stderr)
-			}
-			p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path)
+			p := startColdSpec(t, spec, nil)
 			out := filepath.Join(t.TempDir(), "trace.json")
 			r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "outer", "--enable", "fast", "--enable", "slow",
 				"--min-duration", "50us", "--ring-events", "65536", "--duration", "60s", "--max-calls", "1100", "-o", out, "--json")

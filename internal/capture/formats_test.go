@@ -147,18 +147,13 @@ func TestTraceTextCallTree(t *testing.T) {
 	for k := 0; k <= n; k++ {
 		want[strings.Join(fibTree(k, 0, nil), "\n")] = k
 	}
-	lib := testutil.Runtime(t, "gcc")
 	for _, spec := range []testutil.Spec{
 		{Sources: []string{"calltree.c"}, Opt: "-O0"},
 		{Sources: []string{"calltree.c"}, Opt: "-O0", NoInstr: true, Profile: testutil.ProfileFentry},
 	} {
 		t.Run(spec.String(), func(t *testing.T) {
-			fx := testutil.Build(t, spec)
-			if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
-				t.Fatal(r.Stderr)
-			}
 			// Rings big enough that nothing is dropped at this rate.
-			p := testutil.Start(t, []string{"LD_PRELOAD=" + lib, "EDGEPROBE_RING_EVENTS=65536"}, fx.Path, fmt.Sprint(n))
+			p := startColdSpec(t, spec, []string{"EDGEPROBE_RING_EVENTS=65536"}, fmt.Sprint(n))
 			r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "fib", "--duration", "60s", "--max-calls", "1000", "--format", "text", "--json")
 			var sum struct {
 				Dropped uint64 `json:"dropped_events"`

@@ -18,13 +18,7 @@ import (
 // the thread's stream is no longer nested: the text view shows t_c as a
 // top-level call, and t_a with no callee.
 func TestTraceRateWithMinDuration(t *testing.T) {
-	testutil.RequirePtrace(t)
-	lib := testutil.Runtime(t, "gcc")
-	fx := testutil.Build(t, testutil.Spec{Sources: []string{"heldgap.c"}, Opt: "-O0"})
-	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path)
+	p := startColdSpec(t, testutil.Spec{Sources: []string{"heldgap.c"}, Opt: "-O0"}, nil)
 	out := filepath.Join(t.TempDir(), "t.txt")
 	run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_*", "--rate", "1", "--min-duration", "1ns",
 		"--duration", "2500ms", "--format", "text", "-o", out)

@@ -16,13 +16,7 @@ import (
 // own region) exit 0; the parent's trace stays nested (every t_outer holds
 // its t_mid) and never shows a child's call.
 func TestTraceForkWithHeldEnters(t *testing.T) {
-	testutil.RequirePtrace(t)
-	lib := testutil.Runtime(t, "gcc")
-	fx := testutil.Build(t, testutil.Spec{Sources: []string{"forkheld.c"}, Opt: "-O0"})
-	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path)
+	p := startColdSpec(t, testutil.Spec{Sources: []string{"forkheld.c"}, Opt: "-O0"}, nil)
 	out := filepath.Join(t.TempDir(), "t.txt")
 	run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_*", "--rate", "100000", "--min-duration", "1ns",
 		"--duration", "60s", "--max-calls", "40", "--format", "text", "-o", out)
