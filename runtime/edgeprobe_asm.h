@@ -21,8 +21,12 @@
 
 /* struct ep_header: control (low half) and gen (high half), one aligned word */
 #define EPA_HDR_CONTROL 256
+#define EPA_HDR_FILTER_DEPTH 272
+#define EPA_HDR_FILTER_TID 276
+#define EPA_FILTER_TIDS 8
 
 /* struct ep_thread; the thread's function cache (struct ep_local) follows it */
+#define EPA_TH_TID 4
 #define EPA_TH_DEPTH 12
 #define EPA_TH_SIZE 192
 
@@ -54,6 +58,8 @@
 #define EPA_SLOT_MIN 16
 #define EPA_CTL_SLOWPATH 0xd /* EP_CTL_PAUSE | EP_CTL_TRACE | EP_CTL_QUOTA */
 #define EPA_CTL_NOTIME 2
+#define EPA_CTL_TRACE 1
+#define EPA_CTL_FILTER 16
 #define EPA_HIST_LAST 59 /* EP_HIST_BUCKETS - 1 */
 #define EPA_HASH_MULT 0x9E3779B97F4A7C15
 

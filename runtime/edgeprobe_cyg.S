@@ -25,6 +25,42 @@
 	.hidden	ep_cyg_enter_full
 	.hidden	ep_cyg_exit_full
 	.hidden	ep_cyg_minmax_tail
+
+/* UNTRACED full, go, adj: the control word (r11) has a bit that sends hooks
+ * to the C; when it is only tracing with filters (D32) and the filters leave
+ * this hook's call out (its depth, th->depth - adj, at or past filter_depth,
+ * or a thread list without this thread), the hook takes the fast path as an
+ * untraced one (jump to go), as ep_untraced does in C, so that a filtered-out
+ * call costs what a counted one does; otherwise jump to full. Read before
+ * the busy word is set, as in C. rax = header, r9 = th; clobbers rcx, rdx, rsi. */
+.macro UNTRACED full, go, adj
+	movl	%r11d, %ecx
+	andl	$(EPA_CTL_SLOWPATH|EPA_CTL_FILTER), %ecx
+	cmpl	$(EPA_CTL_TRACE|EPA_CTL_FILTER), %ecx
+	jne	\full
+	movl	EPA_TH_DEPTH(%r9), %ecx
+	subl	$\adj, %ecx				/* the call's depth */
+	movl	EPA_HDR_FILTER_DEPTH(%rax), %edx
+	testl	%edx, %edx
+	jz	1f
+	cmpl	%edx, %ecx
+	jae	\go					/* too deep */
+1:	movl	EPA_HDR_FILTER_TID(%rax), %edx
+	testl	%edx, %edx
+	jz	\full					/* every thread is traced */
+	movl	EPA_TH_TID(%r9), %ecx
+	xorl	%esi, %esi
+2:	movl	EPA_HDR_FILTER_TID(%rax,%rsi,4), %edx
+	cmpl	%ecx, %edx
+	je	\full					/* a traced thread */
+	testl	%edx, %edx
+	jz	\go					/* end of the list */
+	addl	$1, %esi
+	cmpl	$EPA_FILTER_TIDS, %esi
+	jb	2b
+	jmp	\go
+.endm
+
 	.text
 
 /* void __cyg_profile_func_enter(void *fn, void *site)
@@ -44,7 +80,8 @@ __cyg_profile_func_enter:
 	movq	edgeprobe_proc+EPA_PROC_HDR(%rip), %rax
 	movq	EPA_HDR_CONTROL(%rax), %r11		/* control | gen << 32 */
 	testb	$EPA_CTL_SLOWPATH, %r11b
-	jnz	ep_cyg_enter_full
+	jnz	.Lenter_ctl
+.Lenter_go:
 	movq	(%rsp), %rax
 	movq	%rax, %fs:EPA_TLS_BUSY_RET(%r8)
 	leaq	-8(%rsp), %r10				/* here */
@@ -101,6 +138,8 @@ __cyg_profile_func_enter:
 	/* rdi still holds fn: the C hook starts over (it sets the word again) */
 	movq	$0, %fs:EPA_TLS_BUSY(%r8)
 	jmp	ep_cyg_enter_full
+.Lenter_ctl:
+	UNTRACED ep_cyg_enter_full, .Lenter_go, 0
 	.cfi_endproc
 	.size	__cyg_profile_func_enter, .-__cyg_profile_func_enter
 
@@ -119,7 +158,8 @@ __cyg_profile_func_exit:
 	movq	edgeprobe_proc+EPA_PROC_HDR(%rip), %rax
 	movq	EPA_HDR_CONTROL(%rax), %r11		/* control | gen << 32 */
 	testb	$EPA_CTL_SLOWPATH, %r11b
-	jnz	ep_cyg_exit_full
+	jnz	.Lexit_ctl
+.Lexit_go:
 	movq	(%rsp), %rax
 	movq	%rax, %fs:EPA_TLS_BUSY_RET(%r8)
 	leaq	-8(%rsp), %rax
@@ -204,6 +244,8 @@ __cyg_profile_func_exit:
 .Lexit_decline:
 	movq	$0, %fs:EPA_TLS_BUSY(%r8)
 	jmp	ep_cyg_exit_full
+.Lexit_ctl:
+	UNTRACED ep_cyg_exit_full, .Lexit_go, 1
 	.cfi_endproc
 	.size	__cyg_profile_func_exit, .-__cyg_profile_func_exit
 

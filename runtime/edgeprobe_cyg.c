@@ -138,8 +138,12 @@ EPA_CHECK(offsetof(struct ep_proc, hdr) == EPA_PROC_HDR && offsetof(struct ep_pr
               offsetof(struct ep_proc, fast_depth) == EPA_PROC_FAST_DEPTH &&
               offsetof(struct ep_proc, stack_off) == EPA_PROC_STACK_OFF,
           "ep_proc");
-EPA_CHECK(offsetof(struct ep_header, control) == EPA_HDR_CONTROL, "ep_header.control");
-EPA_CHECK(offsetof(struct ep_thread, depth) == EPA_TH_DEPTH && sizeof(struct ep_thread) == EPA_TH_SIZE,
+EPA_CHECK(offsetof(struct ep_header, control) == EPA_HDR_CONTROL &&
+              offsetof(struct ep_header, filter_depth) == EPA_HDR_FILTER_DEPTH &&
+              offsetof(struct ep_header, filter_tid) == EPA_HDR_FILTER_TID && EP_FILTER_TIDS == EPA_FILTER_TIDS,
+          "ep_header");
+EPA_CHECK(offsetof(struct ep_thread, tid) == EPA_TH_TID && offsetof(struct ep_thread, depth) == EPA_TH_DEPTH &&
+              sizeof(struct ep_thread) == EPA_TH_SIZE,
           "ep_thread");
 EPA_CHECK(sizeof(struct ep_local) == EPA_LOCAL_SIZE && offsetof(struct ep_local, addr) == EPA_LOCAL_ADDR &&
               offsetof(struct ep_local, gidx) == EPA_LOCAL_GIDX && offsetof(struct ep_local, hint) == EPA_LOCAL_HINT &&
@@ -156,9 +160,11 @@ EPA_CHECK(sizeof(struct ep_func) == EPA_FUNC_SIZE && offsetof(struct ep_func, mi
               offsetof(struct ep_func, max_ns) == EPA_FUNC_MAX_NS && offsetof(struct ep_func, hist) == EPA_FUNC_HIST,
           "ep_func");
 EPA_CHECK(EPA_SLOT_MIN == EP_SLOT_MIN && EPA_CTL_SLOWPATH == EP_CTL_SLOWPATH && EPA_CTL_NOTIME == EP_CTL_NOTIME &&
+              EPA_CTL_TRACE == EP_CTL_TRACE && EPA_CTL_FILTER == EP_CTL_FILTER &&
               EPA_HIST_LAST == EP_HIST_BUCKETS - 1,
           "constants");
 EPA_CHECK((EP_CTL_SLOWPATH & ~0xffu) == 0 && (EP_CTL_NOTIME & ~0xffu) == 0, "control bits tested as a byte");
+EPA_CHECK(EPA_HASH_MULT == EP_HASH_MUL, "ep_hash's multiplier");
 
 /* clang -finstrument-function-entry-bare: no address and no exit. Counted as
  * an entry keyed by the return address (inside the instrumented function)
