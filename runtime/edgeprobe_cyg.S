@@ -26,62 +26,11 @@
 	.hidden	ep_cyg_exit_full
 	.hidden	ep_cyg_minmax_tail
 
-/* UNTRACED full, go, adj: the control word (r11) has a bit that sends hooks
- * to the C; when it is only tracing with filters (D32) and the filters leave
- * this hook's call out (its depth, th->depth - adj, at or past filter_depth,
- * or a thread list without this thread), the hook takes the fast path as an
- * untraced one (jump to go), as ep_untraced does in C, so that a filtered-out
- * call costs what a counted one does; otherwise jump to full. Read before
- * the busy word is set, as in C. rax = header, r9 = th; clobbers rcx, rdx, rsi. */
-.macro UNTRACED full, go, adj
-	movl	%r11d, %ecx
-	andl	$(EPA_CTL_SLOWPATH|EPA_CTL_FILTER), %ecx
-	cmpl	$(EPA_CTL_TRACE|EPA_CTL_FILTER), %ecx
-	jne	\full
-	movl	EPA_TH_DEPTH(%r9), %ecx
-	subl	$\adj, %ecx				/* the call's depth */
-	movl	EPA_HDR_FILTER_DEPTH(%rax), %edx
-	testl	%edx, %edx
-	jz	1f
-	cmpl	%edx, %ecx
-	jae	\go					/* too deep */
-1:	movl	EPA_HDR_FILTER_TID(%rax), %edx
-	testl	%edx, %edx
-	jz	\full					/* every thread is traced */
-	movl	EPA_TH_TID(%r9), %ecx
-	xorl	%esi, %esi
-2:	movl	EPA_HDR_FILTER_TID(%rax,%rsi,4), %edx
-	cmpl	%ecx, %edx
-	je	\full					/* a traced thread */
-	testl	%edx, %edx
-	jz	\go					/* end of the list */
-	addl	$1, %esi
-	cmpl	$EPA_FILTER_TIDS, %esi
-	jb	2b
-	jmp	\go
-.endm
-
-	.text
-
-/* void __cyg_profile_func_enter(void *fn, void *site)
- * rdi = fn (the key), (%rsp) = return address into the instrumented function.
- * here = rsp - 8: the frame address a C hook would have (ep_cyg_hook's "here"). */
-	.globl	__cyg_profile_func_enter
-	.type	__cyg_profile_func_enter, @function
-	.p2align 5
-__cyg_profile_func_enter:
-	.cfi_startproc
-	movq	ep_tls@gottpoff(%rip), %r8
-	movq	%fs:EPA_TLS_SLOT(%r8), %r9		/* th */
-	cmpq	$EPA_SLOT_MIN-1, %r9
-	jbe	ep_cyg_enter_full			/* no slot yet, or none to be had */
-	cmpq	$0, %fs:EPA_TLS_BUSY(%r8)
-	jne	ep_cyg_enter_full			/* inside a hook (a signal), or a stale word */
-	movq	edgeprobe_proc+EPA_PROC_HDR(%rip), %rax
-	movq	EPA_HDR_CONTROL(%rax), %r11		/* control | gen << 32 */
-	testb	$EPA_CTL_SLOWPATH, %r11b
-	jnz	.Lenter_ctl
-.Lenter_go:
+/* ENTER_BODY / EXIT_BODY: the fast path proper, from the busy word on.
+ * Each hook expands its body twice: after the common test (no control bit
+ * that needs the C) and after the trace filters' test (FILTERED_OUT), so
+ * that either reaches it without a taken branch. */
+.macro ENTER_BODY
 	movq	(%rsp), %rax
 	movq	%rax, %fs:EPA_TLS_BUSY_RET(%r8)
 	leaq	-8(%rsp), %r10				/* here */
@@ -134,32 +83,9 @@ __cyg_profile_func_enter:
 	movl	%ecx, EPA_TH_DEPTH(%r9)			/* publishes the frame */
 	movq	$0, %fs:EPA_TLS_BUSY(%r8)
 	ret
-.Lenter_decline:
-	/* rdi still holds fn: the C hook starts over (it sets the word again) */
-	movq	$0, %fs:EPA_TLS_BUSY(%r8)
-	jmp	ep_cyg_enter_full
-.Lenter_ctl:
-	UNTRACED ep_cyg_enter_full, .Lenter_go, 0
-	.cfi_endproc
-	.size	__cyg_profile_func_enter, .-__cyg_profile_func_enter
+.endm
 
-/* void __cyg_profile_func_exit(void *fn, void *site) */
-	.globl	__cyg_profile_func_exit
-	.type	__cyg_profile_func_exit, @function
-	.p2align 5
-__cyg_profile_func_exit:
-	.cfi_startproc
-	movq	ep_tls@gottpoff(%rip), %r8
-	movq	%fs:EPA_TLS_SLOT(%r8), %r9		/* th */
-	cmpq	$EPA_SLOT_MIN-1, %r9
-	jbe	ep_cyg_exit_full
-	cmpq	$0, %fs:EPA_TLS_BUSY(%r8)
-	jne	ep_cyg_exit_full
-	movq	edgeprobe_proc+EPA_PROC_HDR(%rip), %rax
-	movq	EPA_HDR_CONTROL(%rax), %r11		/* control | gen << 32 */
-	testb	$EPA_CTL_SLOWPATH, %r11b
-	jnz	.Lexit_ctl
-.Lexit_go:
+.macro EXIT_BODY
 	movq	(%rsp), %rax
 	movq	%rax, %fs:EPA_TLS_BUSY_RET(%r8)
 	leaq	-8(%rsp), %rax
@@ -190,10 +116,10 @@ __cyg_profile_func_exit:
 	movl	%ecx, EPA_TH_DEPTH(%r9)			/* pop */
 	addq	$1, EPA_LOCAL_EXITS(%rdi)
 	testb	$EPA_CTL_NOTIME, %r11b
-	jnz	.Lexit_done
+	jnz	7f
 	movq	EPA_FR_TS(%rsi), %r9
 	testq	%r9, %r9
-	jz	.Lexit_done				/* entered untimed */
+	jz	7f					/* entered untimed */
 	/* ns = (now - ts) * tsc_mult >> 32, 0 if the clock went back */
 	rdtsc
 	shlq	$32, %rdx
@@ -235,17 +161,107 @@ __cyg_profile_func_exit:
 	notq	%rdx
 	cmpq	EPA_FUNC_MIN_INV(%rax), %rdx
 	ja	6f
-.Lexit_done:
+7:
 	movq	$0, %fs:EPA_TLS_BUSY(%r8)
 	ret
 6:	movq	%rax, %rdi
 	movq	%rcx, %rsi
 	jmp	ep_cyg_minmax_tail			/* clears the busy word */
+.endm
+
+/* FILTERED_OUT full, adj: the control word (r11) has a bit that sends hooks
+ * to the C. When it is only tracing with filters (D32) and the filters leave
+ * this hook's call out (its depth, th->depth - adj, at or past filter_depth,
+ * or a thread list without this thread), fall through: the hook goes on as
+ * an untraced one, as ep_untraced decides in C, so that a filtered-out call
+ * costs about what a counted one does. Otherwise jump to full. Read before
+ * the busy word is set, as in C. rax = header, r9 = th; clobbers rcx, rdx,
+ * rsi. The common filters (one thread, or a depth) take no taken branch. */
+.macro FILTERED_OUT full, adj
+	movl	%r11d, %ecx
+	andl	$(EPA_CTL_SLOWPATH|EPA_CTL_FILTER), %ecx
+	cmpl	$(EPA_CTL_TRACE|EPA_CTL_FILTER), %ecx
+	jne	\full
+	movq	EPA_HDR_FILTER_DEPTH(%rax), %rdx	/* filter_depth | filter_tid[0] << 32 */
+	movl	EPA_TH_DEPTH(%r9), %ecx
+	subl	$\adj, %ecx				/* the call's depth */
+	cmpl	%edx, %ecx
+	jb	8f					/* within the depth (or no depth filter: 0) */
+	testl	%edx, %edx
+	jnz	10f					/* too deep: out */
+8:	shrq	$32, %rdx
+	jz	\full					/* no thread list: traced */
+	cmpl	EPA_TH_TID(%r9), %edx
+	je	\full					/* the listed thread */
+	cmpl	$0, EPA_HDR_FILTER_TID+4(%rax)
+	je	10f					/* a list of one, without us: out */
+	movl	EPA_TH_TID(%r9), %ecx
+	movl	$1, %esi
+9:	movl	EPA_HDR_FILTER_TID(%rax,%rsi,4), %edx
+	testl	%edx, %edx
+	jz	10f					/* end of the list: out */
+	cmpl	%ecx, %edx
+	je	\full					/* a listed thread */
+	addl	$1, %esi
+	cmpl	$EPA_FILTER_TIDS, %esi
+	jb	9b
+10:
+.endm
+
+	.text
+
+/* void __cyg_profile_func_enter(void *fn, void *site)
+ * rdi = fn (the key), (%rsp) = return address into the instrumented function.
+ * here = rsp - 8: the frame address a C hook would have (ep_cyg_hook's "here"). */
+	.globl	__cyg_profile_func_enter
+	.type	__cyg_profile_func_enter, @function
+	.p2align 5
+__cyg_profile_func_enter:
+	.cfi_startproc
+	movq	ep_tls@gottpoff(%rip), %r8
+	movq	%fs:EPA_TLS_SLOT(%r8), %r9		/* th */
+	cmpq	$EPA_SLOT_MIN-1, %r9
+	jbe	ep_cyg_enter_full			/* no slot yet, or none to be had */
+	cmpq	$0, %fs:EPA_TLS_BUSY(%r8)
+	jne	ep_cyg_enter_full			/* inside a hook (a signal), or a stale word */
+	movq	edgeprobe_proc+EPA_PROC_HDR(%rip), %rax
+	movq	EPA_HDR_CONTROL(%rax), %r11		/* control | gen << 32 */
+	testb	$EPA_CTL_SLOWPATH, %r11b
+	jnz	.Lenter_ctl
+	ENTER_BODY
+.Lenter_ctl:
+	FILTERED_OUT ep_cyg_enter_full, 0
+	ENTER_BODY
+.Lenter_decline:
+	/* rdi still holds fn: the C hook starts over (it sets the word again) */
+	movq	$0, %fs:EPA_TLS_BUSY(%r8)
+	jmp	ep_cyg_enter_full
+	.cfi_endproc
+	.size	__cyg_profile_func_enter, .-__cyg_profile_func_enter
+
+/* void __cyg_profile_func_exit(void *fn, void *site) */
+	.globl	__cyg_profile_func_exit
+	.type	__cyg_profile_func_exit, @function
+	.p2align 5
+__cyg_profile_func_exit:
+	.cfi_startproc
+	movq	ep_tls@gottpoff(%rip), %r8
+	movq	%fs:EPA_TLS_SLOT(%r8), %r9		/* th */
+	cmpq	$EPA_SLOT_MIN-1, %r9
+	jbe	ep_cyg_exit_full
+	cmpq	$0, %fs:EPA_TLS_BUSY(%r8)
+	jne	ep_cyg_exit_full
+	movq	edgeprobe_proc+EPA_PROC_HDR(%rip), %rax
+	movq	EPA_HDR_CONTROL(%rax), %r11		/* control | gen << 32 */
+	testb	$EPA_CTL_SLOWPATH, %r11b
+	jnz	.Lexit_ctl
+	EXIT_BODY
+.Lexit_ctl:
+	FILTERED_OUT ep_cyg_exit_full, 1
+	EXIT_BODY
 .Lexit_decline:
 	movq	$0, %fs:EPA_TLS_BUSY(%r8)
 	jmp	ep_cyg_exit_full
-.Lexit_ctl:
-	UNTRACED ep_cyg_exit_full, .Lexit_go, 1
 	.cfi_endproc
 	.size	__cyg_profile_func_exit, .-__cyg_profile_func_exit
 

@@ -140,7 +140,8 @@ EPA_CHECK(offsetof(struct ep_proc, hdr) == EPA_PROC_HDR && offsetof(struct ep_pr
           "ep_proc");
 EPA_CHECK(offsetof(struct ep_header, control) == EPA_HDR_CONTROL &&
               offsetof(struct ep_header, filter_depth) == EPA_HDR_FILTER_DEPTH &&
-              offsetof(struct ep_header, filter_tid) == EPA_HDR_FILTER_TID && EP_FILTER_TIDS == EPA_FILTER_TIDS,
+              offsetof(struct ep_header, filter_tid) == EPA_HDR_FILTER_TID && EP_FILTER_TIDS == EPA_FILTER_TIDS &&
+              EPA_HDR_FILTER_TID == EPA_HDR_FILTER_DEPTH + 4 && EPA_HDR_FILTER_DEPTH % 8 == 0,
           "ep_header");
 EPA_CHECK(offsetof(struct ep_thread, tid) == EPA_TH_TID && offsetof(struct ep_thread, depth) == EPA_TH_DEPTH &&
               sizeof(struct ep_thread) == EPA_TH_SIZE,
