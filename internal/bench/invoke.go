@@ -59,7 +59,7 @@ func (h *Harness) RunInvoke(ctx context.Context) error {
 		return Summarize(d, h.TSC)
 	}
 	sec := Section{Title: "1b. Probe invocation and inert sites",
-		Text: fmt.Sprintf("bench/micro.c, %d calls of `empty()` per run, %d runs of each build interleaved (after a warm-up round). "+
+		Text: fmt.Sprintf("bench/micro.c, %d calls of `empty()` per run, %d runs of each build interleaved (after a warm-up round), each run pinned to the same CPU. "+
 			"An enabled probe has exactly the instrumented build's bytes (enabling a cold site restores them), so the instrumented build stands for it here; row 4 measures a genuinely hot-patched process. "+
 			"Invocation = (per-call time - uninstrumented) / 2: each call runs the entry and the exit probe.", n, h.Cfg.Reps),
 		Head: []string{"build", "per call", "vs uninstrumented, per probe hit", "overhead vs uninstrumented", "overhead vs glibc empty hooks"}}
