@@ -475,21 +475,34 @@ EP_INLINE int ep_frame_skip(const struct ep_frame *fr) { return fr->gidx == EP_N
  * 1 if this call may record, 0 if the quota is used up. Exact across
  * threads (CAS on one word per function); once the quota is used up, a call
  * costs a load and a compare. A new epoch starts at the first call that
- * finds the function's word of an older one. */
-EP_INLINE int ep_quota_take(struct ep_func *f) {
+ * finds the function's word of an older one. *taken: the epoch the call was
+ * counted in. *busy is set to 1 before the CAS (whose lock orders it before
+ * the take: a reader that sees the take sees the 1, D55) and back to 0 when
+ * the quota is used up; the caller clears it otherwise. */
+EP_INLINE int ep_quota_take(struct ep_func *f, uint32_t *taken, uint32_t *busy) {
 	uint32_t epoch = LOAD(&ep.hdr->quota_epoch), k = LOAD(&ep.hdr->quota_k);
 	uint64_t q = LOAD(&f->quota);
+	int set = 0;
 	for (;;) {
 		/* A newer epoch in the word than the one we read means our read is
 		 * stale (the reader moved on meanwhile): count in the word's. Only
 		 * an older word starts over, so a late thread never resets a
 		 * newer epoch's count. */
 		uint64_t n = (int32_t)((uint32_t)(q >> 32) - epoch) >= 0 ? q : (uint64_t)epoch << 32;
-		if ((uint32_t)n >= k)
+		if ((uint32_t)n >= k) {
+			if (set)
+				STORE(busy, 0);
 			return 0;
+		}
 		n++;
-		if (__atomic_compare_exchange_n(&f->quota, &q, n, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		if (!set) {
+			STORE(busy, 1);
+			set = 1;
+		}
+		if (__atomic_compare_exchange_n(&f->quota, &q, n, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+			*taken = (uint32_t)(n >> 32);
 			return 1;
+		}
 	}
 }
 

@@ -289,6 +289,49 @@ EP_SHARED_COLD void ep_exit_slow(struct ep_thread *th, uint64_t key, uint64_t sp
 	ep_exit_frame(th, fr, now);
 }
 
+/* ---- quotas under a --rate trace (D55) ---- */
+
+#define EP_Q_SKIP 0    /* over the quota: record nothing */
+#define EP_Q_CTL 1     /* recorded; its event follows the control word (no --rate trace) */
+#define EP_Q_TRACE 2   /* recorded in one of the trace's epochs: its enter event is written */
+#define EP_Q_NOTRACE 3 /* recorded outside the trace's epochs: no enter event */
+
+/* Take a quota slot and decide the call's enter event by the epoch the
+ * slot was counted in, not by the control word the hook read at its start
+ * (which may predate the trace's start or end): every slot of the trace's
+ * epochs, and no other, gives an event, so the trace holds exactly the calls
+ * the quota let record. The range is read after the CAS (a locked
+ * instruction, sequentially consistent), so a slot of the first epoch sees
+ * qtrace_lo, stored before that epoch began. With EP_Q_TRACE th->quota_busy
+ * stays 1 until the caller has written the event (ep_quota_done): the
+ * capture's end waits for it (docs/runtime.md, "Rate limits"). */
+EP_INLINE int ep_quota_enter(struct ep_thread *th, struct ep_func *f) {
+	uint32_t e;
+	if (!ep_quota_take(f, &e, &th->quota_busy))
+		return EP_Q_SKIP;
+	uint64_t qt = __atomic_load_n((const uint64_t *)(const void *)&ep.hdr->qtrace_lo, __ATOMIC_SEQ_CST);
+	uint32_t lo = (uint32_t)qt, hi = (uint32_t)(qt >> 32);
+	int r = EP_Q_CTL;
+	if (lo)
+		r = (int32_t)(e - lo) >= 0 && (!hi || (int32_t)(hi - e) >= 0) ? EP_Q_TRACE : EP_Q_NOTRACE;
+	if (r != EP_Q_TRACE)
+		STORE(&th->quota_busy, 0);
+	return r;
+}
+_Static_assert(offsetof(struct ep_header, qtrace_hi) == offsetof(struct ep_header, qtrace_lo) + 4 &&
+                   offsetof(struct ep_header, qtrace_lo) % 8 == 0,
+               "ep_quota_enter reads the trace's epoch range as one word");
+
+/* The enter event of a call ep_quota_enter counted (q), if it gets one. */
+EP_STATIC void ep_quota_event(struct ep_thread *th, uint32_t ctl, int q, uint64_t key, uint32_t depth) {
+	if (q == EP_Q_TRACE) {
+		ep_trace_at(th, ctl | EP_CTL_TRACE, EP_EV_ENTER, key, depth);
+		__atomic_store_n(&th->quota_busy, 0, __ATOMIC_RELEASE); /* after the event's head */
+	} else if (q == EP_Q_CTL && (ctl & EP_CTL_TRACE)) {
+		ep_trace_at(th, ctl, EP_EV_ENTER, key, depth);
+	}
+}
+
 /* Every enter the inlined ep_enter does not take (edgeprobe_internal.h): the
  * function not at its home entry of the thread's cache (first sight, a
  * collision, no cache), frames to heal, the shadow stack full. */
@@ -299,7 +342,8 @@ EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, ui
 		ADD(&ep.hdr->func_drop_enters, 1);
 		return 0;
 	}
-	if (unlikely(ctl & EP_CTL_QUOTA) && !ep_quota_take(&ep.funcs[g])) {
+	int q = EP_Q_CTL;
+	if (unlikely(ctl & EP_CTL_QUOTA) && (q = ep_quota_enter(th, &ep.funcs[g])) == EP_Q_SKIP) {
 		/* over its quota: record nothing; a cyg call gets a skip frame so
 		 * that its exit records nothing either (beyond the shadow stack
 		 * there is no frame to mark: such a call is recorded, D31) */
@@ -351,7 +395,9 @@ EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, ui
 	}
 	SIGFENCE();
 	STORE(&th->depth, d + 1);
-	if (unlikely(ctl & EP_CTL_TRACE))
+	if (unlikely(q != EP_Q_CTL))
+		ep_quota_event(th, ctl, q, key, d);
+	else if (unlikely(ctl & EP_CTL_TRACE))
 		ep_trace_at(th, ctl, EP_EV_ENTER, key, d);
 	return 1;
 }
@@ -365,7 +411,8 @@ EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, 
 		ADD(&ep.hdr->func_drop_enters, 1);
 		return;
 	}
-	if (unlikely(ctl & EP_CTL_QUOTA) && !ep_quota_take(&ep.funcs[g])) {
+	int q = EP_Q_CTL;
+	if (unlikely(ctl & EP_CTL_QUOTA) && (q = ep_quota_enter(th, &ep.funcs[g])) == EP_Q_SKIP) {
 		OWN_ADD(&th->quota_skips, 1);
 		return;
 	}
@@ -375,8 +422,7 @@ EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, 
 		ADD(&ep.funcs[g].entries, 1);
 	if (deep)
 		ADD(&ep.funcs[g].deep_entries, 1);
-	if (ctl & EP_CTL_TRACE)
-		ep_trace_at(th, ctl, EP_EV_ENTER, key, th->depth);
+	ep_quota_event(th, ctl, q, key, th->depth);
 }
 
 /* ---- trace filters (D32) ---- */

@@ -120,6 +120,9 @@ func (s *session) resetStale() error {
 	if err := s.region.SetQuota(0); err != nil {
 		return err
 	}
+	if err := s.region.ClearQuotaTrace(); err != nil {
+		return err
+	}
 	if err := s.region.SetFilter(0, nil, 0); err != nil {
 		return err
 	}
