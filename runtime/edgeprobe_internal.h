@@ -227,6 +227,7 @@ EP_SHARED uint32_t ep_gfind(uint64_t key, uint64_t h);
 
 /* edgeprobe_thread.c */
 EP_SHARED_COLD struct ep_thread *ep_claim(void);
+EP_SHARED_COLD void ep_tid_learn(void);
 EP_SHARED_COLD int ep_busy_live(struct ep_thread *th, uint64_t here);
 EP_SHARED_COLD void ep_pop_unmatched(struct ep_thread *th, uint32_t from, uint32_t to);
 EP_SHARED_COLD uint32_t ep_heal(struct ep_thread *th, uint32_t d, uint64_t sp, uint64_t site);
@@ -252,6 +253,7 @@ EP_SHARED_COLD void ep_args_exit(struct ep_thread *th, uint64_t key, uint64_t h0
 
 /* edgeprobe_seccomp.c: set once the program asked for a seccomp mode */
 EP_HIDDEN extern int ep_nosys;
+EP_SHARED_COLD int ep_seccomp_at_load(void);
 
 /* edgeprobe_fentry.c */
 EP_SHARED uint32_t ep_fentry_mode(void);
@@ -295,6 +297,34 @@ EP_INLINE long ep_sys6(long nr, long a, long b, long c, long d, long e, long f) 
 EP_INLINE long ep_self_read(void *dst, uint64_t src, size_t n) {
 	struct iovec l = {dst, n}, r = {(void *)(uintptr_t)src, n};
 	return ep_sys6(SYS_process_vm_readv, ep_sys1(SYS_getpid, 0), (long)&l, 1L, (long)&r, 1L, 0L);
+}
+
+/* Whether the hooks must make no system call (D56): the program asked for
+ * seccomp through our interposers (ep_nosys), a thread was under seccomp
+ * when the runtime was loaded, or a reader saw one (header.nosys, which
+ * covers filters installed with raw syscall instructions or while the
+ * runtime was injected). Each side is copied to the other: a reader learns
+ * of the interposers' flag, and a fork child, which gets a region of its
+ * own, keeps the flag. Once set, never cleared (filters cannot be removed).
+ * A rare-path check: never on the hooks' fast paths. */
+EP_INLINE int ep_sys_off(void) {
+	struct ep_header *h = ep.hdr;
+	if (__atomic_load_n(&ep_nosys, __ATOMIC_RELAXED)) {
+		if (h && !__atomic_load_n(&h->nosys, __ATOMIC_RELAXED))
+			__atomic_store_n(&h->nosys, 1, __ATOMIC_RELAXED);
+		return 1;
+	}
+	if (h && __atomic_load_n(&h->nosys, __ATOMIC_RELAXED)) {
+		__atomic_store_n(&ep_nosys, 1, __ATOMIC_RELAXED);
+		return 1;
+	}
+	return 0;
+}
+
+/* A system call a hook leaves out under ep_sys_off, counted. */
+EP_INLINE void ep_count_nosys(void) {
+	if (ep.hdr)
+		__atomic_fetch_add(&ep.hdr->nosys_skips, 1, __ATOMIC_RELAXED);
 }
 
 /* Whether the thread runs on its alternate signal stack; its bounds in

@@ -249,7 +249,13 @@ struct ep_header {
 	uint64_t fentry_sites;     /* 392: distinct __fentry__ call sites decoded */
 	uint64_t fentry_bad_sites; /* 400: sites whose call was not recognised (keyed EP_KEY_BARE, entries only) */
 	uint64_t fentry_unwound;   /* 408: hijacked frames the unwinder walked through (exceptions, pthread_exit) */
-	uint64_t _pad4[204];       /* 416 .. 2048 */
+	/* seccomp (D56): a reader that saw a thread of the process under
+	 * seccomp sets nosys; from then on the hooks make no system call */
+	uint32_t nosys;            /* 416 */
+	uint32_t _pad5;            /* 420 */
+	uint64_t nosys_threads;    /* 424: threads whose first hook came under nosys: not recorded */
+	uint64_t nosys_skips;      /* 432: in-hook system calls left out under nosys (their decision made without them) */
+	uint64_t _pad4[201];       /* 440 .. 2048 */
 	/* argument capture plans (version 5) */
 	struct ep_argplan argplan[EP_ARGPLANS]; /* 2048 .. 4096 */
 };

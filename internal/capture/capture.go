@@ -9,6 +9,7 @@ import (
 
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/report"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 )
@@ -56,6 +57,9 @@ type session struct {
 	enabled *hotpatch.Result
 	quota   bool // the capture turned the runtime's quotas on: off again at close
 	filter  bool // the capture turned the runtime's trace filters on: off again at close
+	pid     int
+	// when watchSeccomp last read the threads' seccomp state
+	seccompAt time.Time
 }
 
 func open(ctx context.Context, o Options) (*session, error) {
@@ -66,7 +70,7 @@ func open(ctx context.Context, o Options) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &session{region: region}
+	s := &session{region: region, pid: o.PID}
 	if s.hp, err = hotpatch.Open(o.PID, o.ProbeFiles, false); err != nil {
 		region.Close()
 		return nil, err
@@ -75,6 +79,7 @@ func open(ctx context.Context, o Options) (*session, error) {
 		s.close(ctx)
 		return nil, err
 	}
+	s.watchSeccomp()
 	var lists []*probelist.List
 	for _, t := range s.hp.Targets() {
 		l, err := t.List.List()
@@ -128,6 +133,24 @@ func (s *session) resetStale() error {
 	}
 	s.region.ClearArgPlans()
 	return nil
+}
+
+// watchSeccomp tells the runtime, once a thread of the process is seen
+// under seccomp, to make no more system calls in its hooks (D56): the
+// preloaded runtime's interposers see prctl and syscall(SYS_seccomp), but
+// not a filter installed with a raw syscall instruction, nor one installed
+// before or after a runtime loaded with dlopen. Called at the capture's
+// start and from its loops, at most once a second (each look reads every
+// thread's status); nothing once the flag is set. A read-only region is
+// left alone.
+func (s *session) watchSeccomp() {
+	if !s.region.Writable() || s.region.Nosys() || !s.seccompAt.IsZero() && time.Since(s.seccompAt) < time.Second {
+		return
+	}
+	s.seccompAt = time.Now()
+	if procfs.SeccompThreads(s.pid) > 0 {
+		s.region.SetNosys()
+	}
 }
 
 // enable turns on the probes sels select; close restores them.

@@ -131,6 +131,7 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 		}
 	}
 	ticker(ctx, o.Duration, poll, o.Progress, func(elapsed time.Duration) string {
+		s.watchSeccomp()
 		if epochStart.IsZero() || time.Since(epochStart) >= o.Epoch {
 			if !epochStart.IsZero() {
 				e, err := s.region.NextQuotaEpoch()

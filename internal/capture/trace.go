@@ -304,6 +304,7 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	defer stopEarly()
 	watchSeccomp := copiesStrings(plans)
 	ticker(limitCtx, o.Duration, drainPeriod, o.Progress, func(time.Duration) string {
+		s.watchSeccomp()
 		// A program may enter a sandbox after the capture's start (the
 		// planning checked then): once any thread is under seccomp, no more
 		// string copies. Calls between its filter and this look still copy

@@ -211,8 +211,14 @@ type Header struct {
 	FentrySites     uint64
 	FentryBadSites  uint64
 	FentryUnwound   uint64
-	_               [204]uint64
-	ArgPlan         [ArgPlans]argPlan // version 5
+	// seccomp (D56): Nosys set by a reader that saw a thread of the
+	// process under seccomp; the hooks then make no system call
+	Nosys        uint32
+	_            uint32
+	NosysThreads uint64 // threads whose first hook came under Nosys: not recorded
+	NosysSkips   uint64 // in-hook system calls left out under Nosys
+	_            [201]uint64
+	ArgPlan      [ArgPlans]argPlan // version 5
 }
 
 // funcEntry is struct ep_func.

@@ -40,7 +40,7 @@ int main(void) {
 	F(ep_header, func_drop_enters); F(ep_header, func_drop_exits); F(ep_header, threads_claimed);
 	F(ep_header, threads_active); F(ep_header, thread_overflows); F(ep_header, thread_drop_hits);
 	F(ep_header, preinit_drops); F(ep_header, late_drops); F(ep_header, fentry_mode);
-	F(ep_header, fentry_sites); F(ep_header, fentry_bad_sites); F(ep_header, fentry_unwound);
+	F(ep_header, fentry_sites); F(ep_header, fentry_bad_sites); F(ep_header, fentry_unwound); F(ep_header, nosys); F(ep_header, nosys_threads); F(ep_header, nosys_skips);
 	F(ep_header, argplan); F(ep_argplan, key); F(ep_argplan, spec); S(ep_argplan);
 	F(ep_func, addr); F(ep_func, entries); F(ep_func, exits); F(ep_func, sum_ns); F(ep_func, min_inv);
 	F(ep_func, max_ns); F(ep_func, orphans); F(ep_func, unmatched); F(ep_func, hist);
