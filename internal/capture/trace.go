@@ -32,6 +32,10 @@ type TraceResult struct {
 	// was stopped or a signal handler longjmp'd out of a hook; then the
 	// calls of those hooks may be missing from the trace.
 	RateInFlight int
+	// QuotaHeld names the functions the capture did not select (--enable)
+	// that recorded calls under its rate limit: the quota is process-wide
+	// (D57), so those were held to the rate too.
+	QuotaHeld []string
 	// ArgFuncs is how many functions' arguments or return values were
 	// recorded; Notes say what --args/--retval matched but could not record.
 	ArgFuncs int
@@ -254,6 +258,10 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		}
 	}
 	drain(false) // whatever an earlier tracer left behind
+	var before map[uint64]shm.Func
+	if o.Rate > 0 {
+		before = byAddr(s.region.Functions())
+	}
 	if err := s.setFilters(o); err != nil {
 		return nil, err
 	}
@@ -335,6 +343,12 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 			return nil, err
 		}
 		res.RateInFlight = busy
+		if s.enabled != nil {
+			res.QuotaHeld = quotaHeld(s, functionsOf(s), before)
+			if n := QuotaHeldNote(res.QuotaHeld, o.Rate); n != "" {
+				res.Notes = append(res.Notes, n)
+			}
+		}
 		if busy > 0 {
 			res.Notes = append(res.Notes, fmt.Sprintf("%d threads were inside a hook when the --rate capture ended (stopped, or left by a signal handler's longjmp): their calls' events may be missing", busy))
 		}
