@@ -238,6 +238,15 @@ func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, opts Options,
 		}
 		fd = int(r)
 		closeFd := func() { _, _ = b.Call(ctx, f["syscall"], unix.SYS_CLOSE, uint64(fd)) }
+		// Filling the memfd is the long part of the borrow (the runtime's
+		// bytes through the page cache): the thread waits for it parked
+		// in its own state, so a hotpatch SIGKILLed meanwhile leaves it
+		// running as before, not at the fault that ends a call.
+		if err := b.Park(ctx, f["syscall"]); err != nil {
+			closeFd()
+			unmap()
+			return err
+		}
 		if err := fillMemfd(p.Pid, fd, runtime); err != nil {
 			closeFd()
 			unmap()
