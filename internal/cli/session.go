@@ -193,15 +193,27 @@ type inputLine struct {
 	tooLong bool
 }
 
+// maxSkip bounds what is skipped of one over-long line: past it the input
+// is not a stream of commands (a device, a binary file) and reading ends.
+const maxSkip = 64 << 20
+
+// errNotCommands: the input holds a "line" longer than maxSkip.
+var errNotCommands = fmt.Errorf("a line longer than %d MiB: not a stream of commands", maxSkip>>20)
+
 // readLines sends each line of in (without its "\n" or "\r\n"; the last
 // one may lack its newline) to out, until end of input or a read error.
 func readLines(in io.Reader, out chan<- inputLine) error {
 	r := bufio.NewReaderSize(in, 64<<10)
 	var buf []byte
 	tooLong := false
+	skipped := 0
 	for {
 		chunk, err := r.ReadSlice('\n')
-		if !tooLong {
+		if tooLong {
+			if skipped += len(chunk); skipped > maxSkip {
+				return errNotCommands
+			}
+		} else {
 			if len(buf)+len(chunk) > maxLine+2 { // room for "\r\n"
 				tooLong, buf = true, buf[:0]
 			} else {
@@ -228,7 +240,7 @@ func readLines(in io.Reader, out chan<- inputLine) error {
 			l = ""
 		}
 		out <- inputLine{text: l, tooLong: tooLong}
-		buf, tooLong = buf[:0], false
+		buf, tooLong, skipped = buf[:0], false, 0
 	}
 }
 

@@ -2,6 +2,9 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
+	"io"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -154,5 +157,22 @@ func TestReadLines(t *testing.T) {
 	}
 	if a, b := <-out, <-out; a.text != "stats" || !b.tooLong {
 		t.Fatalf("got %.20q then %.20q (too long %v)", a.text, b.text, b.tooLong)
+	}
+}
+
+// TestReadLinesEndless: an input that never ends its line (/dev/zero given
+// as the commands) ends the reading with an error, after the lines before it.
+func TestReadLinesEndless(t *testing.T) {
+	f, err := os.Open("/dev/zero")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := make(chan inputLine, 10)
+	if err := readLines(io.MultiReader(strings.NewReader("stats\n"), f), out); !errors.Is(err, errNotCommands) {
+		t.Fatalf("reading stats then /dev/zero: %v, want %v", err, errNotCommands)
+	}
+	if l := <-out; l.text != "stats" || len(out) != 0 {
+		t.Fatalf("got %q and %d more lines, want stats alone", l.text, len(out))
 	}
 }
