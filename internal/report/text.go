@@ -58,7 +58,7 @@ func (s *TextSink) Event(e *calltrace.Event) error {
 	case calltrace.Exit:
 		depth := len(th.stack) - 1
 		if depth < 0 {
-			return fmt.Errorf("thread %d: an exit of %s with no open call (the stream is not well-formed)", e.Thread, e.Func.Name)
+			return fmt.Errorf("thread %d: an exit of %s with no open call (the stream is not well-formed)", e.Thread, calltrace.Printable(e.Func.Name))
 		}
 		d := e.TimeNs - th.stack[depth]
 		th.stack = th.stack[:depth]
@@ -73,7 +73,7 @@ func (s *TextSink) Event(e *calltrace.Event) error {
 		if e.Ret != nil {
 			closing += retText(e.Ret) + ";"
 		}
-		s.line(durText(d, e.Open), e.Thread, depth, closing+" /* "+e.Func.Name+" */"+note)
+		s.line(durText(d, e.Open), e.Thread, depth, closing+" /* "+calltrace.Printable(e.Func.Name)+" */"+note)
 	case calltrace.Instant:
 		s.flushPending(e.Thread, th)
 		s.line("", e.Thread, len(th.stack), calltrace.FormatCall(e.Func.Name, e.Args)+";")
