@@ -23,6 +23,10 @@ type TextSink struct {
 	w       *bufio.Writer
 	threads map[int32]*textThread
 	header  bool
+	// werr is the first write error (a full disk, a file-size limit): the
+	// next Event returns it, so a capture stops instead of tracing on for
+	// its whole duration into a file that cannot grow.
+	werr error
 }
 
 type textThread struct {
@@ -40,7 +44,9 @@ func NewTextSink(w io.Writer) *TextSink {
 func (s *TextSink) Event(e *calltrace.Event) error {
 	if !s.header {
 		s.header = true
-		fmt.Fprintln(s.w, "# DURATION     TID     FUNCTION")
+		if _, err := fmt.Fprintln(s.w, "# DURATION     TID     FUNCTION"); err != nil && s.werr == nil {
+			s.werr = err
+		}
 	}
 	th := s.threads[e.Thread]
 	if th == nil {
@@ -81,7 +87,7 @@ func (s *TextSink) Event(e *calltrace.Event) error {
 		s.flushPending(e.Thread, th)
 		s.line("", e.Thread, len(th.stack), fmt.Sprintf("/* %d events lost here: the ring was full */", e.Count))
 	}
-	return nil
+	return s.werr
 }
 
 func exitNote(e *calltrace.Event) string {
@@ -112,7 +118,9 @@ func (s *TextSink) flushPending(tid int32, th *textThread) {
 }
 
 func (s *TextSink) line(dur string, tid int32, depth int, text string) {
-	fmt.Fprintf(s.w, "%11s [%6d] | %s%s\n", dur, tid, strings.Repeat("  ", max(depth, 0)), text)
+	if _, err := fmt.Fprintf(s.w, "%11s [%6d] | %s%s\n", dur, tid, strings.Repeat("  ", max(depth, 0)), text); err != nil && s.werr == nil {
+		s.werr = err
+	}
 }
 
 // durText renders a duration in uftrace's units; "+" marks one that was
