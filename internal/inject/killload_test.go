@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -122,4 +123,60 @@ func TestKilledDuringLoad(t *testing.T) {
 	if !strings.Contains(out, "done wrong=0") {
 		t.Fatalf("program output %q, want done wrong=0", out)
 	}
+}
+
+// TestInjectStoppedRefused: a program stopped with SIGSTOP is not loaded
+// into (no thread can be borrowed from a group-stop without continuing
+// the process): one line that says so and how to continue it, exit 1,
+// nothing changed; once continued, the load works and the program ends
+// with its correct output.
+func TestInjectStoppedRefused(t *testing.T) {
+	testutil.RequirePtrace(t)
+	useRuntime(t)
+	bin := attachFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
+	p := testutil.Start(t, nil, bin)
+	progress := p.Symbol(bin, "progress")
+	pid := fmt.Sprint(p.Pid)
+	if err := p.Cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); !stopped(p.Pid); runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatal("the program did not stop within a minute of SIGSTOP")
+		}
+	}
+	r := testutil.Run(t, "hotpatch", "--pid", pid, "--enable", "work")
+	if r.Code != 1 || strings.Count(r.Stderr, "\n") != 1 || !strings.Contains(r.Stderr, "is stopped") || !strings.Contains(r.Stderr, "kill -CONT "+pid) {
+		t.Fatalf("enable in a stopped program: exit %d, stderr %q; want 1 and one line saying it is stopped", r.Code, r.Stderr)
+	}
+	if runtimeMemfd(p.Pid) >= 0 {
+		t.Fatal("the refused load left a memfd in the program")
+	}
+	if err := p.Cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	p.AwaitProgress(progress, 20000)
+	r = hotpatchOK(t, "--pid", pid, "--enable", "work")
+	if !loadedNote.MatchString(r.Stderr) {
+		t.Fatalf("enable after SIGCONT: want the load note, stderr %q", r.Stderr)
+	}
+	p.AwaitProgress(progress, 20000)
+	if w := funcStats(statsOf(t, p.Pid), "work"); w.Entries == 0 {
+		t.Fatalf("work after the load: %+v", w)
+	}
+	out, _ := p.Finish()
+	if !strings.Contains(out, "done wrong=0") {
+		t.Fatalf("program output %q, want done wrong=0", out)
+	}
+}
+
+// stopped reports whether every thread of pid is in a group-stop (state T).
+func stopped(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && i+2 < len(s) && s[i+2] == 'T'
 }
