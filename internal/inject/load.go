@@ -191,6 +191,13 @@ func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, opts Options,
 	}
 	res.Area = area
 	unmap := func() { _, _ = b.Call(ctx, f["munmap"], area, codeSize+dataSize) }
+	// Between calls the thread waits parked in its own state (D59), so a
+	// hotpatch SIGKILLed while it writes the loader or fills the memfd
+	// leaves it running as before, not at the fault that ends a call.
+	if err := b.Park(ctx, f["syscall"]); err != nil {
+		unmap()
+		return err
+	}
 	data := area + codeSize
 	*dataOut = data
 	block := make([]byte, dataSize)
@@ -242,10 +249,6 @@ func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, opts Options,
 		}
 		fd = int(r)
 		closeFd := func() { _, _ = b.Call(ctx, f["syscall"], unix.SYS_CLOSE, uint64(fd)) }
-		// Filling the memfd is the long part of the borrow (the runtime's
-		// bytes through the page cache): the thread waits for it parked
-		// in its own state, so a hotpatch SIGKILLed meanwhile leaves it
-		// running as before, not at the fault that ends a call.
 		if err := b.Park(ctx, f["syscall"]); err != nil {
 			closeFd()
 			unmap()
