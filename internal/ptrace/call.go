@@ -304,7 +304,12 @@ func (b *Borrowed) Park(ctx context.Context, syscallFn uint64) error {
 			return fmt.Errorf("pid %d: %w", t.pid, ErrExited)
 		}
 		if wpid == 0 {
-			if time.Now().After(deadline) {
+			// A SIGSTOP that came first holds the thread in a group-stop
+			// (LISTEN) until SIGCONT, which re-traps it with the SIGTRAP
+			// event stop we wait for: the limit counts only time it runs.
+			if b.th.kind == stopGroup {
+				deadline = time.Now().Add(defaultCallLimit)
+			} else if time.Now().After(deadline) {
 				return fmt.Errorf("park thread %d: no interrupt stop within %v: %w", tid, defaultCallLimit, ErrCall)
 			}
 			tm := time.NewTimer(time.Millisecond)
