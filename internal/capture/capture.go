@@ -9,6 +9,7 @@ import (
 
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/report"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 )
@@ -56,6 +57,16 @@ type session struct {
 	enabled *hotpatch.Result
 	quota   bool // the capture turned the runtime's quotas on: off again at close
 	filter  bool // the capture turned the runtime's trace filters on: off again at close
+	pid     int
+	start   uint64 // the process's start time (/proc/PID/stat): a reused pid is another process
+}
+
+// gone reports whether the captured process has ended (exited, killed, a
+// zombie not yet reaped, or its pid reused): nothing more can happen in it,
+// and nothing is left in it to restore.
+func (s *session) gone() bool {
+	st, err := procfs.ReadStat(s.pid, 0)
+	return err != nil || st.State == 'Z' || st.State == 'X' || st.StartTime != s.start
 }
 
 func open(ctx context.Context, o Options) (*session, error) {
@@ -66,10 +77,13 @@ func open(ctx context.Context, o Options) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &session{region: region}
+	s := &session{region: region, pid: o.PID}
 	if s.hp, err = hotpatch.Open(o.PID, o.ProbeFiles, false); err != nil {
 		region.Close()
 		return nil, err
+	}
+	if st, err := procfs.ReadStat(o.PID, 0); err == nil {
+		s.start = st.StartTime
 	}
 	if err := s.resetStale(); err != nil {
 		s.close(ctx)
@@ -166,6 +180,11 @@ func (s *session) close(context.Context) error {
 		err = cerr
 	}
 	s.region.Close()
+	if err != nil && hotpatch.Gone(err) && s.gone() {
+		// The process ended during the capture: its probes went with it,
+		// and what it recorded until then is the capture's to keep.
+		err = nil
+	}
 	return err
 }
 
