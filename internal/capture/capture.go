@@ -60,6 +60,15 @@ type session struct {
 	pid     int
 	// when watchSeccomp last read the threads' seccomp state
 	seccompAt time.Time
+	start     uint64 // the process's start time (/proc/PID/stat): a reused pid is another process
+}
+
+// gone reports whether the captured process has ended (exited, killed, a
+// zombie not yet reaped, or its pid reused): nothing more can happen in it,
+// and nothing is left in it to restore.
+func (s *session) gone() bool {
+	st, err := procfs.ReadStat(s.pid, 0)
+	return err != nil || st.State == 'Z' || st.State == 'X' || st.StartTime != s.start
 }
 
 func open(ctx context.Context, o Options) (*session, error) {
@@ -74,6 +83,9 @@ func open(ctx context.Context, o Options) (*session, error) {
 	if s.hp, err = hotpatch.Open(o.PID, o.ProbeFiles, false); err != nil {
 		region.Close()
 		return nil, err
+	}
+	if st, err := procfs.ReadStat(o.PID, 0); err == nil {
+		s.start = st.StartTime
 	}
 	if err := s.resetStale(); err != nil {
 		s.close(ctx)
@@ -192,6 +204,11 @@ func (s *session) close(context.Context) error {
 		err = cerr
 	}
 	s.region.Close()
+	if err != nil && hotpatch.Gone(err) && s.gone() {
+		// The process ended during the capture: its probes went with it,
+		// and what it recorded until then is the capture's to keep.
+		err = nil
+	}
 	return err
 }
 

@@ -311,7 +311,20 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	limitCtx, stopEarly := context.WithCancel(ctx)
 	defer stopEarly()
 	watchSeccomp := copiesStrings(plans)
-	ticker(limitCtx, o.Duration, drainPeriod, o.Progress, func(time.Duration) string {
+	lastLook := start
+	ticker(limitCtx, o.Duration, drainPeriod, o.Progress, func(elapsed time.Duration) string {
+		// A process that ended (exit, a kill) records nothing more: the
+		// trace ends there, with what it recorded (its rings are in our
+		// mapping), instead of waiting out --duration.
+		if time.Since(lastLook) >= 50*time.Millisecond {
+			lastLook = time.Now()
+			if s.region.Exited() || s.gone() {
+				drain(true)
+				res.Notes = append(res.Notes, fmt.Sprintf("the process ended %s into the trace; the trace ends there", elapsed.Round(time.Millisecond)))
+				stopEarly()
+				return fmt.Sprintf("%d calls", m.Calls)
+			}
+		}
 		s.watchSeccomp()
 		// A program may enter a sandbox after the capture's start (the
 		// planning checked then): once any thread is under seccomp, no more

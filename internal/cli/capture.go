@@ -310,7 +310,7 @@ per second (the calls over it are neither traced nor counted while the trace run
 				return classify(err)
 			}
 			for _, n := range res.Notes {
-				fmt.Fprintf(stderr, "hotpatch: trace: %s\n", n)
+				fmt.Fprintf(stderr, "hotpatch: trace: %s\n", calltrace.Printable(n))
 			}
 			if tracer != nil {
 				if err := tracer.Write(out); err != nil {

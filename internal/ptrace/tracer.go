@@ -51,6 +51,9 @@ type Regs = unix.PtraceRegs
 type ThreadState struct {
 	Tid  int
 	Regs Regs
+	// Group: the thread is in a group-stop (the process was stopped by
+	// SIGSTOP or Ctrl-Z); it cannot be borrowed.
+	Group bool
 }
 
 type stopKind int
@@ -911,7 +914,7 @@ func (t *Tracer) StopAll(ctx context.Context) ([]ThreadState, error) {
 			if err := unix.PtraceGetRegs(th.tid, &r); err != nil {
 				continue // it died while stopped (SIGKILL)
 			}
-			out = append(out, ThreadState{Tid: th.tid, Regs: r})
+			out = append(out, ThreadState{Tid: th.tid, Regs: r, Group: th.kind == stopGroup})
 		}
 		sort.Slice(out, func(i, j int) bool { return out[i].Tid < out[j].Tid })
 		return nil

@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 )
 
@@ -188,7 +189,7 @@ func (s *Stats) WriteTable(w io.Writer) error {
 	fmt.Fprintln(tw, "CALLS\tTOTAL\tMEAN\tP50\tP99\tMAX\tLOST\tOPEN\t FUNCTION\t OBJECT\t")
 	for _, f := range s.Functions {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t %s\t %s\t\n", f.Entries, dur(f.TotalNs), dur(f.MeanNs), dur(f.P50Ns), dur(f.P99Ns), dur(f.MaxNs),
-			count(f.Unmatched+f.Orphans+f.DeepEntries), count(f.Open), f.Name, base(f.Object))
+			count(f.Unmatched+f.Orphans+f.DeepEntries), count(f.Open), calltrace.Printable(f.Name), calltrace.Printable(base(f.Object)))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
