@@ -130,7 +130,10 @@ type Session struct {
 	mem     *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
 	noSpans bool        // every flip site written alone (SetSpanWrites)
 	inBatch bool        // inside Batch: the tracer may not change
-	brief   bool        // Result.Sites only when something failed (SetBrief)
+	// threadMem: inside Batch, the target's memory as the tracer thread
+	// reaches it (ptrace.ThreadMem), lent for the Batch; nil outside.
+	threadMem *ptrace.ThreadMem
+	brief     bool // Result.Sites only when something failed (SetBrief)
 	// prepared remembers what lists of actions selected, ready to apply
 	// (prepare); preparedSites counts their sites, to bound the memory.
 	prepared      map[string]*prepared

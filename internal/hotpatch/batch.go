@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 	"github.com/edgeprobe/edgeprobe/internal/xmod"
 )
 
@@ -25,9 +26,21 @@ func (s *Session) Batch(fn func() error) error {
 	if err := s.attach(false); err != nil {
 		return err
 	}
-	s.inBatch = true
-	defer func() { s.inBatch = false }()
-	return s.tracer.Do(fn)
+	return s.tracer.DoMem(func(m *ptrace.ThreadMem) error {
+		s.inBatch, s.threadMem = true, m
+		defer func() { s.inBatch, s.threadMem = false, nil }()
+		return fn()
+	})
+}
+
+// writer is what flip batches write through: inside Batch the memory the
+// tracer thread lent it (no hand-off, no thread check per write), outside
+// it the tracer (one hand-off per batch).
+func (s *Session) writer() xmod.Mem {
+	if s.threadMem != nil {
+		return s.threadMem
+	}
+	return s.tracer
 }
 
 // prepared is what one list of actions (with one protocol) selects, with

@@ -214,15 +214,15 @@ func (s *Session) reader() xmod.Mem {
 // written as checked spans (xmod.FlipOptions.Pristine).
 func (s *Session) flip(ctx context.Context, changes []xmod.Change, res *Result) (xmod.Result, error) {
 	if len(changes) < spanMin || s.noSpans {
-		return xmod.Flip(ctx, s.tracer, changes, xmod.FlipOptions{})
+		return xmod.Flip(ctx, s.writer(), changes, xmod.FlipOptions{})
 	}
 	pr, err := newPristine(s.pid, s.targets)
 	if err != nil {
-		return xmod.Flip(ctx, s.tracer, changes, xmod.FlipOptions{})
+		return xmod.Flip(ctx, s.writer(), changes, xmod.FlipOptions{})
 	}
 	defer pr.close()
 	st := &xmod.SpanStats{}
-	r, err := xmod.Flip(ctx, s.tracer, changes, xmod.FlipOptions{Pristine: pr, Stats: st})
+	r, err := xmod.Flip(ctx, s.writer(), changes, xmod.FlipOptions{Pristine: pr, Stats: st})
 	res.Spans = st
 	for _, w := range st.Raced {
 		res.Warnings = append(res.Warnings, "a writer in the target shares a page written: "+w+"; the rest of the batch was written one byte per site")
@@ -236,11 +236,11 @@ func (s *Session) flip(ctx context.Context, changes []xmod.Change, res *Result) 
 // (D46); spans re-read and check each run right before writing it.
 func (s *Session) flipPrepared(ctx context.Context, p *prepared, states []xmod.State, res *Result) (xmod.Result, error) {
 	if p.batch.Len() < spanMin || s.noSpans {
-		return p.batch.Flip(ctx, s.tracer, states, xmod.FlipOptions{})
+		return p.batch.Flip(ctx, s.writer(), states, xmod.FlipOptions{})
 	}
 	pr, err := newPristine(s.pid, s.targets)
 	if err != nil {
-		return p.batch.Flip(ctx, s.tracer, states, xmod.FlipOptions{})
+		return p.batch.Flip(ctx, s.writer(), states, xmod.FlipOptions{})
 	}
 	defer pr.close()
 	st := &xmod.SpanStats{}
@@ -248,7 +248,7 @@ func (s *Session) flipPrepared(ctx context.Context, p *prepared, states []xmod.S
 		s.spanScratch = make([]byte, 3*(xmod.DefaultMaxSpan+16))
 	}
 	pr.scratch = s.fileScratch
-	r, err := p.batch.Flip(ctx, s.tracer, states, xmod.FlipOptions{Pristine: pr, Stats: st, Scratch: s.spanScratch})
+	r, err := p.batch.Flip(ctx, s.writer(), states, xmod.FlipOptions{Pristine: pr, Stats: st, Scratch: s.spanScratch})
 	s.fileScratch = pr.scratch
 	res.Spans = st
 	for _, w := range st.Raced {

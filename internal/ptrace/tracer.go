@@ -378,6 +378,57 @@ func (t *Tracer) Do(fn func() error) error {
 
 func (t *Tracer) onThread() bool { return unix.Gettid() == t.tid }
 
+// ThreadMem is the target's memory as the tracer thread reaches it, lent by
+// DoMem to the function it runs there. Its reads and writes are the system
+// calls themselves: no hand-off and no check of the calling thread, which
+// Tracer.ReadMem and WriteMem make with a gettid per call (a session's
+// toggle made three). That is safe because of how one is obtained, not
+// because of a check: only DoMem makes a ThreadMem, on the tracer thread,
+// inside the request it runs there, and the ThreadMem stops working when
+// that function returns. The function must use it on its own goroutine (the
+// tracer's) and must not hand it on.
+type ThreadMem struct {
+	t    *Tracer
+	lent bool // fn of the DoMem that made it is running
+}
+
+// DoMem runs fn on the tracer thread, as Do, with the target's memory as
+// that thread reaches it (ThreadMem). Inside a Do (or DoMem) it runs fn
+// directly.
+func (t *Tracer) DoMem(fn func(m *ThreadMem) error) error {
+	return t.Do(func() error {
+		m := &ThreadMem{t: t, lent: true}
+		defer func() { m.lent = false }()
+		return fn(m)
+	})
+}
+
+// Pid is the traced process.
+func (m *ThreadMem) Pid() int { return m.t.pid }
+
+// ReadMem reads len(b) bytes at addr through the tracer's /proc/PID/mem.
+func (m *ThreadMem) ReadMem(addr uint64, b []byte) error {
+	if err := m.usable(); err != nil {
+		return err
+	}
+	return memRead(m.t.mem, addr, b)
+}
+
+// WriteMem writes b at addr with one pwrite (atomic only for one byte).
+func (m *ThreadMem) WriteMem(addr uint64, b []byte) error {
+	if err := m.usable(); err != nil {
+		return err
+	}
+	return memWrite(m.t.mem, addr, b)
+}
+
+func (m *ThreadMem) usable() error {
+	if !m.lent {
+		return fmt.Errorf("pid %d: memory used after the DoMem that lent it returned: %w", m.t.pid, ErrNotLent)
+	}
+	return m.t.usable()
+}
+
 // ---- memory ----
 
 // ReadMem reads len(b) bytes at addr of the target through /proc/PID/mem.

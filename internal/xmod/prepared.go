@@ -239,16 +239,13 @@ func (p *Prepared) Flip(ctx context.Context, m Mem, states []State, opts FlipOpt
 			return Result{}, fmt.Errorf("%v is %v: %w (nothing was written)", p.cs[k].Site, st, ErrNotClassified)
 		}
 	}
-	if d, ok := m.(interface{ Do(func() error) error }); ok {
-		var res Result
-		err := d.Do(func() error {
-			var err error
-			res, err = p.flip(ctx, m, states, opts)
-			return err
-		})
-		return res, err
-	}
-	return p.flip(ctx, m, states, opts)
+	var res Result
+	err := onThread(m, func(m Mem) error {
+		var err error
+		res, err = p.flip(ctx, m, states, opts)
+		return err
+	})
+	return res, err
 }
 
 func (p *Prepared) flip(ctx context.Context, m Mem, states []State, opts FlipOptions) (res Result, err error) {
