@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -331,12 +332,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	res.ElapsedNS = time.Since(start).Nanoseconds()
 	res.OK = runErr == nil && afterErr == nil
 	if res.OK {
-		for i, c := range p.sel {
-			if want := stateOf(c.on); after[i] != want {
-				res.OK = false
-				break
-			}
-		}
+		res.OK = slices.Equal(after, p.want)
 	}
 	if !s.brief || !res.OK || runErr != nil {
 		res.Sites = p.results(before, after, afterErr)

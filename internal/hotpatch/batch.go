@@ -62,6 +62,7 @@ type prepared struct {
 	// key for a new generation (newGeneration), when sel[i] enables a
 	// probe whose function is known; 0 otherwise.
 	genKey []uint64
+	want   []xmod.State // each site's asked state: the result is OK when the read after equals it
 	// Scratch reused by each Apply (a Session is used by one goroutine).
 	before, after []xmod.State
 	gen           []uint64
@@ -102,12 +103,13 @@ func (s *Session) prepare(actions []Action, protocol string) (*prepared, error) 
 		return nil, err
 	}
 	p := &prepared{sel: sel, sites: make([]xmod.Site, len(sel)), protoOf: make([]string, len(sel)), byProto: map[string][]xmod.Change{},
-		genKey: make([]uint64, len(sel))}
+		genKey: make([]uint64, len(sel)), want: make([]xmod.State, len(sel))}
 	all := make([]xmod.Change, len(sel))
 	for i, c := range sel {
 		if c.on && c.probe.Resolved && c.probe.FunctionAddress != 0 {
 			p.genKey[i] = c.target.Object.Runtime(uint64(c.probe.FunctionAddress))
 		}
+		p.want[i] = stateOf(c.on)
 		p.sites[i] = siteOf(c)
 		all[i] = xmod.Change{Site: p.sites[i], On: c.on}
 		pr := protocolFor(protocol, c.probe)

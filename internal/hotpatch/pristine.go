@@ -3,6 +3,7 @@ package hotpatch
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"os"
 
@@ -100,6 +101,14 @@ func (p *pristine) Check(addr uint64, cur []byte, ours []xmod.Extent) error {
 			return fmt.Errorf("site at %#x lies outside the span %#x-%#x", o.Addr, addr, addr+uint64(len(cur)))
 		}
 		off := o.Addr - addr
+		if o.Len <= 8 && off+8 <= uint64(len(cur)) {
+			// A site of up to 8 bytes: one masked word instead of a copy
+			// call (40,000 of them per batch).
+			m := ^uint64(0) >> (64 - 8*uint(o.Len))
+			f, c := binary.LittleEndian.Uint64(file[off:]), binary.LittleEndian.Uint64(cur[off:])
+			binary.LittleEndian.PutUint64(file[off:], f&^m|c&m)
+			continue
+		}
 		copy(file[off:off+uint64(o.Len)], cur[off:off+uint64(o.Len)])
 	}
 	if bytes.Equal(cur, file) {

@@ -91,7 +91,7 @@ func Read(pid int) ([]Mapping, error) {
 func Parse(r io.Reader) ([]Mapping, error) {
 	var out []Mapping
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	sc.Buffer(make([]byte, 4<<10), 1<<20)
 	for n := 1; sc.Scan(); n++ {
 		m, err := parseLine(sc.Text())
 		if err != nil {
