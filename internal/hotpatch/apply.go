@@ -139,6 +139,7 @@ type Session struct {
 	// (prepare); preparedSites counts their sites, to bound the memory.
 	prepared      map[string]*prepared
 	preparedSites int
+	keyBuf        []byte // scratch: a prepared selection's key
 	// Scratch of large flip batches, kept from one batch to the next:
 	// a span's three copies, and the file's bytes of a span.
 	spanScratch, fileScratch []byte

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 	"github.com/edgeprobe/edgeprobe/internal/xmod"
@@ -76,28 +75,30 @@ const maxPreparedSites = 1 << 20
 // prepare returns the prepared selection of actions under protocol,
 // building it on first use.
 func (s *Session) prepare(actions []Action, protocol string) (*prepared, error) {
-	var b strings.Builder
-	b.WriteString(protocol)
-	b.WriteByte(1)
+	// The key in a reused buffer: a lookup with string(b) does not
+	// allocate, and a session looks one up per command.
+	b := append(s.keyBuf[:0], protocol...)
+	b = append(b, 1)
 	for _, a := range actions {
 		if a.Enable {
-			b.WriteByte('+')
+			b = append(b, '+')
 		} else {
-			b.WriteByte('-')
+			b = append(b, '-')
 		}
-		b.WriteString(a.Selector.Pattern)
-		b.WriteByte(0)
-		b.WriteString(a.Selector.Kind)
-		b.WriteByte(0)
-		b.WriteString(a.Selector.Provider)
-		b.WriteByte(0)
-		b.WriteString(a.Object)
-		b.WriteByte(1)
+		b = append(b, a.Selector.Pattern...)
+		b = append(b, 0)
+		b = append(b, a.Selector.Kind...)
+		b = append(b, 0)
+		b = append(b, a.Selector.Provider...)
+		b = append(b, 0)
+		b = append(b, a.Object...)
+		b = append(b, 1)
 	}
-	key := b.String()
-	if p, ok := s.prepared[key]; ok {
+	s.keyBuf = b
+	if p, ok := s.prepared[string(b)]; ok {
 		return p, nil
 	}
+	key := string(b)
 	sel, err := resolve(s.targets, actions)
 	if err != nil {
 		return nil, err

@@ -218,20 +218,20 @@ func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, word []siteWo
 		end, ok := w.pr.Extent(start)
 		j := i + 1
 		if ok && !raced {
-			for j < len(todo) {
+			// The run: every following site that ends within the mapping
+			// and maxSpan of start. Sites are sorted and disjoint, so their
+			// ends rise and bisection finds it without a pass over them.
+			j += sort.Search(len(todo)-j, func(x int) bool {
 				var e uint64
 				if word != nil {
-					ww := &word[todo[j]]
+					ww := &word[todo[j+x]]
 					e = ww.addr + uint64(ww.len)
 				} else {
-					s := &cs[todo[j]].Site
+					s := &cs[todo[j+x]].Site
 					e = s.Addr + uint64(s.Len())
 				}
-				if e > end || e-start > maxSpan {
-					break
-				}
-				j++
-			}
+				return e > end || e-start > maxSpan
+			})
 		}
 		if j == i+1 {
 			if err := w.oneByte(todo[i]); err != nil {
