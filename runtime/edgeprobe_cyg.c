@@ -10,6 +10,7 @@
  * is cleared and counted (ep_busy_live).
  */
 #include "edgeprobe_internal.h"
+#include "edgeprobe_asm.h"
 
 /* What a cyg hook does once it may record. */
 enum { EP_HOOK_ENTER, EP_HOOK_EXIT, EP_HOOK_COUNT };
@@ -104,15 +105,67 @@ EP_INLINE void ep_cyg_hook(uint64_t key, int what, uint64_t here) {
 	ep_cyg_slow(key, what, here);
 }
 
-EP_EXPORT void __cyg_profile_func_enter(void *fn, void *site) {
+/* The exported hooks are in edgeprobe_cyg.S (D33): their common case in
+ * assembly, everything else here. They jump to these with the stack and the
+ * arguments as the instrumented function left them, so EP_HERE() is the
+ * exported hook's own frame address. */
+EP_SHARED void ep_cyg_enter_full(void *fn, void *site) {
 	(void)site;
 	ep_cyg_hook((uint64_t)(uintptr_t)fn, EP_HOOK_ENTER, EP_HERE());
 }
 
-EP_EXPORT void __cyg_profile_func_exit(void *fn, void *site) {
+EP_SHARED void ep_cyg_exit_full(void *fn, void *site) {
 	(void)site;
 	ep_cyg_hook((uint64_t)(uintptr_t)fn, EP_HOOK_EXIT, EP_HERE());
 }
+
+/* The assembly exit's last step when a latency is a new minimum or maximum
+ * of its function (a CAS loop): then the busy word is cleared here. */
+EP_SHARED void ep_cyg_minmax_tail(struct ep_func *f, uint64_t ns) {
+	ep_record_minmax(f, ns);
+	SIGFENCE();
+	ep_tls.busy = 0;
+}
+
+/* edgeprobe_asm.h's constants are the C layout's (edgeprobe_cyg.S uses them). */
+#define EPA_CHECK(c, what) _Static_assert(c, "edgeprobe_asm.h: " what)
+EPA_CHECK(offsetof(struct ep_tls, slot) == EPA_TLS_SLOT && offsetof(struct ep_tls, busy) == EPA_TLS_BUSY &&
+              offsetof(struct ep_tls, busy_ret) == EPA_TLS_BUSY_RET,
+          "ep_tls");
+EPA_CHECK(offsetof(struct ep_proc, hdr) == EPA_PROC_HDR && offsetof(struct ep_proc, funcs) == EPA_PROC_FUNCS &&
+              offsetof(struct ep_proc, tsc_mult) == EPA_PROC_TSC_MULT &&
+              offsetof(struct ep_proc, lmask) == EPA_PROC_LMASK &&
+              offsetof(struct ep_proc, fast_depth) == EPA_PROC_FAST_DEPTH &&
+              offsetof(struct ep_proc, stack_off) == EPA_PROC_STACK_OFF,
+          "ep_proc");
+EPA_CHECK(offsetof(struct ep_header, control) == EPA_HDR_CONTROL &&
+              offsetof(struct ep_header, filter_depth) == EPA_HDR_FILTER_DEPTH &&
+              offsetof(struct ep_header, filter_tid) == EPA_HDR_FILTER_TID && EP_FILTER_TIDS == EPA_FILTER_TIDS &&
+              EPA_HDR_FILTER_TID == EPA_HDR_FILTER_DEPTH + 4 && EPA_HDR_FILTER_DEPTH % 8 == 0,
+          "ep_header");
+EPA_CHECK(offsetof(struct ep_thread, tid) == EPA_TH_TID && offsetof(struct ep_thread, depth) == EPA_TH_DEPTH &&
+              sizeof(struct ep_thread) == EPA_TH_SIZE,
+          "ep_thread");
+EPA_CHECK(sizeof(struct ep_local) == EPA_LOCAL_SIZE && offsetof(struct ep_local, addr) == EPA_LOCAL_ADDR &&
+              offsetof(struct ep_local, gidx) == EPA_LOCAL_GIDX && offsetof(struct ep_local, hint) == EPA_LOCAL_HINT &&
+              offsetof(struct ep_local, entries) == EPA_LOCAL_ENTRIES &&
+              offsetof(struct ep_local, exits) == EPA_LOCAL_EXITS &&
+              offsetof(struct ep_local, sum_ns) == EPA_LOCAL_SUM_NS,
+          "ep_local");
+EPA_CHECK(sizeof(struct ep_frame) == EPA_FR_SIZE && offsetof(struct ep_frame, fn) == EPA_FR_FN &&
+              offsetof(struct ep_frame, ts) == EPA_FR_TS && offsetof(struct ep_frame, sp) == EPA_FR_SP &&
+              offsetof(struct ep_frame, site) == EPA_FR_SITE && offsetof(struct ep_frame, gidx) == EPA_FR_GIDX &&
+              offsetof(struct ep_frame, lidx) == EPA_FR_LIDX && offsetof(struct ep_frame, gen) == EPA_FR_GEN,
+          "ep_frame");
+EPA_CHECK(sizeof(struct ep_func) == EPA_FUNC_SIZE && offsetof(struct ep_func, min_inv) == EPA_FUNC_MIN_INV &&
+              offsetof(struct ep_func, max_ns) == EPA_FUNC_MAX_NS && offsetof(struct ep_func, hist) == EPA_FUNC_HIST,
+          "ep_func");
+EPA_CHECK(EPA_SLOT_MIN == EP_SLOT_MIN && EPA_CTL_SLOWPATH == EP_CTL_SLOWPATH && EPA_CTL_NOTIME == EP_CTL_NOTIME &&
+              EPA_CTL_TRACE == EP_CTL_TRACE && EPA_CTL_FILTER == EP_CTL_FILTER &&
+              EPA_HIST_LAST == EP_HIST_BUCKETS - 1,
+          "constants");
+EPA_CHECK((EP_CTL_SLOWPATH & ~0xffu) == 0 && (EP_CTL_NOTIME & ~0xffu) == 0, "control bits tested as a byte");
+EPA_CHECK(EPA_HASH_MULT == EP_HASH_MUL, "ep_hash's multiplier");
 
 /* clang -finstrument-function-entry-bare: no address and no exit. Counted as
  * an entry keyed by the return address (inside the instrumented function)

@@ -338,7 +338,7 @@ EP_INLINE struct ep_event *ep_ring(struct ep_thread *th) {
 
 /* ---- function table ---- */
 
-EP_INLINE uint64_t ep_hash(uint64_t key) { return key * 0x9E3779B97F4A7C15ull; }
+EP_INLINE uint64_t ep_hash(uint64_t key) { return key * EP_HASH_MUL; }
 
 /* The thread's cache entry for key, inserting it when there is room near its
  * home; NULL sends the caller to the shared counters. *gidx is set either way

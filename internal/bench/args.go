@@ -118,8 +118,14 @@ func (h *Harness) RunArgs(ctx context.Context) error {
 // argsRun runs argsmicro once and returns the loop's ns: probes off, on
 // (enable), or on inside a capture with the given flags.
 func (h *Harness) argsRun(ctx context.Context, hp, bin string, n int, str, enable bool, trace []string) (float64, error) {
+	return h.microCapture(ctx, hp, bin, "hit", n, str, enable, trace, false)
+}
+
+// microCapture runs argsmicro (fn: the function its loop calls) once and
+// returns the loop's ns. With a capture, every call's two events must be
+// kept, or, when filteredOut, none at all.
+func (h *Harness) microCapture(ctx context.Context, hp, bin, fn string, n int, str, enable bool, trace []string, filteredOut bool) (float64, error) {
 	args := []string{bin, strconv.Itoa(n)}
-	fn := "hit"
 	if str {
 		args = append(args, "str")
 		fn = "hits"
@@ -190,7 +196,10 @@ func (h *Harness) argsRun(ctx context.Context, hp, bin string, n int, str, enabl
 		if err := json.Unmarshal(stdout.Bytes(), &sum); err != nil {
 			return 0, fmt.Errorf("trace summary %q: %v", stdout.String(), err)
 		}
-		if sum.Dropped != 0 || sum.Events < 2*uint64(n) {
+		switch {
+		case filteredOut && (sum.Dropped != 0 || sum.Events != 0):
+			return 0, fmt.Errorf("the capture kept %d events and dropped %d, want every call filtered out", sum.Events, sum.Dropped)
+		case !filteredOut && (sum.Dropped != 0 || sum.Events < 2*uint64(n)):
 			return 0, fmt.Errorf("the capture kept %d events and dropped %d, want all %d", sum.Events, sum.Dropped, 2*n)
 		}
 	}

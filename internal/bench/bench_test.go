@@ -180,6 +180,14 @@ func TestArgsRow(t *testing.T) {
 	requireKeys(t, h, "args.timing", "args.trace", "args.args", "args.args_str", "args_ratio.args")
 }
 
+// TestFilterRow runs row 1e: each capture must keep no event at all (its
+// filter leaves every call out; the row fails otherwise), for both providers.
+func TestFilterRow(t *testing.T) {
+	h := harness(t, "filter")
+	requireKeys(t, h, "filter.cyg.counted", "filter.cyg.filtered", "filter.fentry.counted", "filter.fentry.filtered",
+		"filter_excess.cyg", "filter_excess.fentry")
+}
+
 // TestRegionRow: the row runs, and an idle preloaded process meets the
 // region memory goal (the row itself checks what was recorded).
 func TestRegionRow(t *testing.T) {

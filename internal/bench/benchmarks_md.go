@@ -17,7 +17,7 @@ refresh the figures:
 
     make bench          # full run, ~7 minutes on 2 cores once the targets are built (the provider row, 1c, ~4 of them) (+1-2 for the first build of the 20,000-function program), writes out/bench/results.json
     make bench-quick    # every row, smaller, under 2 minutes once the targets are built
-    go run ./internal/bench/cmd/benchreport -benchmarks BENCHMARKS.md -conditions "..."   # refresh this file
+    go run ./internal/bench/cmd/benchreport -benchmarks BENCHMARKS.md -readme README.md -conditions "..."   # refresh this file and the README's figures
 
 Needs: root (ptrace, /proc/PID/mem, tracefs), gcc, clang-14 with its XRay
 runtime (libclang-rt-14-dev), gdb, linux-perf; bpftrace is optional.

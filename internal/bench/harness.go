@@ -40,6 +40,7 @@ type Config struct {
 	SessionToggles int           // row 7: commands per streamed run
 	SessionRates   []int         // row 7: toggle rates through the session (0: flat out)
 	ArgsN          int           // row 1d: calls per run (100,000 when 0; at most 131,072: every event must fit the ring)
+	FilterN        int           // row 1e: calls per run (1,000,000 when 0)
 	Rows           map[string]bool
 	Log            io.Writer
 }
@@ -51,7 +52,7 @@ func Full() Config {
 		UprobeMaxN: 10_000_000, GdbNs: []int64{1_000, 10_000}, BatchFuncs: 20_000, BatchReps: 7,
 		Rates: []int{1_000, 10_000, 100_000, 0}, Window: time.Second, Executors: 1,
 		AttachReps: 11, GdbBreaks: 100, ZlibKB: 3072, DemangleN: 200_000, ProviderPairs: 9,
-		SessionToggles: 200_000, SessionRates: []int{10_000, 100_000, 0}, ArgsN: 100_000}
+		SessionToggles: 200_000, SessionRates: []int{10_000, 100_000, 0}, ArgsN: 100_000, FilterN: 2_000_000}
 }
 
 // Quick is `make bench-quick`: every row, smaller.
@@ -60,7 +61,7 @@ func Quick() Config {
 		MicroNs: []int64{1_000_000}, UprobeMaxN: 1_000_000, GdbNs: []int64{1_000}, BatchFuncs: 2_000,
 		BatchReps: 3, Rates: []int{1_000, 10_000, 100_000, 0}, Window: 200 * time.Millisecond,
 		Executors: 1, AttachReps: 5, GdbBreaks: 20, ZlibKB: 512, DemangleN: 30_000, ProviderPairs: 3,
-		SessionToggles: 50_000, SessionRates: []int{100_000}, ArgsN: 50_000}
+		SessionToggles: 50_000, SessionRates: []int{100_000}, ArgsN: 50_000, FilterN: 500_000}
 }
 
 // Tiny is the tests' configuration: counts checked, timings meaningless.
@@ -69,11 +70,11 @@ func Tiny() Config {
 		MicroNs: []int64{10_000}, UprobeMaxN: 10_000, GdbNs: []int64{50}, BatchFuncs: 200,
 		BatchReps: 1, Rates: []int{1_000, 0}, Window: 30 * time.Millisecond, Executors: 1,
 		AttachReps: 2, GdbBreaks: 3, ZlibKB: 64, DemangleN: 2_000, ProviderPairs: 1,
-		SessionToggles: 200, SessionRates: []int{1_000}, ArgsN: 2_000}
+		SessionToggles: 200, SessionRates: []int{1_000}, ArgsN: 2_000, FilterN: 2_000}
 }
 
 // Rows in run order.
-var Rows = []string{"toggle", "invoke", "provider", "batch", "throughput", "micro", "attach", "first", "cli", "session", "args", "region"}
+var Rows = []string{"toggle", "invoke", "provider", "batch", "throughput", "micro", "attach", "first", "cli", "session", "args", "filter", "region"}
 
 // Harness runs the rows and collects the report.
 type Harness struct {
@@ -168,7 +169,7 @@ func (h *Harness) Run(ctx context.Context) {
 	fns := map[string]func(context.Context) error{
 		"toggle": h.RunToggle, "invoke": h.RunInvoke, "provider": h.RunProvider, "batch": h.RunBatch,
 		"throughput": h.RunThroughput, "micro": h.RunMicro, "attach": h.RunAttach, "first": h.RunFirstRecord, "cli": h.RunCLI,
-		"session": h.RunSession, "args": h.RunArgs, "region": h.RunRegion,
+		"session": h.RunSession, "args": h.RunArgs, "filter": h.RunFilter, "region": h.RunRegion,
 	}
 	for _, r := range Rows {
 		if h.Cfg.Rows != nil && !h.Cfg.Rows[r] {

@@ -5,34 +5,56 @@ import (
 	"fmt"
 )
 
+// invokeVariant is one build and environment of row 1b.
+type invokeVariant struct {
+	key, name string
+	bin       string
+	mode      string // micro.c's second argument
+	env       []string
+	runtime   bool
+	want      uint64 // expected counted entries (runtime variants)
+	perCall   []float64
+}
+
 // RunInvoke is row 1's invocation and inert-site costs: micro.c's loop of
 // InvokeN calls in each build, the builds interleaved run by run so every
 // difference is against a baseline of the same moment.
 func (h *Harness) RunInvoke(ctx context.Context) error {
-	m, err := h.buildMicro()
+	vs, err := h.invokeVariants()
 	if err != nil {
 		return err
 	}
-	n := h.Cfg.InvokeN
-	type variant struct {
-		key, name string
-		bin       string
-		mode      string // micro.c's second argument
-		env       []string
-		runtime   bool
-		want      uint64 // expected counted entries (runtime variants)
-		perCall   []float64
+	if err := h.measureInvoke(ctx, vs); err != nil {
+		return err
 	}
-	vs := []*variant{
+	h.reportInvoke(vs)
+	return nil
+}
+
+// invokeVariants builds micro.c's variants; the first is the baseline, the
+// second glibc's empty hooks.
+func (h *Harness) invokeVariants() ([]*invokeVariant, error) {
+	m, err := h.buildMicro()
+	if err != nil {
+		return nil, err
+	}
+	n := uint64(h.Cfg.InvokeN)
+	return []*invokeVariant{
 		{key: "uninstrumented", name: "uninstrumented build", bin: m.uninstr},
 		{key: "glibc", name: "hooks active, glibc's empty __cyg_profile_func_* (no preload)", bin: m.instr},
 		{key: "empty", name: "hooks active, empty handler (preloaded bench/emptyhooks.c)", bin: m.instr, env: []string{"LD_PRELOAD=" + m.emptyHooks}},
-		{key: "runtime", name: "hooks active, edgeprobe runtime (preloaded libedgeprobe.so)", bin: m.instr, runtime: true, want: uint64(n)},
-		{key: "runtime_count_only", name: "hooks active, edgeprobe runtime counting only (EDGEPROBE_TIMING=0)", bin: m.instr, env: []string{"EDGEPROBE_TIMING=0"}, runtime: true, want: uint64(n)},
+		{key: "runtime", name: "hooks active, edgeprobe runtime (preloaded libedgeprobe.so)", bin: m.instr, runtime: true, want: n},
+		{key: "runtime_count_only", name: "hooks active, edgeprobe runtime counting only (EDGEPROBE_TIMING=0)", bin: m.instr, env: []string{"EDGEPROBE_TIMING=0"}, runtime: true, want: n},
 		{key: "inert_flip", name: "inert, flip placeholder (cold)", bin: m.flip},
 		{key: "inert_nop", name: "inert, nop placeholder (cold)", bin: m.nop},
 		{key: "rdtsc", name: "uninstrumented build, one rdtsc added to each call (micro.c tsc)", bin: m.uninstr, mode: "tsc"},
-	}
+	}, nil
+}
+
+// measureInvoke runs every variant once per round, the first round a
+// warm-up, and appends ns per call to each.
+func (h *Harness) measureInvoke(ctx context.Context, vs []*invokeVariant) error {
+	n := h.Cfg.InvokeN
 	for i := 0; i < h.Cfg.Reps+1; i++ {
 		for _, v := range vs {
 			r, err := h.runPlainMode(ctx, v.bin, n, v.mode, v.env, v.runtime)
@@ -47,8 +69,14 @@ func (h *Harness) RunInvoke(ctx context.Context) error {
 			}
 		}
 	}
+	return nil
+}
+
+// reportInvoke adds row 1b's section and figures.
+func (h *Harness) reportInvoke(vs []*invokeVariant) {
+	n := h.Cfg.InvokeN
 	base := vs[0].perCall
-	diff := func(v *variant, ref []float64, scale float64, pct bool) Summary {
+	diff := func(v *invokeVariant, ref []float64, scale float64, pct bool) Summary {
 		d := make([]float64, len(v.perCall))
 		for i := range d {
 			d[i] = (v.perCall[i] - ref[i]) * scale
@@ -59,7 +87,7 @@ func (h *Harness) RunInvoke(ctx context.Context) error {
 		return Summarize(d, h.TSC)
 	}
 	sec := Section{Title: "1b. Probe invocation and inert sites",
-		Text: fmt.Sprintf("bench/micro.c, %d calls of `empty()` per run, %d runs of each build interleaved (after a warm-up round). "+
+		Text: fmt.Sprintf("bench/micro.c, %d calls of `empty()` per run, %d runs of each build interleaved (after a warm-up round), each run pinned to the same CPU. "+
 			"An enabled probe has exactly the instrumented build's bytes (enabling a cold site restores them), so the instrumented build stands for it here; row 4 measures a genuinely hot-patched process. "+
 			"Invocation = (per-call time - uninstrumented) / 2: each call runs the entry and the exit probe.", n, h.Cfg.Reps),
 		Head: []string{"build", "per call", "vs uninstrumented, per probe hit", "overhead vs uninstrumented", "overhead vs glibc empty hooks"}}
@@ -104,7 +132,6 @@ func (h *Harness) RunInvoke(ctx context.Context) error {
 	sec.Foot = h.timedMargin(byKey["runtime"], byKey["runtime_count_only"], byKey["rdtsc"], base) + "\n\n" +
 		"`inert_overhead_pct.*` are percentages of the uninstrumented per-call time (an empty function's call, a few ns, so a fraction of a ns shows as tens of percent); negative `*_vs_glibc_hooks` means the inert site is that much cheaper than leaving the hooks on with glibc's empty functions. Paper (Table 2): invocation 35 ticks for fastinst's -finstrument-functions probes."
 	h.Rep.Add(sec)
-	return nil
 }
 
 // timedMargin puts the timed hit, the count-only hit and one rdtsc side by

@@ -138,7 +138,9 @@ func (h *Harness) runPlainMode(ctx context.Context, bin string, n int64, mode st
 	}
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), env...)
+	undo := h.pinChild() // every variant on the same core: no migration mid-loop
 	out, err := cmd.Output()
+	undo()
 	if err != nil {
 		return microRun{}, fmt.Errorf("%s %d: %v %s", filepath.Base(bin), n, err, stderrOf(err))
 	}

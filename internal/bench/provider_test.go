@@ -2,6 +2,9 @@ package bench
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -94,5 +97,44 @@ func TestRuntimeSources(t *testing.T) {
 	sort.Strings(got)
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("runtimeSources(repo) = %v, want %v", got, want)
+	}
+}
+
+// TestReadmeFigures: the README's figures block exists once, and a report
+// fills it (every figure from the run; a missing one refuses to write).
+func TestReadmeFigures(t *testing.T) {
+	root, err := FindRoot(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Report{Values: map[string]any{}}
+	if _, err := ReadmeFigures(r); err == nil {
+		t.Fatal("figures from an empty report")
+	}
+	for i, k := range readmeKeys {
+		r.Values[k] = float64(i + 1)
+	}
+	r.Values["batch20k.probes"] = float64(40000)
+	fig, err := ReadmeFigures(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := ReplaceReadmeFigures(string(readme), fig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "1.0 ns per hook counting, 2.0 ns counting and timing (glibc's empty hook: 3.0 ns)") ||
+		!strings.Contains(out, "40,000-probe batch") || strings.Count(out, ReadmeBegin) != 1 {
+		t.Errorf("figures block not filled as expected:\n%s", out)
+	}
+	if again, err := ReplaceReadmeFigures(out, fig); err != nil || again != out {
+		t.Errorf("replacing twice changed the README (err %v)", err)
+	}
+	if _, err := ReplaceReadmeFigures("no markers", fig); !errors.Is(err, ErrReadmeMarkers) {
+		t.Errorf("no markers: %v", err)
 	}
 }

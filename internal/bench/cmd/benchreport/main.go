@@ -1,7 +1,7 @@
 // Command benchreport runs edgeprobe's benchmarks (internal/bench) and prints
 // the markdown report; it writes out/bench/results.json and results.md.
 //
-//	go run ./internal/bench/cmd/benchreport [-quick] [-rows toggle,micro] [-setup]
+//	go run ./internal/bench/cmd/benchreport [-quick] [-rows toggle,micro] [-setup] [-benchmarks BENCHMARKS.md -readme README.md]
 //
 // `make bench` runs it as is (about 7 minutes on two cores once the targets are built, 4 of them the provider row), `make
 // bench-quick` with -quick (under 2 minutes once the targets are built).
@@ -32,6 +32,7 @@ func main() {
 	quiet := flag.Bool("q", false, "no progress lines on stderr")
 	benchmd := flag.String("benchmarks", "", "also write this file (BENCHMARKS.md) with the report and how to reproduce it")
 	conditions := flag.String("conditions", "", "a sentence on the run's conditions for -benchmarks (e.g. \"quiet machine\")")
+	readme := flag.String("readme", "", "also rewrite this file's (README.md) figures block from the run (a full run of the invoke, toggle, batch and throughput rows)")
 	flag.Parse()
 
 	root, err := bench.FindRoot(".")
@@ -85,8 +86,31 @@ func main() {
 			fail(err)
 		}
 	}
+	if *readme != "" {
+		if err := writeReadme(*readme, h.Rep); err != nil {
+			fail(err)
+		}
+	}
 	fmt.Print(md)
 	fmt.Fprintf(os.Stderr, "wrote %s and results.md\n", filepath.Join(*out, "results.json"))
+}
+
+// writeReadme rewrites path's figures block from r (nothing is written when
+// a figure is missing).
+func writeReadme(path string, r *bench.Report) error {
+	fig, err := bench.ReadmeFigures(r)
+	if err != nil {
+		return err
+	}
+	old, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	s, err := bench.ReplaceReadmeFigures(string(old), fig)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return os.WriteFile(path, []byte(s), 0o644)
 }
 
 // installPeers installs what the peers need from Debian, when missing.
