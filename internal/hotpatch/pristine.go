@@ -36,7 +36,7 @@ type span struct {
 }
 
 func newPristine(pid int, targets []*Target) (*pristine, error) {
-	ms, err := procmaps.Read(pid)
+	ms, err := procmaps.ReadExec(pid) // only r-xp mappings may hold a span
 	if err != nil {
 		return nil, err
 	}
@@ -176,7 +176,7 @@ func (p *pristine) file(t *Target) (*os.File, error) {
 // /proc/PID/maps no longer shows as they were at the batch's start: a
 // writer in the target (mprotect to make the text writable) at work.
 func (p *pristine) changed() []string {
-	ms, err := procmaps.Read(p.pid)
+	ms, err := procmaps.ReadExec(p.pid) // a span mapping made non-executable is then missing: reported
 	if err != nil {
 		return nil
 	}
