@@ -54,7 +54,7 @@ func (v Value) write(b *strings.Builder) {
 	case Missing:
 		b.WriteString("?")
 		if v.Note != "" {
-			b.WriteString("(" + v.Note + ")")
+			b.WriteString("(" + Printable(v.Note) + ")")
 		}
 	case Int:
 		b.WriteString(strconv.FormatInt(v.Int, 10))
@@ -81,7 +81,7 @@ func (v Value) write(b *strings.Builder) {
 		case v.Uint == 0:
 			b.WriteString("NULL")
 		case v.Note != "":
-			b.WriteString(Hex(v.Uint) + " (" + v.Note + ")")
+			b.WriteString(Hex(v.Uint) + " (" + Printable(v.Note) + ")")
 		default:
 			b.WriteString(strconv.Quote(v.Str))
 			if v.Truncated {
@@ -90,12 +90,12 @@ func (v Value) write(b *strings.Builder) {
 		}
 	case Enum:
 		if v.Str != "" {
-			b.WriteString(v.Str)
+			b.WriteString(Printable(v.Str))
 		} else {
 			b.WriteString(strconv.FormatInt(v.Int, 10))
 		}
 	case Wide:
-		b.WriteString(v.Str)
+		b.WriteString(Printable(v.Str))
 	case Struct:
 		b.WriteString("{")
 		for i, f := range v.Fields {
@@ -103,7 +103,7 @@ func (v Value) write(b *strings.Builder) {
 				b.WriteString(", ")
 			}
 			if f.Name != "" {
-				b.WriteString(f.Name + "=")
+				b.WriteString(Printable(f.Name) + "=")
 			}
 			f.write(b)
 		}
@@ -119,17 +119,18 @@ func Hex(u uint64) string {
 	return "0x" + strconv.FormatUint(u, 16)
 }
 
-// FormatCall renders a call the way uftrace does: name(a=1, s="x").
+// FormatCall renders a call the way uftrace does: name(a=1, s="x"), for a
+// person: names are Printable.
 func FormatCall(name string, args []Value) string {
 	var b strings.Builder
-	b.WriteString(name)
+	b.WriteString(Printable(name))
 	b.WriteString("(")
 	for i, a := range args {
 		if i > 0 {
 			b.WriteString(", ")
 		}
 		if a.Name != "" {
-			b.WriteString(a.Name + "=")
+			b.WriteString(Printable(a.Name) + "=")
 		}
 		a.write(&b)
 	}

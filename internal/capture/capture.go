@@ -9,6 +9,7 @@ import (
 
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/report"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 )
@@ -56,6 +57,18 @@ type session struct {
 	enabled *hotpatch.Result
 	quota   bool // the capture turned the runtime's quotas on: off again at close
 	filter  bool // the capture turned the runtime's trace filters on: off again at close
+	pid     int
+	// when watchSeccomp last read the threads' seccomp state
+	seccompAt time.Time
+	start     uint64 // the process's start time (/proc/PID/stat): a reused pid is another process
+}
+
+// gone reports whether the captured process has ended (exited, killed, a
+// zombie not yet reaped, or its pid reused): nothing more can happen in it,
+// and nothing is left in it to restore.
+func (s *session) gone() bool {
+	st, err := procfs.ReadStat(s.pid, 0)
+	return err != nil || st.State == 'Z' || st.State == 'X' || st.StartTime != s.start
 }
 
 func open(ctx context.Context, o Options) (*session, error) {
@@ -66,15 +79,19 @@ func open(ctx context.Context, o Options) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &session{region: region}
+	s := &session{region: region, pid: o.PID}
 	if s.hp, err = hotpatch.Open(o.PID, o.ProbeFiles, false); err != nil {
 		region.Close()
 		return nil, err
+	}
+	if st, err := procfs.ReadStat(o.PID, 0); err == nil {
+		s.start = st.StartTime
 	}
 	if err := s.resetStale(); err != nil {
 		s.close(ctx)
 		return nil, err
 	}
+	s.watchSeccomp()
 	var lists []*probelist.List
 	for _, t := range s.hp.Targets() {
 		l, err := t.List.List()
@@ -120,11 +137,32 @@ func (s *session) resetStale() error {
 	if err := s.region.SetQuota(0); err != nil {
 		return err
 	}
+	if err := s.region.ClearQuotaTrace(); err != nil {
+		return err
+	}
 	if err := s.region.SetFilter(0, nil, 0); err != nil {
 		return err
 	}
 	s.region.ClearArgPlans()
 	return nil
+}
+
+// watchSeccomp tells the runtime, once a thread of the process is seen
+// under seccomp, to make no more system calls in its hooks (D56): the
+// preloaded runtime's interposers see prctl and syscall(SYS_seccomp), but
+// not a filter installed with a raw syscall instruction, nor one installed
+// before or after a runtime loaded with dlopen. Called at the capture's
+// start and from its loops, at most once a second (each look reads every
+// thread's status); nothing once the flag is set. A read-only region is
+// left alone.
+func (s *session) watchSeccomp() {
+	if !s.region.Writable() || s.region.Nosys() || !s.seccompAt.IsZero() && time.Since(s.seccompAt) < time.Second {
+		return
+	}
+	s.seccompAt = time.Now()
+	if procfs.SeccompThreads(s.pid) > 0 {
+		s.region.SetNosys()
+	}
 }
 
 // enable turns on the probes sels select; close restores them.
@@ -166,6 +204,11 @@ func (s *session) close(context.Context) error {
 		err = cerr
 	}
 	s.region.Close()
+	if err != nil && hotpatch.Gone(err) && s.gone() {
+		// The process ended during the capture: its probes went with it,
+		// and what it recorded until then is the capture's to keep.
+		err = nil
+	}
 	return err
 }
 

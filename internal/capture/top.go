@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/report"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 )
@@ -54,6 +55,17 @@ func Top(ctx context.Context, o Options, interval time.Duration, count int, show
 			return err
 		}
 	}
+	// The process watched is this pid with this start time: a zombie (killed,
+	// not yet reaped by its parent) keeps its /proc entry, and a reused pid
+	// names another process.
+	st0, err := procfs.ReadStat(o.PID, 0)
+	if err != nil {
+		return err
+	}
+	alive := func() bool {
+		st, err := procfs.ReadStat(o.PID, 0)
+		return err == nil && st.State != 'Z' && st.State != 'X' && st.StartTime == st0.StartTime
+	}
 	sampler := report.NewTopSampler(o.PID, sym)
 	sampler.Sample(region.Functions(), time.Now())
 	// A timer armed after each sample, not a ticker: when sampling or
@@ -69,7 +81,7 @@ func Top(ctx context.Context, o Options, interval time.Duration, count int, show
 		}
 		snap := sampler.Sample(region.Functions(), time.Now())
 		t.Reset(interval)
-		snap.Exited = region.Exited() || !alive(o.PID)
+		snap.Exited = region.Exited() || !alive()
 		if err := show(snap); err != nil {
 			return err
 		}
@@ -78,9 +90,4 @@ func Top(ctx context.Context, o Options, interval time.Duration, count int, show
 		}
 	}
 	return nil
-}
-
-func alive(pid int) bool {
-	_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
-	return err == nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/coldpatch"
 	"github.com/edgeprobe/edgeprobe/internal/elfscan"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
@@ -70,10 +71,10 @@ call in one byte, so hotpatch toggles it with one atomic store.`,
 			if !quiet {
 				for _, s := range res.Report.Skipped {
 					fmt.Fprintf(stderr, "coldpatch: warning: %s at %#x: %s reaches %s but is not patchable: %s\n",
-						s.Container, s.Address, s.Instruction, s.Hook, s.Reason)
+						calltrace.Printable(s.Container), s.Address, s.Instruction, s.Hook, s.Reason)
 				}
 				for _, d := range res.Report.DecodeErrors {
-					fmt.Fprintf(stderr, "coldpatch: warning: %s: decoding stopped at %#x: %s\n", d.Function, d.Address, d.Err)
+					fmt.Fprintf(stderr, "coldpatch: warning: %s: decoding stopped at %#x: %s\n", calltrace.Printable(d.Function), d.Address, d.Err)
 				}
 				warnMcountLoc(stderr, res.Report.McountLoc)
 			}
@@ -147,7 +148,7 @@ func printSummary(w io.Writer, res *coldpatch.Result) {
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "binary\t%s\n", l.Binary.Path)
+	fmt.Fprintf(tw, "binary\t%s\n", calltrace.Printable(l.Binary.Path))
 	fmt.Fprintf(tw, "functions decoded\t%d (from %s)\n", res.Report.Functions, res.Report.FunctionSource)
 	fmt.Fprintf(tw, "probed functions\t%d\n", len(funcs))
 	fmt.Fprintf(tw, "sites\t%d (%d entry, %d exit)\n", len(l.Probes), entries, len(l.Probes)-entries)

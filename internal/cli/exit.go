@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 )
 
 // Exit codes. Scripts and CI depend on them; keep them stable.
@@ -61,7 +63,9 @@ func run(cmd *cobra.Command, args []string, stdout, stderr io.Writer) int {
 			strings.HasPrefix(err.Error(), "requires ") {
 			err = usageError{err}
 		}
-		msg := strings.ReplaceAll(err.Error(), "\n", "; ")
+		// One line, and names from the target (symbols, paths) or a trace
+		// file cannot drive the terminal.
+		msg := calltrace.Printable(strings.ReplaceAll(err.Error(), "\n", "; "))
 		fmt.Fprintf(stderr, "%s: %s\n", cmd.Name(), msg)
 	}
 	return exitCode(err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
 	"github.com/edgeprobe/edgeprobe/internal/probecache"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
@@ -179,10 +180,10 @@ not exist or exited while hotpatch worked on it.`,
 			res, err := hotpatch.Apply(ctx, req)
 			if res != nil {
 				for _, n := range res.Repaired {
-					fmt.Fprintf(stderr, "hotpatch: %s\n", n)
+					fmt.Fprintf(stderr, "hotpatch: %s\n", calltrace.Printable(n.String()))
 				}
 				for _, w := range res.Warnings {
-					fmt.Fprintf(stderr, "hotpatch: warning: %s\n", w)
+					fmt.Fprintf(stderr, "hotpatch: warning: %s\n", calltrace.Printable(w))
 				}
 				if tf.json {
 					if werr := writeJSON(stdout, res); werr != nil && err == nil {
@@ -259,7 +260,8 @@ progress) or foreign (neither form: a stale probe list, or someone else's patch)
 			tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tSTATE\tPROVIDER\tKIND\tFUNCTION\tADDRESS\tOBJECT\tSOURCE")
 			for _, s := range states {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.State, s.Provider, s.Kind, s.Function, s.Address, shortPath(s.Object), s.Source)
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.State, s.Provider, s.Kind,
+					calltrace.Printable(s.Function), s.Address, calltrace.Printable(shortPath(s.Object)), calltrace.Printable(s.Source))
 			}
 			return tw.Flush()
 		},
@@ -287,7 +289,7 @@ func printSites(w io.Writer, res *hotpatch.Result) {
 		if s.After != s.Want {
 			mark = "FAILED"
 		}
-		fmt.Fprintf(w, "%-6s %s %-5s %s at %s: %s -> %s (%s)\n", mark, shortPath(s.Object), s.Kind, s.Function, s.Address, s.Before, s.After, s.Protocol)
+		fmt.Fprintf(w, "%-6s %s %-5s %s at %s: %s -> %s (%s)\n", mark, calltrace.Printable(shortPath(s.Object)), s.Kind, calltrace.Printable(s.Function), s.Address, s.Before, s.After, s.Protocol)
 	}
 	fmt.Fprintf(w, "%d changed, %d already so, %d threads held, %.3f ms\n", res.Changed, res.Unchanged, res.Held, float64(res.ElapsedNS)/1e6)
 }
@@ -362,7 +364,7 @@ repaired site, or "nothing to repair".`,
 				}
 			} else {
 				for _, n := range notes {
-					fmt.Fprintln(stdout, n)
+					fmt.Fprintln(stdout, calltrace.Printable(n.String()))
 				}
 				if len(notes) == 0 && err == nil {
 					fmt.Fprintln(stdout, "nothing to repair")

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
 )
 
@@ -42,7 +43,7 @@ func reportRuntime(st *hotpatch.RuntimeStatus, f *injectFlags, stderr io.Writer)
 		}
 		if f.verbose {
 			for _, s := range st.Foreign {
-				fmt.Fprintf(stderr, "left alone: %s calls %s defined by %s (the program's own hook)\n", filepath.Base(s.Object), s.Hook, filepath.Base(s.Target))
+				fmt.Fprintf(stderr, "left alone: %s calls %s defined by %s (the program's own hook)\n", calltrace.Printable(filepath.Base(s.Object)), s.Hook, calltrace.Printable(filepath.Base(s.Target)))
 			}
 			if st.Load != nil {
 				fmt.Fprintf(stderr, "load: borrowed thread %d (system call %d) for %v after %d stops; %d slots; %v in all\n", st.Load.Tid, st.Load.Syscall, st.Load.Borrowed, st.Load.Tries, st.Load.Entries, st.Load.Elapsed)

@@ -41,7 +41,7 @@ JSON object per line to stdout for each, in order:
   quit        end the session (as end of input does)
 
 SEL is what hotpatch --enable takes (a name, a glob, id:N). Blank lines and lines starting
-with # are skipped. A result is {"line":N,"ok":true,"command":"enable","changed":C,
+with # are skipped; a line longer than 1 MiB is not run (its result says so, exit 2). A result is {"line":N,"ok":true,"command":"enable","changed":C,
 "unchanged":U,"elapsed_ns":T}; a bad or failed command gives {"line":N,"ok":false,
 "error":"...","exit":E} (E as hotpatch's exit status would be) and the session goes on.
 Commands already waiting on stdin are carried out together, each exactly as a separate
@@ -181,22 +181,80 @@ type sessionResult struct {
 	Repaired []hotpatch.RepairNote `json:"repaired,omitempty"`
 }
 
+// maxLine bounds one command line. A longer line (a generated script gone
+// wrong, a file that is not a script) gets its error result, like any bad
+// line, and the session goes on with the next.
+const maxLine = 1 << 20
+
+// inputLine is one line of stdin; tooLong: it was longer than maxLine and
+// its text was dropped.
+type inputLine struct {
+	text    string
+	tooLong bool
+}
+
+// maxSkip bounds what is skipped of one over-long line: past it the input
+// is not a stream of commands (a device, a binary file) and reading ends.
+const maxSkip = 64 << 20
+
+// errNotCommands: the input holds a "line" longer than maxSkip.
+var errNotCommands = fmt.Errorf("a line longer than %d MiB: not a stream of commands", maxSkip>>20)
+
+// readLines sends each line of in (without its "\n" or "\r\n"; the last
+// one may lack its newline) to out, until end of input or a read error.
+func readLines(in io.Reader, out chan<- inputLine) error {
+	r := bufio.NewReaderSize(in, 64<<10)
+	var buf []byte
+	tooLong := false
+	skipped := 0
+	for {
+		chunk, err := r.ReadSlice('\n')
+		if tooLong {
+			if skipped += len(chunk); skipped > maxSkip {
+				return errNotCommands
+			}
+		} else {
+			if len(buf)+len(chunk) > maxLine+2 { // room for "\r\n"
+				tooLong, buf = true, buf[:0]
+			} else {
+				buf = append(buf, chunk...)
+			}
+		}
+		switch err {
+		case bufio.ErrBufferFull:
+			continue
+		case nil:
+		case io.EOF:
+			if len(buf) > 0 || tooLong {
+				out <- inputLine{text: strings.TrimSuffix(string(buf), "\r"), tooLong: tooLong}
+			}
+			return nil
+		default:
+			return err
+		}
+		l := strings.TrimSuffix(strings.TrimSuffix(string(buf), "\n"), "\r")
+		if len(l) > maxLine {
+			tooLong = true
+		}
+		if tooLong {
+			l = ""
+		}
+		out <- inputLine{text: l, tooLong: tooLong}
+		buf, tooLong, skipped = buf[:0], false, 0
+	}
+}
+
 // serve reads lines until EOF, quit or ctx, runs each batch of waiting lines
 // and writes their results.
 func (ss *scriptSession) serve(ctx context.Context, in io.Reader, out io.Writer) error {
-	lines := make(chan string, sessionBatch)
+	lines := make(chan inputLine, sessionBatch)
 	readErr := make(chan error, 1)
 	go func() {
-		sc := bufio.NewScanner(in)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		readErr <- sc.Err()
+		readErr <- readLines(in, lines)
 		close(lines)
 	}()
 	w := bufio.NewWriterSize(out, 64<<10)
-	batch := make([]string, 0, sessionBatch)
+	batch := make([]inputLine, 0, sessionBatch)
 	for !ss.quit && ctx.Err() == nil {
 		batch = batch[:0]
 		select {
@@ -244,15 +302,16 @@ func (ss *scriptSession) serve(ctx context.Context, in io.Reader, out io.Writer)
 // run carries out a batch of lines: flip-only commands inside one
 // Session.Batch (no tracer hand-off), a command that needs every thread
 // traced outside it, then the rest in a new Batch.
-func (ss *scriptSession) run(ctx context.Context, batch []string) []sessionResult {
+func (ss *scriptSession) run(ctx context.Context, batch []inputLine) []sessionResult {
 	results := make([]sessionResult, 0, len(batch))
 	for len(batch) > 0 && !ss.quit {
-		var retry string
+		var retry *inputLine
 		err := ss.s.Batch(func() error {
 			for len(batch) > 0 && !ss.quit {
 				r, again := ss.one(ctx, batch[0], true)
 				if again {
-					retry = batch[0]
+					l := batch[0]
+					retry = &l
 					batch = batch[1:]
 					return nil
 				}
@@ -272,9 +331,9 @@ func (ss *scriptSession) run(ctx context.Context, batch []string) []sessionResul
 			}
 			return results
 		}
-		if retry != "" {
+		if retry != nil {
 			ss.line-- // one() counted it already
-			if r, _ := ss.one(ctx, retry, false); r != nil {
+			if r, _ := ss.one(ctx, *retry, false); r != nil {
 				results = append(results, *r)
 			}
 		}
@@ -284,8 +343,15 @@ func (ss *scriptSession) run(ctx context.Context, batch []string) []sessionResul
 
 // one carries out one line; nil for a blank or comment line. again: the
 // command needs every thread traced and must be run outside Batch.
-func (ss *scriptSession) one(ctx context.Context, line string, inBatch bool) (r *sessionResult, again bool) {
+func (ss *scriptSession) one(ctx context.Context, in inputLine, inBatch bool) (r *sessionResult, again bool) {
 	ss.line++
+	if in.tooLong {
+		ss.commands++
+		ss.errors++
+		err := usagef("line longer than %d bytes: not run", maxLine)
+		return &sessionResult{Line: ss.line, Error: oneLine(err), Exit: exitCode(err)}, false
+	}
+	line := in.text
 	if p, ok := ss.parsed[line]; ok {
 		ss.commands++
 		return ss.apply(ctx, &sessionResult{Line: ss.line, Command: p.verb}, p.actions, inBatch)

@@ -2,6 +2,9 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
+	"io"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -119,4 +122,57 @@ func FuzzSessionResultJSON(f *testing.F) {
 			t.Fatalf("%+v:\n got %s (%v)\nwant %s", r, got, err, want)
 		}
 	})
+}
+
+// TestReadLines: stdin is split into lines as a script writes them (LF or
+// CRLF, the last one without its newline); a line longer than maxLine is
+// one "too long" line, not the end of the input, and the next is whole.
+func TestReadLines(t *testing.T) {
+	long := strings.Repeat("x", 2*maxLine+12345)
+	exact := "enable " + strings.Repeat("y", maxLine-7)
+	in := "enable a\r\n\ndisable b\n" + long + "\nstats\n" + exact + "\n" + long + "\r\n" + long + "\x00\nquit"
+	out := make(chan inputLine, 100)
+	if err := readLines(strings.NewReader(in), out); err != nil {
+		t.Fatal(err)
+	}
+	close(out)
+	var got []inputLine
+	for l := range out {
+		got = append(got, l)
+	}
+	want := []inputLine{{text: "enable a"}, {text: ""}, {text: "disable b"}, {tooLong: true}, {text: "stats"}, {text: exact},
+		{tooLong: true}, {tooLong: true}, {text: "quit"}}
+	if len(got) != len(want) {
+		t.Fatalf("%d lines, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("line %d: got %.40q (too long %v), want %.40q (too long %v)", i+1, got[i].text, got[i].tooLong, want[i].text, want[i].tooLong)
+		}
+	}
+	// A last line that is too long and lacks its newline.
+	out = make(chan inputLine, 2)
+	if err := readLines(strings.NewReader("stats\n"+long), out); err != nil {
+		t.Fatal(err)
+	}
+	if a, b := <-out, <-out; a.text != "stats" || !b.tooLong {
+		t.Fatalf("got %.20q then %.20q (too long %v)", a.text, b.text, b.tooLong)
+	}
+}
+
+// TestReadLinesEndless: an input that never ends its line (/dev/zero given
+// as the commands) ends the reading with an error, after the lines before it.
+func TestReadLinesEndless(t *testing.T) {
+	f, err := os.Open("/dev/zero")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := make(chan inputLine, 10)
+	if err := readLines(io.MultiReader(strings.NewReader("stats\n"), f), out); !errors.Is(err, errNotCommands) {
+		t.Fatalf("reading stats then /dev/zero: %v, want %v", err, errNotCommands)
+	}
+	if l := <-out; l.text != "stats" || len(out) != 0 {
+		t.Fatalf("got %q and %d more lines, want stats alone", l.text, len(out))
+	}
 }

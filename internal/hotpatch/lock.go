@@ -14,7 +14,7 @@ import (
 
 // ErrBusy means another hotpatch (or any other tracer: gdb, strace) holds
 // the target.
-var ErrBusy = errors.New("another hotpatch is working on this process")
+var ErrBusy = errors.New("the process has a tracer already (another hotpatch, a debugger, strace)")
 
 // Lock serialises hotpatch runs on one process: two patchers interleaving
 // their reads and writes of the same sites could each verify a state the

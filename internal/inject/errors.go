@@ -21,6 +21,9 @@ var (
 	ErrNoSafeThread = errors.New("no thread at a safe point")
 	// ErrLoad: the runtime could not be loaded (dlopen's message follows).
 	ErrLoad = errors.New("loading the runtime failed")
+	// ErrStopped: the process is stopped (SIGSTOP, Ctrl-Z): no thread can
+	// be borrowed until it is continued.
+	ErrStopped = errors.New("process is stopped")
 	// ErrNotRuntime: the file given as runtime does not define the hooks.
 	ErrNotRuntime = errors.New("not an edgeprobe runtime")
 )

@@ -127,6 +127,10 @@ func Load(ctx context.Context, p *Process, opts Options) (*Result, error) {
 			return nil, err
 		}
 		res.Threads = len(states)
+		if allGroupStopped(states) {
+			_ = tr.ResumeAll()
+			return nil, fmt.Errorf("pid %d is stopped (SIGSTOP, Ctrl-Z): continue it (kill -CONT %d) to load the runtime into it: %w", p.Pid, p.Pid, ErrStopped)
+		}
 		if st := p.pickThread(states, rng, opts.Prefer); st != nil {
 			res.Tid = st.Tid
 			if nr, _, in := ptrace.InSyscall(&st.Regs); in {
@@ -187,6 +191,13 @@ func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, opts Options,
 	}
 	res.Area = area
 	unmap := func() { _, _ = b.Call(ctx, f["munmap"], area, codeSize+dataSize) }
+	// Between calls the thread waits parked in its own state (D59), so a
+	// hotpatch SIGKILLed while it writes the loader or fills the memfd
+	// leaves it running as before, not at the fault that ends a call.
+	if err := b.Park(ctx, f["syscall"]); err != nil {
+		unmap()
+		return err
+	}
 	data := area + codeSize
 	*dataOut = data
 	block := make([]byte, dataSize)
@@ -238,6 +249,11 @@ func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, opts Options,
 		}
 		fd = int(r)
 		closeFd := func() { _, _ = b.Call(ctx, f["syscall"], unix.SYS_CLOSE, uint64(fd)) }
+		if err := b.Park(ctx, f["syscall"]); err != nil {
+			closeFd()
+			unmap()
+			return err
+		}
 		if err := fillMemfd(p.Pid, fd, runtime); err != nil {
 			closeFd()
 			unmap()
@@ -391,6 +407,8 @@ func (p *Process) Preflight() error {
 	switch {
 	case p.Seccomp != 0:
 		return fmt.Errorf("pid %d runs under seccomp (mode %d): loading the runtime could get it killed; start it with LD_PRELOAD=libedgeprobe.so instead: %w", p.Pid, p.Seccomp, ErrSeccomp)
+	case p.SeccompThreads != 0:
+		return fmt.Errorf("pid %d: %d of its threads run under seccomp: loading the runtime could get it killed; start it with LD_PRELOAD=libedgeprobe.so instead: %w", p.Pid, p.SeccompThreads, ErrSeccomp)
 	case p.Static:
 		return fmt.Errorf("pid %d is statically linked: no loader to load the runtime with; link libedgeprobe.a into it (-Wl,--whole-archive libedgeprobe.a -Wl,--no-whole-archive): %w", p.Pid, ErrStatic)
 	}
@@ -409,9 +427,20 @@ func (p *Process) Preflight() error {
 	return nil
 }
 
+// allGroupStopped: every thread is in a group-stop (the process is
+// stopped), so none can be borrowed without continuing it.
+func allGroupStopped(states []ptrace.ThreadState) bool {
+	for _, st := range states {
+		if !st.Group {
+			return false
+		}
+	}
+	return len(states) > 0
+}
+
 // IsRefusal reports whether err is one of the preflight refusals.
 func IsRefusal(err error) bool {
-	for _, e := range []error{ErrSeccomp, ErrStatic, ErrNoLoader, ErrUntrusted, ErrNotRuntime} {
+	for _, e := range []error{ErrSeccomp, ErrStatic, ErrNoLoader, ErrUntrusted, ErrNotRuntime, ErrStopped} {
 		if errors.Is(err, e) {
 			return true
 		}

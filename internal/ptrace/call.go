@@ -57,6 +57,7 @@ type Borrowed struct {
 	deferred []siginfo // signals that arrived for the thread meanwhile
 	sigmask  uint64    // its blocked-signal mask, restored at the end
 	sigStop  bool      // the thread is in a signal-delivery-stop (a signal can be injected)
+	parked   bool      // Park put its own registers, xstate and mask back (Call sets the mask again)
 	// Limit bounds each Call (zero: 5s).
 	Limit time.Duration
 }
@@ -152,6 +153,12 @@ func (b *Borrowed) Call(ctx context.Context, fn uint64, args ...uint64) (uint64,
 	if err := t.usable(); err != nil {
 		return 0, err
 	}
+	if b.parked {
+		if err := setSigmask(tid, BorrowMask); err != nil {
+			return 0, fmt.Errorf("call %#x: signal mask: %w", fn, mapErrno(err))
+		}
+		b.parked = false
+	}
 	r := b.regs
 	sp := ((r.Rsp - redZone - callScratch) &^ 15) - 8
 	if err := memWrite(t.mem, sp, make([]byte, 8)); err != nil {
@@ -237,6 +244,120 @@ func (b *Borrowed) Call(ctx context.Context, fn uint64, args ...uint64) (uint64,
 			// that cannot be blocked: keep it for after the restore, so no
 			// handler runs on top of our call (a handler that longjmps would
 			// never let the call end).
+			if si, err := getSiginfo(tid); err == nil {
+				b.deferred = append(b.deferred, si)
+			}
+			_ = unix.PtraceCont(tid, 0)
+		}
+	}
+}
+
+// Park leaves the borrowed thread, between two calls, in a stop from which
+// it would resume exactly where it was borrowed if this tracer died: its
+// own registers, xstate and signal mask, in an interrupt stop, which
+// carries no signal. A call ends in a signal-delivery-stop for the SIGSEGV
+// of its return to rip 0; were hotpatch SIGKILLed there, the kernel would
+// resume the thread at rip 0 and deliver that SIGSEGV, killing the target
+// (docs/injection.md, "SIGKILL of hotpatch during a load"). Park is for
+// the slow work between calls (filling the runtime's memfd): the thread
+// runs syscall(SYS_pause) (pause, at syscallFn: libc's syscall(), with
+// every signal but glibc's two blocked) and is interrupted there, which
+// leaves no lock taken. The next Call sets its borrowed mask again.
+//
+// A thread borrowed with a signal about to be delivered is not parked: that
+// signal is injected with its own siginfo only from a signal-delivery-stop.
+func (b *Borrowed) Park(ctx context.Context, syscallFn uint64) error {
+	t, tid := b.t, b.th.tid
+	if err := t.usable(); err != nil {
+		return err
+	}
+	if b.parked || len(b.deferred) > 0 || b.th.kind != stopPlain {
+		return nil
+	}
+	r := b.regs
+	sp := ((r.Rsp - redZone - callScratch) &^ 15) - 8
+	if err := memWrite(t.mem, sp, make([]byte, 8)); err != nil {
+		return fmt.Errorf("park thread %d: %w", tid, err)
+	}
+	r.Rsp, r.Rip, r.Rax, r.Rdi = sp, syscallFn, 0, unix.SYS_PAUSE
+	r.Orig_rax = ^uint64(0)
+	r.Eflags &^= eflagsDirection
+	if err := unix.PtraceSetRegs(tid, &r); err != nil {
+		return fmt.Errorf("park thread %d: set registers: %w", tid, mapErrno(err))
+	}
+	if err := unix.PtraceCont(tid, 0); err != nil {
+		return fmt.Errorf("park thread %d: resume: %w", tid, mapErrno(err))
+	}
+	b.th.kind = running
+	if err := unix.PtraceInterrupt(tid); err != nil {
+		return fmt.Errorf("park thread %d: interrupt: %w", tid, mapErrno(err))
+	}
+	deadline := time.Now().Add(defaultCallLimit)
+	for {
+		var ws unix.WaitStatus
+		wpid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL|unix.WNOTHREAD, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			t.exited = true
+			return fmt.Errorf("pid %d: %w", t.pid, ErrExited)
+		}
+		if wpid == 0 {
+			// A SIGSTOP that came first holds the thread in a group-stop
+			// (LISTEN) until SIGCONT, which re-traps it with the SIGTRAP
+			// event stop we wait for: the limit counts only time it runs.
+			if b.th.kind == stopGroup {
+				deadline = time.Now().Add(defaultCallLimit)
+			} else if time.Now().After(deadline) {
+				return fmt.Errorf("park thread %d: no interrupt stop within %v: %w", tid, defaultCallLimit, ErrCall)
+			}
+			tm := time.NewTimer(time.Millisecond)
+			select {
+			case <-t.sigchld:
+			case <-tm.C:
+			}
+			tm.Stop()
+			continue
+		}
+		if wpid != tid {
+			t.handle(wpid, ws)
+			continue
+		}
+		if ws.Exited() || ws.Signaled() {
+			t.handle(wpid, ws)
+			return fmt.Errorf("thread %d died while parked: %w", tid, ErrExited)
+		}
+		if !ws.Stopped() {
+			continue
+		}
+		sig := ws.StopSignal()
+		switch event := int(ws) >> 16; {
+		case event == unix.PTRACE_EVENT_STOP && sig == unix.SIGTRAP:
+			// The interrupt stop: put the thread's own state back.
+			b.th.kind = stopPlain
+			b.sigStop = false
+			if err := unix.PtraceSetRegs(tid, &b.regs); err != nil {
+				return fmt.Errorf("park thread %d: registers: %w", tid, mapErrno(err))
+			}
+			if err := setXstate(tid, b.xstate); err != nil {
+				return fmt.Errorf("park thread %d: xstate: %w", tid, mapErrno(err))
+			}
+			if err := setSigmask(tid, b.sigmask); err != nil {
+				return fmt.Errorf("park thread %d: signal mask: %w", tid, mapErrno(err))
+			}
+			b.parked = true
+			return nil
+		case event == unix.PTRACE_EVENT_EXEC:
+			t.handle(wpid, ws)
+			return fmt.Errorf("pid %d: %w", t.pid, ErrExec)
+		case event == unix.PTRACE_EVENT_STOP:
+			t.handle(wpid, ws) // group-stop: kept with LISTEN; the interrupt comes after SIGCONT
+		case event != 0:
+			_ = unix.PtraceCont(tid, 0)
+		default:
+			// A signal the mask lets through: kept for after the restore,
+			// as during a call.
 			if si, err := getSiginfo(tid); err == nil {
 				b.deferred = append(b.deferred, si)
 			}

@@ -23,6 +23,10 @@ type TextSink struct {
 	w       *bufio.Writer
 	threads map[int32]*textThread
 	header  bool
+	// werr is the first write error (a full disk, a file-size limit): the
+	// next Event returns it, so a capture stops instead of tracing on for
+	// its whole duration into a file that cannot grow.
+	werr error
 }
 
 type textThread struct {
@@ -40,7 +44,9 @@ func NewTextSink(w io.Writer) *TextSink {
 func (s *TextSink) Event(e *calltrace.Event) error {
 	if !s.header {
 		s.header = true
-		fmt.Fprintln(s.w, "# DURATION     TID     FUNCTION")
+		if _, err := fmt.Fprintln(s.w, "# DURATION     TID     FUNCTION"); err != nil && s.werr == nil {
+			s.werr = err
+		}
 	}
 	th := s.threads[e.Thread]
 	if th == nil {
@@ -58,7 +64,7 @@ func (s *TextSink) Event(e *calltrace.Event) error {
 	case calltrace.Exit:
 		depth := len(th.stack) - 1
 		if depth < 0 {
-			return fmt.Errorf("thread %d: an exit of %s with no open call (the stream is not well-formed)", e.Thread, e.Func.Name)
+			return fmt.Errorf("thread %d: an exit of %s with no open call (the stream is not well-formed)", e.Thread, calltrace.Printable(e.Func.Name))
 		}
 		d := e.TimeNs - th.stack[depth]
 		th.stack = th.stack[:depth]
@@ -73,7 +79,7 @@ func (s *TextSink) Event(e *calltrace.Event) error {
 		if e.Ret != nil {
 			closing += retText(e.Ret) + ";"
 		}
-		s.line(durText(d, e.Open), e.Thread, depth, closing+" /* "+e.Func.Name+" */"+note)
+		s.line(durText(d, e.Open), e.Thread, depth, closing+" /* "+calltrace.Printable(e.Func.Name)+" */"+note)
 	case calltrace.Instant:
 		s.flushPending(e.Thread, th)
 		s.line("", e.Thread, len(th.stack), calltrace.FormatCall(e.Func.Name, e.Args)+";")
@@ -81,7 +87,7 @@ func (s *TextSink) Event(e *calltrace.Event) error {
 		s.flushPending(e.Thread, th)
 		s.line("", e.Thread, len(th.stack), fmt.Sprintf("/* %d events lost here: the ring was full */", e.Count))
 	}
-	return nil
+	return s.werr
 }
 
 func exitNote(e *calltrace.Event) string {
@@ -112,7 +118,9 @@ func (s *TextSink) flushPending(tid int32, th *textThread) {
 }
 
 func (s *TextSink) line(dur string, tid int32, depth int, text string) {
-	fmt.Fprintf(s.w, "%11s [%6d] | %s%s\n", dur, tid, strings.Repeat("  ", max(depth, 0)), text)
+	if _, err := fmt.Fprintf(s.w, "%11s [%6d] | %s%s\n", dur, tid, strings.Repeat("  ", max(depth, 0)), text); err != nil && s.werr == nil {
+		s.werr = err
+	}
 }
 
 // durText renders a duration in uftrace's units; "+" marks one that was

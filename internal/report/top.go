@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 )
 
@@ -126,7 +127,7 @@ func (s *TopSnapshot) WriteTable(w io.Writer, rows int) error {
 		if rows > 0 && i == rows {
 			break
 		}
-		fmt.Fprintf(tw, "%.0f\t%s\t%s\t%s\t%d\t %s\t %s\t\n", f.PerSec, dur(f.MeanNs), dur(f.P50Ns), dur(f.P99Ns), f.TotalCalls, f.Name, base(f.Object))
+		fmt.Fprintf(tw, "%.0f\t%s\t%s\t%s\t%d\t %s\t %s\t\n", f.PerSec, dur(f.MeanNs), dur(f.P50Ns), dur(f.P99Ns), f.TotalCalls, calltrace.Printable(f.Name), calltrace.Printable(base(f.Object)))
 	}
 	return tw.Flush()
 }

@@ -175,3 +175,33 @@ func TestPerfettoReplay(t *testing.T) {
 		t.Fatalf("replayed\n%s\nwant\n%s", txt.String(), fibText)
 	}
 }
+
+// TestReplayHostileNames: a trace file whose function, argument and note
+// texts carry terminal controls (a file another user wrote) replays with
+// them escaped: the text view holds no control byte but its newlines.
+func TestReplayHostileNames(t *testing.T) {
+	evil := "ev\x1b]0;PWNED\x07il\x1b[2J\u202e"
+	var pf bytes.Buffer
+	ps, err := NewPerfettoSink(&pf, 5, "p", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	feed(t, ps, 42, []rawEv{
+		{calltrace.Entry, 100, evil, []calltrace.Value{{Name: evil, Kind: calltrace.Int, Int: 1}, {Name: "e", Kind: calltrace.Enum, Str: evil}}, nil},
+		{calltrace.Entry, 150, "leaf", nil, nil},
+		{calltrace.Exit, 160, "leaf", nil, nil},
+		{calltrace.Exit, 200, evil, nil, &calltrace.Value{Kind: calltrace.String, Uint: 1, Str: evil}},
+	})
+	var txt bytes.Buffer
+	if err := ReplayPerfetto(&pf, NewTextSink(&txt)); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range txt.Bytes() {
+		if c < 0x20 && c != '\n' || c == 0x7f {
+			t.Fatalf("byte %d of the replay is %#x:\n%q", i, c, txt.String())
+		}
+	}
+	if want := calltrace.Printable(evil); strings.Count(txt.String(), want) < 3 {
+		t.Fatalf("the replay does not show the escaped name %s three times:\n%s", want, txt.String())
+	}
+}

@@ -1,0 +1,91 @@
+package capture
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/edgeprobe/edgeprobe/internal/testutil"
+)
+
+// TestTopTargetDies: `top` on a program SIGKILLed while it watches ends
+// with a last snapshot that says the program exited, also when the
+// program's parent has not reaped it yet (a zombie: its /proc entry stays
+// until then, which top took for a live process and watched forever).
+// With --enable too: the probes' restore on a dead process does not hang.
+func TestTopTargetDies(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.Runtime(t, "gcc")
+	fx := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c"}})
+	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	for _, enable := range []bool{false, true} {
+		t.Run(fmt.Sprintf("enable=%v", enable), func(t *testing.T) {
+			// The program's parent is a shell that execs sleep, which never
+			// waits for it: once killed, the program stays a zombie.
+			sh := exec.Command("sh", "-c", `"$0" "$1" & echo $!; exec sleep 600`, fx.Path, t.TempDir()+"/stop")
+			sh.Env = append(sh.Environ(), "LD_PRELOAD="+lib)
+			sh.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+			out, err := sh.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := sh.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { sh.Process.Kill(); sh.Wait() })
+			rd := bufio.NewReader(out)
+			first, _ := rd.ReadString('\n')
+			pid, err := strconv.Atoi(strings.TrimSpace(first))
+			if err != nil {
+				t.Fatalf("the shell printed %q, want the program's pid", first)
+			}
+			if ready, _ := rd.ReadString('\n'); !strings.HasPrefix(ready, "ready ") {
+				t.Fatalf("the program printed %q, want its ready line", ready)
+			}
+			args := []string{"top", "--pid", fmt.Sprint(pid), "--interval", "50ms", "--count", "200", "--json"}
+			if enable {
+				args = append(args, "--enable", "work")
+			}
+			top := exec.Command(testutil.Command(t, "hotpatch"), args...)
+			var stderr strings.Builder
+			top.Stderr = &stderr
+			tout, err := top.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := top.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { top.Process.Kill(); top.Wait() })
+			lines := bufio.NewScanner(tout)
+			lines.Buffer(nil, 1<<20)
+			if !lines.Scan() {
+				t.Fatalf("top printed nothing: %q", stderr.String())
+			}
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			var last struct {
+				Exited bool `json:"exited"`
+			}
+			n := 1
+			for lines.Scan() {
+				n++
+				if err := json.Unmarshal(lines.Bytes(), &last); err != nil {
+					t.Fatalf("snapshot %d: %v", n, err)
+				}
+			}
+			err = top.Wait()
+			if !last.Exited || n >= 200 {
+				t.Fatalf("top printed %d of its 200 snapshots, the last with exited=%v, after the program was killed (top: %v, %q)", n, last.Exited, err, stderr.String())
+			}
+		})
+	}
+}

@@ -1,0 +1,71 @@
+package capture
+
+import (
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgeprobe/edgeprobe/internal/shm"
+	"github.com/edgeprobe/edgeprobe/internal/testutil"
+)
+
+// TestTraceUntilProcessEnds: a program that ends during a trace (it exits,
+// or is killed) ends the trace there: exit 0, one note that says so, and
+// the file holds what the program recorded until then. It used to wait
+// out --duration and then fail (exit 4, "target process exited") with the
+// file thrown away: every call recorded was lost.
+func TestTraceUntilProcessEnds(t *testing.T) {
+	for _, how := range []string{"exit", "kill"} {
+		t.Run(how, func(t *testing.T) {
+			p := startCold(t)
+			region, err := shm.OpenPID(p.Pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer region.Close()
+			out := filepath.Join(t.TempDir(), "t.pftrace")
+			tr := exec.Command(testutil.Command(t, "hotpatch"), "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "work", "--enable", "leaf",
+				"--duration", "10m", "-o", out)
+			var stderr strings.Builder
+			tr.Stderr = &stderr
+			if err := tr.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- tr.Wait() }()
+			t.Cleanup(func() {
+				if tr.ProcessState == nil {
+					tr.Process.Kill()
+					<-done
+				}
+			})
+			waitFor(t, "the trace to start", func() bool { return region.Control()&shm.CtlTrace != 0 })
+			// work runs (traced) before the program ends
+			p.AwaitProgress(p.Symbol(p.Cmd.Path, "progress"), 20000)
+			if how == "exit" {
+				if o, _ := p.Finish(); !strings.Contains(o, "wrong=0") {
+					t.Fatalf("program output %q", o)
+				}
+			} else {
+				p.Cmd.Process.Kill()
+				p.Wait()
+			}
+			select {
+			case err = <-done:
+			case <-time.After(2 * time.Minute):
+				// A watchdog, not a measure: the trace asked for 10 minutes.
+				t.Fatalf("the trace was still running 2 minutes after the program ended (stderr %q)", stderr.String())
+			}
+			if err != nil || !strings.Contains(stderr.String(), "the process ended") {
+				t.Fatalf("trace: %v, stderr %q; want exit 0 and a note that the process ended", err, stderr.String())
+			}
+			r := run(t, "replay", out)
+			if n := strings.Count(r.Stdout, "work("); n == 0 {
+				t.Fatalf("the trace holds no call of work (trace stderr %q):\n%.2000s", stderr.String(), r.Stdout)
+			}
+		})
+	}
+}
