@@ -33,7 +33,7 @@
  * caught them would have, runs the five sites and exits 0 if their return
  * values add up; a child killed by a signal (an inherited int3: SIGTRAP) or
  * exiting non-zero is counted, and the done line gains
- *   forks=F childdied=D childbad=B lastsig=S
+ *   forks=F childdied=D childbad=B lastsig=S lastvfork=V (V: the last child that died was a vfork child)
  * (result=ok needs D = B = 0).
  * Build: gcc -O2 -g -pthread stress.c -o stress (no hooks.c needed). */
 #define _GNU_SOURCE
@@ -223,7 +223,7 @@ static void *churn(void *arg) {
 }
 
 static unsigned long forks, childdied, childbad;
-static int lastsig;
+static int lastsig, lastvfork;
 
 static int child_sites(int loops) {
 	int sigs[] = {SIGILL, SIGSEGV, SIGBUS, SIGTRAP, SIGFPE};
@@ -240,7 +240,8 @@ static void *forker(void *arg) {
 	(void)arg;
 	atomic_fetch_add(&running, 1);
 	while (!atomic_load(&stop_flag)) {
-		pid_t c = (forks % 4 == 3) ? vfork() : fork();
+		int isv = forks % 4 == 3;
+		pid_t c = isv ? vfork() : fork();
 		if (c == 0)
 			_exit(child_sites(200));
 		if (c < 0)
@@ -252,6 +253,7 @@ static void *forker(void *arg) {
 		if (WIFSIGNALED(ws)) {
 			childdied++;
 			lastsig = WTERMSIG(ws);
+			lastvfork = isv;
 		} else if (WEXITSTATUS(ws) != 0)
 			childbad++;
 	}
@@ -309,7 +311,7 @@ int main(int argc, char **argv) {
 	int ok = !bad && stress_torn == 0 && stress_bad == 0 && childdied == 0 && childbad == 0;
 	char forkinfo[128] = "";
 	if (withfork)
-		snprintf(forkinfo, sizeof forkinfo, " forks=%lu childdied=%lu childbad=%lu lastsig=%d", forks, childdied, childbad, lastsig);
+		snprintf(forkinfo, sizeof forkinfo, " forks=%lu childdied=%lu childbad=%lu lastsig=%d lastvfork=%d", forks, childdied, childbad, lastsig, lastvfork);
 	printf("done iters=%lu torn=%lu eintr=%lu hits=%lu,%lu,%lu,%lu,%lu bad=%lu%s result=%s\n", stress_iters, stress_torn, eintr,
 	       stress_hits[0], stress_hits[1], stress_hits[2], stress_hits[3], stress_hits[4], stress_bad, forkinfo, ok ? "ok" : "BAD");
 	fflush(stdout);
