@@ -59,3 +59,11 @@ func vmRead(pid int, addr uint64, b []byte) (int, error) {
 	remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(b)}}
 	return unix.ProcessVMReadv(pid, local, remote, 0)
 }
+
+// sameVM reports whether two processes share one address space
+// (kcmp KCMP_VM): a vfork child shares its parent's.
+func sameVM(pid1, pid2 int) bool {
+	const kcmpVM = 1
+	r, _, e := unix.Syscall6(unix.SYS_KCMP, uintptr(pid1), uintptr(pid2), kcmpVM, 0, 0, 0)
+	return e == 0 && r == 0
+}

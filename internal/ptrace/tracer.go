@@ -236,7 +236,10 @@ func (t *Tracer) Upgrade() error {
 			return fmt.Errorf("upgrade: set options on pid %d: %w", t.pid, mapErrno(err))
 		}
 		t.opts.LeaderOnly = false
-		return t.seizeAll(fullOptions, time.Now().Add(t.opts.StopTimeout))
+		if err := t.seizeAll(fullOptions, time.Now().Add(t.opts.StopTimeout)); err != nil {
+			return err
+		}
+		return t.seizeVforkChildren()
 	})
 }
 
@@ -259,6 +262,9 @@ func (t *Tracer) attach() error {
 		return fmt.Errorf("open /proc/%d/mem: %w", t.pid, mapErrno(err))
 	}
 	t.mem = fd
+	if !t.opts.LeaderOnly {
+		return t.seizeVforkChildren()
+	}
 	return nil
 }
 
@@ -1285,7 +1291,9 @@ func (t *Tracer) flushTraps() error {
 		}
 		if err := t.waitFor(context.Background(), t.opts.StopTimeout, "pending SIGTRAPs", func() bool {
 			for _, th := range t.threads {
-				if th.kind == running {
+				// A thread blocked in vfork cannot stop before its child
+				// (stopped here) exits: it is in the kernel, not a runner.
+				if th.kind == running && !th.inVfork {
 					return false
 				}
 			}

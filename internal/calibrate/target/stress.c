@@ -35,6 +35,10 @@
  * exiting non-zero is counted, and the done line gains
  *   forks=F childdied=D childbad=B lastsig=S lastvfork=V (V: the last child that died was a vfork child)
  * (result=ok needs D = B = 0).
+ * With argv[2] = "vforkhold" the forker's children are all vfork children
+ * and the first runs the five sites from before "ready" until "stop" (it
+ * shares stop_flag): a tracer that attaches finds it already running, its
+ * parent thread blocked in vfork, and must trace it too.
  * Build: gcc -O2 -g -pthread stress.c -o stress (no hooks.c needed). */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -223,7 +227,7 @@ static void *churn(void *arg) {
 }
 
 static unsigned long forks, childdied, childbad;
-static int lastsig, lastvfork;
+static int lastsig, lastvfork, vforkhold;
 
 static int child_sites(int loops) {
 	int sigs[] = {SIGILL, SIGSEGV, SIGBUS, SIGTRAP, SIGFPE};
@@ -240,8 +244,17 @@ static void *forker(void *arg) {
 	(void)arg;
 	atomic_fetch_add(&running, 1);
 	while (!atomic_load(&stop_flag)) {
-		int isv = forks % 4 == 3;
+		int isv = forks % 4 == 3 || vforkhold;
 		pid_t c = isv ? vfork() : fork();
+		if (c == 0 && vforkhold) {
+			/* Shares our memory: sees stop_flag, so it runs the sites
+			 * for the whole run, from before "ready" to "stop". */
+			int r = 0;
+			atomic_fetch_add(&running, 1); /* "ready" waits for it */
+			while (!r && !atomic_load(&stop_flag))
+				r = child_sites(1);
+			_exit(r);
+		}
 		if (c == 0)
 			_exit(child_sites(200));
 		if (c < 0)
@@ -263,7 +276,8 @@ static void *forker(void *arg) {
 int main(int argc, char **argv) {
 	int n = argc > 1 ? atoi(argv[1]) : 4;
 	int withchurn = argc > 2 && strcmp(argv[2], "churn") == 0;
-	int withfork = argc > 2 && strcmp(argv[2], "fork") == 0;
+	vforkhold = argc > 2 && strcmp(argv[2], "vforkhold") == 0;
+	int withfork = vforkhold || (argc > 2 && strcmp(argv[2], "fork") == 0);
 	if (n < 1 || n > MAXEXEC)
 		n = 4;
 	struct sigaction sa;
@@ -286,7 +300,7 @@ int main(int argc, char **argv) {
 		pthread_create(&th[n], NULL, forker, NULL);
 		withchurn = 1; /* one more thread to join */
 	}
-	while (atomic_load(&running) < n + withchurn)
+	while (atomic_load(&running) < n + withchurn + vforkhold)
 		sched_yield();
 	printf("ready %d\n", getpid());
 	fflush(stdout);

@@ -1,0 +1,105 @@
+package ptrace
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
+)
+
+// seizeVforkChildren seizes the vfork children that exist when we attach.
+// A child that a thread vforked before we seized that thread is not
+// auto-attached (only children made by a traced thread are), is not in
+// /proc/PID/task (it is a process of its own) and shares our text: left
+// untraced it dies of SIGTRAP at the first int3 a batch writes (the
+// forkfix bug, docs/protocols.md "Forks"). Children made after the scan
+// come through the event loop; a child found here is traced like every
+// vfork child, as one more thread, and its parent thread is marked as
+// blocked in vfork (its VFORK_DONE event, which it reports because it is
+// traced when the child exits, clears the mark). Called once every thread
+// is seized, so no untraced thread is left to vfork another one.
+func (t *Tracer) seizeVforkChildren() error {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return fmt.Errorf("attach to pid %d: %w", t.pid, err)
+	}
+	seized := 0
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == t.pid {
+			continue
+		}
+		if _, ok := t.threads[pid]; ok {
+			continue
+		}
+		st, err := procfs.ReadStatus(pid, 0)
+		if err != nil || st.Int("PPid") != t.pid || st.Int("Tgid") != pid || !sameVM(t.pid, pid) {
+			continue // not our child, or a forked one: its own copy of the text
+		}
+		switch err := seize(pid, fullOptions); {
+		case err == nil:
+		case err == unix.ESRCH || procfs.Gone(pid, 0):
+			continue // exited (or execed and exited) meanwhile
+		case err == unix.EPERM && tracerOf(pid) == t.tid:
+			continue // auto-attached: made by a seized thread; the event loop has it
+		default:
+			return fmt.Errorf("vfork child %d: %w", pid, attachErr(pid, err))
+		}
+		// If it execs meanwhile, its exec event detaches it (handle).
+		t.threads[pid] = &thread{tid: pid, announced: true}
+		t.stats.Vforks++
+		seized++
+	}
+	if seized == 0 {
+		return nil
+	}
+	for _, th := range t.threads {
+		if tgidOf(th.tid) == t.pid && t.blockedInVfork(th.tid) {
+			th.inVfork = true
+		}
+	}
+	return nil
+}
+
+// blockedInVfork reports whether a thread sits in vfork, or in clone or
+// clone3 with CLONE_VFORK, from /proc/PID/task/TID/syscall ("nr arg1 ..."
+// for a blocked thread, "running" otherwise).
+func (t *Tracer) blockedInVfork(tid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/syscall", t.pid, tid))
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return false
+	}
+	nr, err := strconv.Atoi(f[0])
+	if err != nil {
+		return false
+	}
+	arg, err := strconv.ParseUint(strings.TrimPrefix(f[1], "0x"), 16, 64)
+	if err != nil {
+		return false
+	}
+	switch nr {
+	case unix.SYS_VFORK:
+		return true
+	case unix.SYS_CLONE:
+		return arg&unix.CLONE_VFORK != 0
+	case unix.SYS_CLONE3:
+		var flags [8]byte // struct clone_args starts with the u64 flags
+		if t.mem < 0 || memRead(t.mem, arg, flags[:]) != nil {
+			return false
+		}
+		v := uint64(0)
+		for i := 7; i >= 0; i-- {
+			v = v<<8 | uint64(flags[i])
+		}
+		return v&unix.CLONE_VFORK != 0
+	}
+	return false
+}
