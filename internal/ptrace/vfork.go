@@ -21,13 +21,28 @@ import (
 // vfork child, as one more thread, and its parent thread is marked as
 // blocked in vfork (its VFORK_DONE event, which it reports because it is
 // traced when the child exits, clears the mark). Called once every thread
-// is seized, so no untraced thread is left to vfork another one.
+// is seized, so no untraced thread is left to vfork another one, and
+// before any event is pumped.
 func (t *Tracer) seizeVforkChildren() error {
+	// A vfork child lives only while its parent thread is blocked in
+	// vfork: with no such thread (the common case) there is nothing to
+	// scan /proc for. A thread found blocked gets its mark now; its
+	// VFORK_DONE event comes after (it is traced), so the mark cannot
+	// outlive the vfork.
+	blocked := 0
+	for _, th := range t.threads {
+		if t.blockedInVfork(th.tid) {
+			th.inVfork = true
+			blocked++
+		}
+	}
+	if blocked == 0 {
+		return nil
+	}
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return fmt.Errorf("attach to pid %d: %w", t.pid, err)
 	}
-	seized := 0
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid == t.pid {
@@ -52,15 +67,6 @@ func (t *Tracer) seizeVforkChildren() error {
 		// If it execs meanwhile, its exec event detaches it (handle).
 		t.threads[pid] = &thread{tid: pid, announced: true}
 		t.stats.Vforks++
-		seized++
-	}
-	if seized == 0 {
-		return nil
-	}
-	for _, th := range t.threads {
-		if tgidOf(th.tid) == t.pid && t.blockedInVfork(th.tid) {
-			th.inVfork = true
-		}
 	}
 	return nil
 }
