@@ -61,12 +61,13 @@ type session struct {
 	start   uint64 // the process's start time (/proc/PID/stat): a reused pid is another process
 }
 
-// gone reports whether the captured process has ended (exited, killed, a
-// zombie not yet reaped, or its pid reused): nothing more can happen in it,
+// gone reports whether the captured process has ended (exiting, exited,
+// killed, a zombie not yet reaped, or its pid reused): nothing more can happen in it,
 // and nothing is left in it to restore.
 func (s *session) gone() bool {
 	st, err := procfs.ReadStat(s.pid, 0)
-	return err != nil || st.State == 'Z' || st.State == 'X' || st.StartTime != s.start
+	return err != nil || st.State == 'Z' || st.State == 'X' || st.StartTime != s.start ||
+		!procfs.HasMemory(s.pid) // exiting: its memory is gone before it is a zombie
 }
 
 func open(ctx context.Context, o Options) (*session, error) {

@@ -467,6 +467,9 @@ the call into the hook itself is not included), unless --hit-cost gives one.`,
 			if err != nil {
 				return classify(err)
 			}
+			for _, n := range res.Notes {
+				fmt.Fprintf(stderr, "hotpatch: profile: %s\n", n)
+			}
 			var buf bytes.Buffer
 			if err := report.WriteProfile(&buf, report.Profile(res.Functions, start, res.Duration)); err != nil {
 				return err
