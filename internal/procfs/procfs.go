@@ -74,11 +74,12 @@ func Gone(pid, tid int) bool {
 
 // HasMemory reports whether the process has an address space: false once
 // it is exiting (its memory is released before it becomes a zombie), or
-// gone. A process that ran exec has one (the new program's).
+// gone. A process that ran exec has one (the new program's). One whose maps
+// we may not read is taken to have one.
 func HasMemory(pid int) bool {
 	f, err := os.Open(path(pid, 0, "maps"))
 	if err != nil {
-		return false
+		return errors.Is(err, os.ErrPermission) && exists(pid)
 	}
 	defer f.Close()
 	var b [1]byte
