@@ -75,6 +75,7 @@ fuzz:
 	$(FUZZ) '^FuzzSessionResultJSON$$' ./internal/cli
 	$(FUZZ) '^FuzzRecords$$' ./internal/capture
 	$(FUZZ) '^FuzzBuildID$$' ./internal/elfnote
+	$(FUZZ) '^FuzzParseExec$$' ./internal/procmaps
 
 demo: build
 	./scripts/demo.sh

@@ -174,9 +174,9 @@ EP_SHARED_COLD void ep_args_entry(struct ep_thread *th, uint64_t key, uint64_t h
 			w[n++] = x[i];
 	for (uint32_t i = 0; i < (stack + 7) / 8; i++)
 		w[n++] = LOAD(&slot[1 + i]);
-	/* The program asked for a seccomp mode (edgeprobe_seccomp.c): no more
+	/* The program runs under seccomp (edgeprobe_seccomp.c, D56): no more
 	 * system calls here; the record's spec then shows bare pointers. */
-	if (__atomic_load_n(&ep_nosys, __ATOMIC_RELAXED))
+	if (strm && ep_sys_off())
 		strm = 0;
 	for (int i = 0; i < 6; i++)
 		if (strm & (1u << i))
@@ -203,7 +203,7 @@ EP_SHARED_COLD void ep_args_exit(struct ep_thread *th, uint64_t key, uint64_t h0
 		w[n++] = rregs[2];
 	if (sm & 2)
 		w[n++] = rregs[4];
-	if ((spec & EP_PLAN_RSTR) && __atomic_load_n(&ep_nosys, __ATOMIC_RELAXED))
+	if ((spec & EP_PLAN_RSTR) && ep_sys_off())
 		spec &= ~EP_PLAN_RSTR; /* seccomp: a bare pointer, as at entry */
 	if (spec & EP_PLAN_RSTR)
 		n += ep_copy_str(rregs[0], w + n);

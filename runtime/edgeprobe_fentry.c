@@ -134,7 +134,13 @@ EP_COLD void ep_rs_init(void) {
 	static int said;
 	uint32_t m = LOAD(&ep_fx_mode);
 	ep_tls.rs_state = EP_RS_OFF;
-	if ((m & EP_FENTRY_SHSTK) || ((m & EP_FENTRY_EXITS) && ep_shstk_on())) {
+	/* Under seccomp (D56) no arch_prctl: the shadow-stack state found at
+	 * set-up stands (threads inherit it). mmap stays: the program's own
+	 * allocator and threads need it, so no filter it runs under forbids it. */
+	int nosys = ep_sys_off();
+	if (nosys)
+		ep_count_nosys();
+	if ((m & EP_FENTRY_SHSTK) || ((m & EP_FENTRY_EXITS) && !nosys && ep_shstk_on())) {
 		/* A return-address swap would fault on the shadow stack's check. */
 		__atomic_fetch_or(&ep.hdr->fentry_mode, EP_FENTRY_SHSTK, __ATOMIC_RELAXED);
 		if (!(m & EP_FENTRY_EXITS_OFF) && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
@@ -167,10 +173,15 @@ EP_SHARED void ep_rs_free(void) {
 /* ---- sites ---- */
 
 /* Whether [a, a+n) is readable: the bytes before a function may lie on an
- * unmapped page (only checked when they are on another page than the call). */
+ * unmapped page (only checked when they are on another page than the call).
+ * -1: cannot tell without a system call, under seccomp (D56). */
 EP_STATIC int ep_readable(uint64_t a, uint64_t call) {
 	if ((a >> 12) == (call >> 12))
 		return 1;
+	if (ep_sys_off()) {
+		ep_count_nosys();
+		return -1;
+	}
 	char buf[16];
 	return ep_self_read(buf, a, (size_t)(call - a)) == (long)(call - a);
 }
@@ -192,9 +203,12 @@ EP_INLINE int ep_is_endbr64(const uint8_t *p) {
 EP_STATIC uint64_t ep_fentry_decode(uint64_t ret) {
 	const uint8_t *p = (const uint8_t *)(uintptr_t)ret;
 	uint64_t call;
+	int rd;
 	if (p[-5] == 0xe8 || p[-5] == 0x3d) {
 		call = ret - 5;
-		if (ep_readable(ret - 10, call) && p[-6] == 0x67 && ep_is_endbr64(p - 10))
+		if ((rd = ep_readable(ret - 10, call)) < 0)
+			return ret | EP_KEY_BARE; /* seccomp: the start cannot be checked (D56) */
+		if (rd && p[-6] == 0x67 && ep_is_endbr64(p - 10))
 			return ret - 10;
 	} else if (p[-6] == 0xff && p[-5] == 0x15) {
 		call = ret - 6;
@@ -202,14 +216,18 @@ EP_STATIC uint64_t ep_fentry_decode(uint64_t ret) {
 		return ret | EP_KEY_BARE;
 	}
 	uint64_t flag = 0;
-	if (ep_readable(call - 6, call)) {
+	if ((rd = ep_readable(call - 6, call)) < 0)
+		return ret | EP_KEY_BARE;
+	if (rd) {
 		const uint8_t *c = (const uint8_t *)(uintptr_t)call;
 		if (c[-2] == 0x41 && c[-1] == 0x52 && p[0] == 0x41 && p[1] == 0x5a) {
 			call -= 2;
 			flag = EP_SITE_R10;
 		}
 	}
-	if (ep_readable(call - 4, call) && ep_is_endbr64((const uint8_t *)(uintptr_t)(call - 4)))
+	if ((rd = ep_readable(call - 4, call)) < 0)
+		return ret | EP_KEY_BARE;
+	if (rd && ep_is_endbr64((const uint8_t *)(uintptr_t)(call - 4)))
 		return (call - 4) | flag;
 	return call | flag;
 }
@@ -346,7 +364,15 @@ EP_COLD uint32_t ep_fentry_resync(struct ep_thread *th, uint64_t slot, uint64_t 
 		/* On a signal stack the frames below us on the thread's stack are
 		 * alive: only frames on the signal stack itself can be dead. */
 		stack_t ss;
-		if (ep_on_altstack(&ss)) {
+		if (ep_sys_off()) {
+			/* seccomp (D56): cannot ask, so this may be a handler on a
+			 * signal stack over a hook it interrupted before that hook
+			 * hijacked its slot (dropping its entry then loses the return
+			 * address): drop nothing. Dead entries stay until their slot
+			 * is reused or the stack is full (counted then). */
+			ep_count_nosys();
+			lo = hi = 0;
+		} else if (ep_on_altstack(&ss)) {
 			lo = (uint64_t)(uintptr_t)ss.ss_sp;
 			hi = lo + ss.ss_size;
 		}

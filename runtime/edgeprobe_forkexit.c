@@ -39,6 +39,11 @@ EP_STATIC void ep_atfork_child(void) {
 	 * region before unmapping it. */
 	ep_tls.slot = EP_TS_NONE;
 	SIGFENCE();
+	/* Under seccomp (D56) the child inherits the filter: it keeps the flag
+	 * (ep_sys_off copies the parent's header word), makes no system call
+	 * here (the parent's mapping and descriptor stay, unused) and makes no
+	 * region of its own. */
+	int nosys = ep_sys_off();
 	int had = __atomic_exchange_n(&ep_state, 0, __ATOMIC_ACQ_REL) == 2;
 	SIGFENCE();
 	ep_early_drops = 0;
@@ -48,12 +53,14 @@ EP_STATIC void ep_atfork_child(void) {
 	 * inherited hijacked frames; their exits count as orphans in its region. */
 	ep_epoch++;
 	if (had) {
-		munmap(ep.base, ep.size);
+		if (!nosys)
+			munmap(ep.base, ep.size);
 		memset(&ep, 0, sizeof ep);
 	}
 	/* the parent's descriptor: the child's region gets its own */
 	if (ep_fd >= 0) {
-		close(ep_fd);
+		if (!nosys)
+			close(ep_fd);
 		ep_fd = -1;
 	}
 	if (ep_key_ok)
@@ -238,7 +245,9 @@ __attribute__((constructor, no_instrument_function)) static void ep_ctor(void) {
  * mapping stays: hooks that run later (other destructors) keep counting
  * into it. */
 __attribute__((destructor, no_instrument_function)) static void ep_dtor(void) {
-	if (__atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) != 2 || ep_region_pid != getpid())
+	/* Under seccomp (D56): no getpid, no EDGEPROBE_OUTPUT (open, write,
+	 * rename could be what the filter kills for, at the program's exit). */
+	if (__atomic_load_n(&ep_state, __ATOMIC_ACQUIRE) != 2 || ep_sys_off() || ep_region_pid != getpid())
 		return;
 	uint64_t saved = ep_tls.busy;
 	ep_tls.busy = EP_BUSY_HARD;

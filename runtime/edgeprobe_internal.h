@@ -227,6 +227,7 @@ EP_SHARED uint32_t ep_gfind(uint64_t key, uint64_t h);
 
 /* edgeprobe_thread.c */
 EP_SHARED_COLD struct ep_thread *ep_claim(void);
+EP_SHARED_COLD void ep_tid_learn(void);
 EP_SHARED_COLD int ep_busy_live(struct ep_thread *th, uint64_t here);
 EP_SHARED_COLD void ep_pop_unmatched(struct ep_thread *th, uint32_t from, uint32_t to);
 EP_SHARED_COLD uint32_t ep_heal(struct ep_thread *th, uint32_t d, uint64_t sp, uint64_t site);
@@ -252,6 +253,7 @@ EP_SHARED_COLD void ep_args_exit(struct ep_thread *th, uint64_t key, uint64_t h0
 
 /* edgeprobe_seccomp.c: set once the program asked for a seccomp mode */
 EP_HIDDEN extern int ep_nosys;
+EP_SHARED_COLD int ep_seccomp_at_load(void);
 
 /* edgeprobe_fentry.c */
 EP_SHARED uint32_t ep_fentry_mode(void);
@@ -295,6 +297,34 @@ EP_INLINE long ep_sys6(long nr, long a, long b, long c, long d, long e, long f) 
 EP_INLINE long ep_self_read(void *dst, uint64_t src, size_t n) {
 	struct iovec l = {dst, n}, r = {(void *)(uintptr_t)src, n};
 	return ep_sys6(SYS_process_vm_readv, ep_sys1(SYS_getpid, 0), (long)&l, 1L, (long)&r, 1L, 0L);
+}
+
+/* Whether the hooks must make no system call (D56): the program asked for
+ * seccomp through our interposers (ep_nosys), a thread was under seccomp
+ * when the runtime was loaded, or a reader saw one (header.nosys, which
+ * covers filters installed with raw syscall instructions or while the
+ * runtime was injected). Each side is copied to the other: a reader learns
+ * of the interposers' flag, and a fork child, which gets a region of its
+ * own, keeps the flag. Once set, never cleared (filters cannot be removed).
+ * A rare-path check: never on the hooks' fast paths. */
+EP_INLINE int ep_sys_off(void) {
+	struct ep_header *h = ep.hdr;
+	if (__atomic_load_n(&ep_nosys, __ATOMIC_RELAXED)) {
+		if (h && !__atomic_load_n(&h->nosys, __ATOMIC_RELAXED))
+			__atomic_store_n(&h->nosys, 1, __ATOMIC_RELAXED);
+		return 1;
+	}
+	if (h && __atomic_load_n(&h->nosys, __ATOMIC_RELAXED)) {
+		__atomic_store_n(&ep_nosys, 1, __ATOMIC_RELAXED);
+		return 1;
+	}
+	return 0;
+}
+
+/* A system call a hook leaves out under ep_sys_off, counted. */
+EP_INLINE void ep_count_nosys(void) {
+	if (ep.hdr)
+		__atomic_fetch_add(&ep.hdr->nosys_skips, 1, __ATOMIC_RELAXED);
 }
 
 /* Whether the thread runs on its alternate signal stack; its bounds in
@@ -475,21 +505,34 @@ EP_INLINE int ep_frame_skip(const struct ep_frame *fr) { return fr->gidx == EP_N
  * 1 if this call may record, 0 if the quota is used up. Exact across
  * threads (CAS on one word per function); once the quota is used up, a call
  * costs a load and a compare. A new epoch starts at the first call that
- * finds the function's word of an older one. */
-EP_INLINE int ep_quota_take(struct ep_func *f) {
+ * finds the function's word of an older one. *taken: the epoch the call was
+ * counted in. *busy is set to 1 before the CAS (whose lock orders it before
+ * the take: a reader that sees the take sees the 1, D55) and back to 0 when
+ * the quota is used up; the caller clears it otherwise. */
+EP_INLINE int ep_quota_take(struct ep_func *f, uint32_t *taken, uint32_t *busy) {
 	uint32_t epoch = LOAD(&ep.hdr->quota_epoch), k = LOAD(&ep.hdr->quota_k);
 	uint64_t q = LOAD(&f->quota);
+	int set = 0;
 	for (;;) {
 		/* A newer epoch in the word than the one we read means our read is
 		 * stale (the reader moved on meanwhile): count in the word's. Only
 		 * an older word starts over, so a late thread never resets a
 		 * newer epoch's count. */
 		uint64_t n = (int32_t)((uint32_t)(q >> 32) - epoch) >= 0 ? q : (uint64_t)epoch << 32;
-		if ((uint32_t)n >= k)
+		if ((uint32_t)n >= k) {
+			if (set)
+				STORE(busy, 0);
 			return 0;
+		}
 		n++;
-		if (__atomic_compare_exchange_n(&f->quota, &q, n, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		if (!set) {
+			STORE(busy, 1);
+			set = 1;
+		}
+		if (__atomic_compare_exchange_n(&f->quota, &q, n, 1, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+			*taken = (uint32_t)(n >> 32);
 			return 1;
+		}
 	}
 }
 

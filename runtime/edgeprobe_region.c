@@ -212,6 +212,16 @@ EP_STATIC int ep_shrink(uint32_t *nr, uint32_t rdef, uint32_t *nf, uint32_t nf0,
 }
 
 EP_STATIC int ep_make_region(void) {
+	/* Under seccomp (D56) making the region takes system calls the filter
+	 * may kill the program for (memfd_create, ftruncate, mmap, ...): run
+	 * unrecorded instead. Known from the interposers, from the parent (a
+	 * fork child), or found now, at load (an injected runtime, a fork
+	 * child of a program sandboxed with raw syscall instructions). */
+	if (__atomic_load_n(&ep_nosys, __ATOMIC_RELAXED) || ep_seccomp_at_load()) {
+		__atomic_store_n(&ep_nosys, 1, __ATOMIC_RELAXED);
+		return -1;
+	}
+	ep_tid_learn();
 	/* The function table's cap and first segment (D35): the cap only
 	 * reserves address space (untouched pages of a memfd cost nothing), so
 	 * it defaults to the largest; the first segment is what a program of

@@ -35,8 +35,8 @@
 
 #include <stdarg.h>
 
-/* Set once the program asked for a seccomp mode; read relaxed by the hooks
- * (edgeprobe_args.c) before each string copy. */
+/* Set once the program asked for a seccomp mode (or one was found, D56);
+ * read relaxed through ep_sys_off before each of the hooks' system calls. */
 EP_HIDDEN int ep_nosys;
 
 #define EP_PR_SET_SECCOMP 22 /* <linux/prctl.h> */
@@ -74,6 +74,41 @@ __attribute__((visibility("default"), weak, no_instrument_function)) long syscal
 	if (nr == SYS_seccomp && (a == EP_SECCOMP_SET_MODE_STRICT || a == EP_SECCOMP_SET_MODE_FILTER))
 		__atomic_store_n(&ep_nosys, 1, __ATOMIC_SEQ_CST);
 	return ep_libc_result(ep_sys6(nr, a, b, c, d, e, f));
+}
+
+/* Whether the thread or the process is under seccomp now: the Seccomp:
+ * field of /proc/thread-self/status (this thread) and /proc/self/status
+ * (the main thread). Run where the region is made, before any other of its
+ * system calls: a runtime loaded by dlopen into a sandboxed process (the
+ * interposers come after libc there), a fork child of a program whose
+ * filter the interposers did not see. openat, read and close only: the
+ * loader has just made the same calls to map this library. Raw system
+ * calls: errno untouched. Other threads' own filters (installed without
+ * TSYNC) are not seen here; hotpatch looks at every thread (D56). */
+EP_STATIC int ep_status_seccomp(const char *path) {
+	int fd = (int)ep_sys6(SYS_openat, AT_FDCWD, (long)path, O_RDONLY | O_CLOEXEC, 0, 0, 0);
+	if (fd < 0)
+		return 0; /* no /proc: nothing known */
+	char buf[4096];
+	long n = 0, r;
+	while (n < (long)sizeof buf - 1 && (r = ep_sys6(SYS_read, fd, (long)(buf + n), (long)sizeof buf - 1 - n, 0, 0, 0)) > 0)
+		n += r;
+	ep_sys1(SYS_close, fd);
+	buf[n > 0 ? n : 0] = 0;
+	static const char key[] = "\nSeccomp:";
+	for (long i = 0; i + (long)sizeof key - 1 < n; i++) {
+		if (__builtin_memcmp(buf + i, key, sizeof key - 1) != 0)
+			continue;
+		const char *p = buf + i + sizeof key - 1;
+		while (*p == ' ' || *p == '\t')
+			p++;
+		return *p >= '1' && *p <= '9';
+	}
+	return 0;
+}
+
+EP_SHARED_COLD int ep_seccomp_at_load(void) {
+	return ep_status_seccomp("/proc/thread-self/status") || ep_status_seccomp("/proc/self/status");
 }
 
 #if defined(__clang__)

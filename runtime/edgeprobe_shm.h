@@ -211,7 +211,14 @@ struct ep_header {
 	uint64_t keys_off;  /* 216: uint64_t keys[max_funcs] (geometry, version 5) */
 	uint32_t func_segs; /* 224: function-table segments in use, >= 1 (grows by CAS) */
 	uint32_t filter_epoch; /* 228: bumped by each capture with filter_min_ns (ep_frame.flags) */
-	uint64_t _pad2[3];  /* 232 */
+	/* 232: a --rate trace's quota epochs (D55): a call whose quota slot was
+	 * taken in an epoch e with qtrace_lo <= e (and e <= qtrace_hi unless it
+	 * is 0) writes its enter event whatever the control word it read said;
+	 * outside them it writes none. qtrace_lo 0: no such trace (events
+	 * follow EP_CTL_TRACE). One 8-byte word, read once after the take. */
+	uint32_t qtrace_lo;
+	uint32_t qtrace_hi; /* 236 */
+	uint64_t _pad2[2];  /* 240 */
 	/* control line: written by readers */
 	uint32_t control;    /* 256 */
 	uint32_t gen;        /* 260: process-wide generation (version 5): hotpatch adds 1 and stores
@@ -242,7 +249,13 @@ struct ep_header {
 	uint64_t fentry_sites;     /* 392: distinct __fentry__ call sites decoded */
 	uint64_t fentry_bad_sites; /* 400: sites whose call was not recognised (keyed EP_KEY_BARE, entries only) */
 	uint64_t fentry_unwound;   /* 408: hijacked frames the unwinder walked through (exceptions, pthread_exit) */
-	uint64_t _pad4[204];       /* 416 .. 2048 */
+	/* seccomp (D56): a reader that saw a thread of the process under
+	 * seccomp sets nosys; from then on the hooks make no system call */
+	uint32_t nosys;            /* 416 */
+	uint32_t _pad5;            /* 420 */
+	uint64_t nosys_threads;    /* 424: threads whose first hook came under nosys: not recorded */
+	uint64_t nosys_skips;      /* 432: in-hook system calls left out under nosys (their decision made without them) */
+	uint64_t _pad4[201];       /* 440 .. 2048 */
 	/* argument capture plans (version 5) */
 	struct ep_argplan argplan[EP_ARGPLANS]; /* 2048 .. 4096 */
 };
@@ -292,7 +305,8 @@ struct ep_thread {
 	uint64_t ring_dropped;    /* 72: events lost because the ring was full */
 	uint64_t ring_tail_cache; /* 80: owner's private copy of ring_tail */
 	uint32_t index;           /* 88: this slot's index */
-	uint32_t _pad0;           /* 92 */
+	uint32_t quota_busy;      /* 92: 1 from just before a quota take's CAS until the call's enter
+	                           * event is written (the owner's; a --rate trace's end waits for 0, D55) */
 	/* loss counters of the rare paths (owner) */
 	uint64_t deep_lost;       /* 96: frames deeper than the shadow stack found dead (functions unknown) */
 	uint64_t abandoned_hooks; /* 104: hooks that never finished (a signal handler longjmp'd out of one) */

@@ -24,6 +24,42 @@ __thread struct ep_tls ep_tls __attribute__((tls_model("initial-exec"), visibili
 
 /* ---- slot claim ---- */
 
+/* Where glibc keeps a thread's id in its thread descriptor (pthread_self()),
+ * learnt at the region's set-up and checked at every claim that asks the
+ * kernel (D56): under seccomp a thread's first hook reads its id there
+ * instead of calling gettid. -1: unknown or contradicted (such threads are
+ * then not recorded under seccomp). */
+static int ep_tid_off = -1;
+#define EP_TID_SCAN 1024 /* bytes of the descriptor searched */
+
+EP_SHARED_COLD void ep_tid_learn(void) {
+	pid_t tid = (pid_t)ep_sys1(SYS_gettid, 0);
+	const int32_t *w = (const int32_t *)(uintptr_t)pthread_self();
+	int off = -1;
+	for (int i = 0; w && i < EP_TID_SCAN / 4; i++) {
+		if (w[i] == tid) {
+			off = i * 4;
+			break;
+		}
+	}
+	__atomic_store_n(&ep_tid_off, off, __ATOMIC_RELAXED);
+}
+
+/* The calling thread's id from its descriptor, or 0. */
+EP_STATIC pid_t ep_tid_nosys(void) {
+	int off = __atomic_load_n(&ep_tid_off, __ATOMIC_RELAXED);
+	if (off < 0)
+		return 0;
+	return (pid_t)LOAD((const int32_t *)(uintptr_t)((uint64_t)(uintptr_t)pthread_self() + (uint64_t)off));
+}
+
+/* A claim that asked the kernel: the descriptor must agree. */
+EP_STATIC void ep_tid_check(pid_t tid) {
+	int off = __atomic_load_n(&ep_tid_off, __ATOMIC_RELAXED);
+	if (off >= 0 && ep_tid_nosys() != tid)
+		__atomic_store_n(&ep_tid_off, -1, __ATOMIC_RELAXED);
+}
+
 /* Slow path of the first hook a thread runs (and of threads without a slot). */
 EP_SHARED_COLD struct ep_thread *ep_claim(void) {
 	uint64_t here = EP_HERE();
@@ -53,7 +89,22 @@ EP_SHARED_COLD struct ep_thread *ep_claim(void) {
 		ep_count_early_drop();
 		goto out;
 	}
-	pid_t tid = (pid_t)ep_sys1(SYS_gettid, 0);
+	pid_t tid;
+	if (ep_sys_off()) {
+		/* Under seccomp (D56) no gettid: the id glibc keeps in the thread's
+		 * descriptor; where that is unknown the thread is not recorded (its
+		 * hooks count as thread_drop_hits). */
+		tid = ep_tid_nosys();
+		if (tid <= 0) {
+			ep_tls.slot = EP_TS_OVERFLOW;
+			ADD(&ep.hdr->nosys_threads, 1);
+			ADD(&ep.hdr->thread_drop_hits, 1);
+			goto out;
+		}
+	} else {
+		tid = (pid_t)ep_sys1(SYS_gettid, 0);
+		ep_tid_check(tid);
+	}
 	uint32_t n = ep.max_threads;
 	uint32_t start = (uint32_t)tid % n;
 	uint32_t idx = 0;
@@ -114,10 +165,18 @@ EP_SHARED_COLD int ep_busy_live(struct ep_thread *th, uint64_t here) {
 	if (b == EP_BUSY_HARD)
 		return 1;
 	uint64_t got;
-	if (here < b && b - here < (1u << 20))
+	if (here < b && b - here < (1u << 20)) {
 		got = *(volatile uint64_t *)(uintptr_t)(b + 8); /* above us on this stack: mapped */
-	else
+	} else if (ep_sys_off()) {
+		/* Under seccomp (D56) neither the word nor the stack we run on can
+		 * be checked: drop this hook (counted) rather than risk two hooks
+		 * writing the thread's state at once. After a handler longjmp'd out
+		 * of a hook, this thread's later hooks are dropped the same way. */
+		ep_count_nosys();
+		return 1;
+	} else {
 		got = ep_peek(b + 8);
+	}
 	/* A hook that interrupts a live one on the same stack runs below it
 	 * (a signal frame is pushed under the interrupted one). At or above the
 	 * busy frame we can only be a later hook on a stack the abandoned one
@@ -125,7 +184,7 @@ EP_SHARED_COLD int ep_busy_live(struct ep_thread *th, uint64_t here) {
 	 * that frame with the same return address, which alone would make a
 	 * stale word look live forever. A handler on an alternate signal stack
 	 * may run anywhere: there only the return address can tell. */
-	int above = here >= b;
+	int above = here >= b; /* the word was read directly only below it: ep_sys_off() is 0 here */
 	if (above) {
 		stack_t ss;
 		if (ep_on_altstack(&ss))
@@ -195,6 +254,14 @@ EP_SHARED_COLD uint32_t ep_heal(struct ep_thread *th, uint32_t d, uint64_t sp, u
 		return d;
 	if (j < k && sp - fr[j].sp > EP_NEAR_STACK) {
 		stack_t ss;
+		if (ep_sys_off()) {
+			/* Under seccomp (D56) the alternate stack cannot be asked for:
+			 * this may be a signal handler on another stack, over live
+			 * frames. Pop nothing; frames that were dead are found later
+			 * (or counted when the shadow stack fills). */
+			ep_count_nosys();
+			return d;
+		}
 		if (ep_on_altstack(&ss)) {
 			uint64_t lo = (uint64_t)(uintptr_t)ss.ss_sp, hi = lo + ss.ss_size;
 			j = k;
@@ -289,6 +356,49 @@ EP_SHARED_COLD void ep_exit_slow(struct ep_thread *th, uint64_t key, uint64_t sp
 	ep_exit_frame(th, fr, now);
 }
 
+/* ---- quotas under a --rate trace (D55) ---- */
+
+#define EP_Q_SKIP 0    /* over the quota: record nothing */
+#define EP_Q_CTL 1     /* recorded; its event follows the control word (no --rate trace) */
+#define EP_Q_TRACE 2   /* recorded in one of the trace's epochs: its enter event is written */
+#define EP_Q_NOTRACE 3 /* recorded outside the trace's epochs: no enter event */
+
+/* Take a quota slot and decide the call's enter event by the epoch the
+ * slot was counted in, not by the control word the hook read at its start
+ * (which may predate the trace's start or end): every slot of the trace's
+ * epochs, and no other, gives an event, so the trace holds exactly the calls
+ * the quota let record. The range is read after the CAS (a locked
+ * instruction, sequentially consistent), so a slot of the first epoch sees
+ * qtrace_lo, stored before that epoch began. With EP_Q_TRACE th->quota_busy
+ * stays 1 until the caller has written the event (ep_quota_done): the
+ * capture's end waits for it (docs/runtime.md, "Rate limits"). */
+EP_INLINE int ep_quota_enter(struct ep_thread *th, struct ep_func *f) {
+	uint32_t e;
+	if (!ep_quota_take(f, &e, &th->quota_busy))
+		return EP_Q_SKIP;
+	uint64_t qt = __atomic_load_n((const uint64_t *)(const void *)&ep.hdr->qtrace_lo, __ATOMIC_SEQ_CST);
+	uint32_t lo = (uint32_t)qt, hi = (uint32_t)(qt >> 32);
+	int r = EP_Q_CTL;
+	if (lo)
+		r = (int32_t)(e - lo) >= 0 && (!hi || (int32_t)(hi - e) >= 0) ? EP_Q_TRACE : EP_Q_NOTRACE;
+	if (r != EP_Q_TRACE)
+		STORE(&th->quota_busy, 0);
+	return r;
+}
+_Static_assert(offsetof(struct ep_header, qtrace_hi) == offsetof(struct ep_header, qtrace_lo) + 4 &&
+                   offsetof(struct ep_header, qtrace_lo) % 8 == 0,
+               "ep_quota_enter reads the trace's epoch range as one word");
+
+/* The enter event of a call ep_quota_enter counted (q), if it gets one. */
+EP_STATIC void ep_quota_event(struct ep_thread *th, uint32_t ctl, int q, uint64_t key, uint32_t depth) {
+	if (q == EP_Q_TRACE) {
+		ep_trace_at(th, ctl | EP_CTL_TRACE, EP_EV_ENTER, key, depth);
+		__atomic_store_n(&th->quota_busy, 0, __ATOMIC_RELEASE); /* after the event's head */
+	} else if (q == EP_Q_CTL && (ctl & EP_CTL_TRACE)) {
+		ep_trace_at(th, ctl, EP_EV_ENTER, key, depth);
+	}
+}
+
 /* Every enter the inlined ep_enter does not take (edgeprobe_internal.h): the
  * function not at its home entry of the thread's cache (first sight, a
  * collision, no cache), frames to heal, the shadow stack full. */
@@ -299,7 +409,8 @@ EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, ui
 		ADD(&ep.hdr->func_drop_enters, 1);
 		return 0;
 	}
-	if (unlikely(ctl & EP_CTL_QUOTA) && !ep_quota_take(&ep.funcs[g])) {
+	int q = EP_Q_CTL;
+	if (unlikely(ctl & EP_CTL_QUOTA) && (q = ep_quota_enter(th, &ep.funcs[g])) == EP_Q_SKIP) {
 		/* over its quota: record nothing; a cyg call gets a skip frame so
 		 * that its exit records nothing either (beyond the shadow stack
 		 * there is no frame to mark: such a call is recorded, D31) */
@@ -351,7 +462,9 @@ EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, ui
 	}
 	SIGFENCE();
 	STORE(&th->depth, d + 1);
-	if (unlikely(ctl & EP_CTL_TRACE))
+	if (unlikely(q != EP_Q_CTL))
+		ep_quota_event(th, ctl, q, key, d);
+	else if (unlikely(ctl & EP_CTL_TRACE))
 		ep_trace_at(th, ctl, EP_EV_ENTER, key, d);
 	return 1;
 }
@@ -365,7 +478,8 @@ EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, 
 		ADD(&ep.hdr->func_drop_enters, 1);
 		return;
 	}
-	if (unlikely(ctl & EP_CTL_QUOTA) && !ep_quota_take(&ep.funcs[g])) {
+	int q = EP_Q_CTL;
+	if (unlikely(ctl & EP_CTL_QUOTA) && (q = ep_quota_enter(th, &ep.funcs[g])) == EP_Q_SKIP) {
 		OWN_ADD(&th->quota_skips, 1);
 		return;
 	}
@@ -375,8 +489,7 @@ EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, 
 		ADD(&ep.funcs[g].entries, 1);
 	if (deep)
 		ADD(&ep.funcs[g].deep_entries, 1);
-	if (ctl & EP_CTL_TRACE)
-		ep_trace_at(th, ctl, EP_EV_ENTER, key, th->depth);
+	ep_quota_event(th, ctl, q, key, th->depth);
 }
 
 /* ---- trace filters (D32) ---- */

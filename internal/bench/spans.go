@@ -152,7 +152,7 @@ func (h *Harness) sessionSet(ctx context.Context, s *hotpatch.Session, all probe
 func (h *Harness) reportSpans(probes int, m map[string][]float64, st *xmod.SpanStats) *Section {
 	sec := &Section{Title: fmt.Sprintf("2b. Batch writes: checked spans against one byte per site (%d probes)", probes),
 		Text: fmt.Sprintf("The batch row's flip program; a pass enables every probe with one call, then disables them all, each way below once per pass, interleaved, %d passes; time per probe over both directions. "+
-			"Checked spans (docs/protocols.md, \"Batches at page speed\"): reads grouped per 64 KiB run, each run of sites re-read, compared with the object's file outside probe sites, written with one pwrite and read back. "+
+			"Checked spans (docs/protocols.md, \"Batches at page speed\"): reads grouped per run (64 KiB for xmod.Flip, 256 KiB for a session's prepared selection; process_vm_readv from 16 KiB), each run of sites re-read, compared with the object's file outside probe sites, written with one pwrite and read back. "+
 			"The session rows are what `hotpatch --enable '*'` does after locking and loading the list: select every probe, read every site, flip, read every site back.", h.Cfg.BatchReps),
 		Head: []string{"how", "per probe", "ratio", "whole batch"}}
 	k := 1 / float64(probes)

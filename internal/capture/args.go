@@ -4,7 +4,6 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
-	"os"
 	"path"
 	"sort"
 	"strconv"
@@ -362,26 +361,5 @@ func probeSites(targets []*hotpatch.Target, pats []string) []hotpatch.SiteResult
 	return out
 }
 
-// seccompThreads counts the threads of pid under seccomp (strict or filter
-// mode); a thread that cannot be read counts as one.
-func seccompThreads(pid int) int {
-	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		return 1
-	}
-	n := 0
-	for _, e := range ents {
-		tid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		st, err := procfs.ReadStatus(pid, tid)
-		if err != nil {
-			continue // the thread ended
-		}
-		if st.Int("Seccomp") > 0 { // 1 strict, 2 filter; -1: a kernel without the field
-			n++
-		}
-	}
-	return n
-}
+// seccompThreads counts the threads of pid under seccomp (unknown: 1).
+func seccompThreads(pid int) int { return procfs.SeccompThreads(pid) }

@@ -58,7 +58,9 @@ type session struct {
 	quota   bool // the capture turned the runtime's quotas on: off again at close
 	filter  bool // the capture turned the runtime's trace filters on: off again at close
 	pid     int
-	start   uint64 // the process's start time (/proc/PID/stat): a reused pid is another process
+	// when watchSeccomp last read the threads' seccomp state
+	seccompAt time.Time
+	start     uint64 // the process's start time (/proc/PID/stat): a reused pid is another process
 }
 
 // gone reports whether the captured process has ended (exiting, exited,
@@ -90,6 +92,7 @@ func open(ctx context.Context, o Options) (*session, error) {
 		s.close(ctx)
 		return nil, err
 	}
+	s.watchSeccomp()
 	var lists []*probelist.List
 	for _, t := range s.hp.Targets() {
 		l, err := t.List.List()
@@ -135,11 +138,32 @@ func (s *session) resetStale() error {
 	if err := s.region.SetQuota(0); err != nil {
 		return err
 	}
+	if err := s.region.ClearQuotaTrace(); err != nil {
+		return err
+	}
 	if err := s.region.SetFilter(0, nil, 0); err != nil {
 		return err
 	}
 	s.region.ClearArgPlans()
 	return nil
+}
+
+// watchSeccomp tells the runtime, once a thread of the process is seen
+// under seccomp, to make no more system calls in its hooks (D56): the
+// preloaded runtime's interposers see prctl and syscall(SYS_seccomp), but
+// not a filter installed with a raw syscall instruction, nor one installed
+// before or after a runtime loaded with dlopen. Called at the capture's
+// start and from its loops, at most once a second (each look reads every
+// thread's status); nothing once the flag is set. A read-only region is
+// left alone.
+func (s *session) watchSeccomp() {
+	if !s.region.Writable() || s.region.Nosys() || !s.seccompAt.IsZero() && time.Since(s.seccompAt) < time.Second {
+		return
+	}
+	s.seccompAt = time.Now()
+	if procfs.SeccompThreads(s.pid) > 0 {
+		s.region.SetNosys()
+	}
 }
 
 // enable turns on the probes sels select; close restores them.

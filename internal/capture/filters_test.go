@@ -158,12 +158,9 @@ func TestTraceTid(t *testing.T) {
 
 // TestTraceRate: with --rate 50 each of mt.c's hot functions records 50
 // calls in every one-second quota epoch of the capture (its threads make
-// millions of calls a second), and the epoch that was current when the
-// events went on can add at most 50 more traced calls. A recorded call goes
-// untraced only if its hook was already running when the events went on (it
-// read the control word before) or had not written its event when the
-// capture drained for the last time: at most one hook per thread each time,
-// so at most 2 x 4 (mt.c's workers) fewer. (Seen once under load: 99 of 100.)
+// millions of calls a second), and the trace holds exactly those calls
+// (D55): none taken in the epoch before the capture (whatever control word
+// their hook read), none lost to a hook in flight at the start or the end.
 func TestTraceRate(t *testing.T) {
 	const rate = 50
 	p := startCold(t)
@@ -171,20 +168,20 @@ func TestTraceRate(t *testing.T) {
 	r := run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "work", "--enable", "leaf", "--rate", strconv.Itoa(rate),
 		"--duration", "1500ms", "-o", out, "--json")
 	var sum struct {
-		Epochs  int    `json:"rate_epochs"`
-		Dropped uint64 `json:"dropped_events"`
+		Epochs   int    `json:"rate_epochs"`
+		InFlight *int   `json:"rate_in_flight"`
+		Dropped  uint64 `json:"dropped_events"`
 	}
-	if err := json.Unmarshal([]byte(r.Stdout), &sum); err != nil || sum.Dropped != 0 || sum.Epochs < 1 {
-		t.Fatalf("summary %q (%v): want no drops and at least one epoch", r.Stdout, err)
+	if err := json.Unmarshal([]byte(r.Stdout), &sum); err != nil || sum.Dropped != 0 || sum.Epochs < 1 || sum.InFlight == nil || *sum.InFlight != 0 {
+		t.Fatalf("summary %q (%v): want no drops, at least one epoch, no hook in flight", r.Stdout, err)
 	}
 	n := map[string]int{}
 	for _, c := range chromeCalls(t, out) {
 		n[c.Name]++
 	}
-	const inFlight = 2 * 4
 	for _, f := range []string{"work", "leaf"} {
-		if n[f] < rate*sum.Epochs-inFlight || n[f] > rate*(sum.Epochs+1) {
-			t.Errorf("%s traced %d times in %d epochs of --rate %d; want %d..%d", f, n[f], sum.Epochs, rate, rate*sum.Epochs-inFlight, rate*(sum.Epochs+1))
+		if n[f] != rate*sum.Epochs {
+			t.Errorf("%s traced %d times in %d epochs of --rate %d; want exactly %d", f, n[f], sum.Epochs, rate, rate*sum.Epochs)
 		}
 	}
 	allOff(t, p)

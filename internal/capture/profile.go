@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
@@ -38,6 +40,10 @@ type ProfileResult struct {
 	HitCostFrom   string        // where it comes from
 	Slowdown      float64       // estimated: Hooks x HitCostNs / TargetCPU
 	Notes         []string      // what the user should know (the process ended early)
+	// QuotaHeld names the functions the profile did not select that
+	// recorded calls while its quota was on: the quota is process-wide
+	// (D57), so their counts over the profile are held to K per epoch too.
+	QuotaHeld []string
 }
 
 // quota is one function under the profiler's control.
@@ -83,7 +89,6 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 	// calls per function per epoch, exactly, however late we look. Turning
 	// a full function's probes off until the next epoch only saves the
 	// target the cost of its skipped calls.
-	before := byAddr(s.region.Functions())
 	hooks0 := hooksOf(s.region)
 	if err := s.region.SetQuota(uint32(o.Samples)); err != nil {
 		return nil, err
@@ -95,6 +100,11 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 		return nil, err
 	}
 	s.quota = true
+	// Counted from here: functions already on (enabled by someone else)
+	// record under the quota from now on (D57); before, they counted every
+	// call. (A hook that read the control word before the quota went on
+	// may still count one call after this: one per thread at most.)
+	before := byAddr(s.region.Functions())
 	if err := s.enable(ctx, sels); err != nil {
 		return nil, err
 	}
@@ -157,6 +167,7 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 			stopEarly()
 			return fmt.Sprintf("epoch %d, %d site toggles", res.Epochs, res.Toggles)
 		}
+		s.watchSeccomp()
 		if epochStart.IsZero() || time.Since(epochStart) >= o.Epoch {
 			if !epochStart.IsZero() {
 				e, err := s.region.NextQuotaEpoch()
@@ -196,6 +207,7 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 		return nil, err
 	}
 	res.TargetCPU = cpu1 - cpu0
+	res.QuotaHeld = quotaHeld(s, quotas, before)
 	delta := deltas(s.region.Functions(), before)
 	res.Functions = report.Rows(delta, s.sym)
 	hooks1 := hooksOf(s.region)
@@ -248,6 +260,35 @@ func functionsOf(s *session) map[uint64]*quota {
 		q.actions = append(q.actions, hotpatch.Action{Selector: sel, Object: r.Object})
 	}
 	return qs
+}
+
+// quotaHeld names the functions outside mine (the capture's selection)
+// that recorded calls since before, while the capture's quota was on (D57:
+// the quota is one process-wide switch, so they were held to it as well).
+func quotaHeld(s *session, mine map[uint64]*quota, before map[uint64]shm.Func) []string {
+	var out []string
+	for _, f := range s.region.Functions() {
+		if mine[f.Addr] != nil || f.Entries <= before[f.Addr].Entries {
+			continue
+		}
+		name, _ := s.sym.Name(f.Addr, !f.Bare)
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// QuotaHeldNote says what quotaHeld found, "" for nothing.
+func QuotaHeldNote(held []string, k uint64) string {
+	if len(held) == 0 {
+		return ""
+	}
+	names := held
+	if len(names) > 5 {
+		names = append(append([]string{}, names[:5]...), fmt.Sprintf("and %d more", len(held)-5))
+	}
+	return fmt.Sprintf("the quota is process-wide (D57): %d functions this capture did not select recorded calls meanwhile and were held to %d per epoch as well, so their counts over the capture are not their calls: %s",
+		len(held), k, strings.Join(names, ", "))
 }
 
 func byAddr(fs []shm.Func) map[uint64]shm.Func {

@@ -27,6 +27,15 @@ type TraceResult struct {
 	// RateEpochs is how many one-second quota epochs a --rate capture ran
 	// (each function recorded at most Rate calls in each).
 	RateEpochs int
+	// RateInFlight is how many threads were still inside a hook that had
+	// taken a quota slot when the capture ended (D55): 0 unless a thread
+	// was stopped or a signal handler longjmp'd out of a hook; then the
+	// calls of those hooks may be missing from the trace.
+	RateInFlight int
+	// QuotaHeld names the functions the capture did not select (--enable)
+	// that recorded calls under its rate limit: the quota is process-wide
+	// (D57), so those were held to the rate too.
+	QuotaHeld []string
 	// ArgFuncs is how many functions' arguments or return values were
 	// recorded; Notes say what --args/--retval matched but could not record.
 	ArgFuncs int
@@ -68,6 +77,11 @@ func (r *TraceResult) SuggestRing() uint32 {
 
 // drainPeriod is how often a trace empties the rings.
 const drainPeriod = 5 * time.Millisecond
+
+// quotaWait bounds how long a --rate capture's end waits for hooks in flight
+// (D55): a running hook takes nanoseconds; one that has not finished in a
+// second is stopped or abandoned.
+const quotaWait = time.Second
 
 // Trace enables the selection, switches the runtime's event rings on,
 // drains them every few milliseconds for o.Duration into sink (as a
@@ -244,6 +258,10 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		}
 	}
 	drain(false) // whatever an earlier tracer left behind
+	var before map[uint64]shm.Func
+	if o.Rate > 0 {
+		before = byAddr(s.region.Functions())
+	}
 	if err := s.setFilters(o); err != nil {
 		return nil, err
 	}
@@ -275,19 +293,21 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	if plans != nil {
 		ctl |= shm.CtlArgs // with the rings, in one store: no event without its record
 	}
-	if err := s.region.SetControl(ctl, 0); err != nil {
+	if o.Rate > 0 {
+		// The first epoch starts with the events on, and the hooks decide
+		// each call's event by the epoch its quota slot was counted in
+		// (D55): every call the quota records from now on is in the trace,
+		// none from before.
+		if _, err := s.region.StartQuotaTrace(ctl); err != nil {
+			return nil, err
+		}
+		defer s.region.ClearQuotaTrace() // after the last drain
+		res.RateEpochs = 1
+	} else if err := s.region.SetControl(ctl, 0); err != nil {
 		return nil, err
 	}
 	start := time.Now()
 	epochStart := start
-	if o.Rate > 0 {
-		// the first epoch starts with the events on: every call it
-		// records is in the trace
-		if _, err := s.region.NextQuotaEpoch(); err != nil {
-			return nil, err
-		}
-		res.RateEpochs = 1
-	}
 	limitCtx, stopEarly := context.WithCancel(ctx)
 	defer stopEarly()
 	watchSeccomp := copiesStrings(plans)
@@ -305,6 +325,7 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 				return fmt.Sprintf("%d calls", m.Calls)
 			}
 		}
+		s.watchSeccomp()
 		// A program may enter a sandbox after the capture's start (the
 		// planning checked then): once any thread is under seccomp, no more
 		// string copies. Calls between its filter and this look still copy
@@ -326,6 +347,25 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		}
 		return fmt.Sprintf("%d calls", m.Calls)
 	})
+	if o.Rate > 0 {
+		// Seal the last epoch and wait for the hooks that took a slot
+		// before the seal to write their events (D55): then the last drain
+		// below has every call of the trace's epochs.
+		_, busy, err := s.region.EndQuotaTrace(quotaWait)
+		if err != nil {
+			return nil, err
+		}
+		res.RateInFlight = busy
+		if s.enabled != nil {
+			res.QuotaHeld = quotaHeld(s, functionsOf(s), before)
+			if n := QuotaHeldNote(res.QuotaHeld, o.Rate); n != "" {
+				res.Notes = append(res.Notes, n)
+			}
+		}
+		if busy > 0 {
+			res.Notes = append(res.Notes, fmt.Sprintf("%d threads were inside a hook when the --rate capture ended (stopped, or left by a signal handler's longjmp): their calls' events may be missing", busy))
+		}
+	}
 	offErr := s.region.SetControl(0, ctl)
 	res.Dropped = s.region.Counters().RingDropped - dropped0
 	drain(true) // what the rings hold is kept unless the limit was reached

@@ -146,6 +146,8 @@ included), then from --probes lists, else sub_<address>.`,
 			// bits these are; with none, they were left by a killed one.
 			if input == "" && procfs.TracerPid(tf.pid, 0) == 0 {
 				st.MarkLeftOn(region.Control())
+			} else if input == "" && region.Control()&shm.CtlQuota != 0 {
+				st.QuotaRunning = region.Header().QuotaK
 			}
 			if err := st.Sort(sort); err != nil {
 				return usageError{err}
@@ -326,7 +328,7 @@ per second (the calls over it are neither traced nor counted while the trace run
 			summary := map[string]any{"output": name, "format": format, "calls": res.Calls, "events": res.Events,
 				"dropped_events": res.Dropped, "unpaired_exits": res.Unpaired, "unwound_calls": res.Unwound, "open_calls": res.Open,
 				"duration_ns": res.Duration.Nanoseconds(), "stopped_at_max_calls": res.Limited, "arg_functions": res.ArgFuncs,
-				"ring_events": res.RingEvents, "ring_capacity": res.RingCapacity, "threads": res.Threads, "rate_epochs": res.RateEpochs}
+				"ring_events": res.RingEvents, "ring_capacity": res.RingCapacity, "threads": res.Threads, "rate_epochs": res.RateEpochs, "rate_in_flight": res.RateInFlight, "quota_held": res.QuotaHeld}
 			if n := res.SuggestRing(); n != 0 {
 				summary["suggested_ring_events"] = n
 			}
@@ -478,6 +480,9 @@ the call into the hook itself is not included), unless --hit-cost gives one.`,
 			if err := probelist.WriteFileAtomic(output, buf.Bytes(), 0o644); err != nil {
 				return err
 			}
+			if n := capture.QuotaHeldNote(res.QuotaHeld, samples); n != "" {
+				fmt.Fprintf(stderr, "hotpatch: profile: %s\n", n)
+			}
 			st := &report.Stats{PID: tf.pid, Functions: res.Functions}
 			st.Sort("total")
 			st.Top(top)
@@ -485,7 +490,8 @@ the call into the hook itself is not included), unless --hit-cost gives one.`,
 				return writeJSON(stdout, map[string]any{"output": output, "functions": st.Functions, "epochs": res.Epochs,
 					"toggles": res.Toggles, "toggles_per_sec": res.TogglesPerSec, "calls": res.Calls, "hooks": res.Hooks,
 					"hit_cost_ns": res.HitCostNs, "hit_cost_from": res.HitCostFrom,
-					"target_cpu_ns": res.TargetCPU.Nanoseconds(), "estimated_slowdown": res.Slowdown, "duration_ns": res.Duration.Nanoseconds()})
+					"target_cpu_ns": res.TargetCPU.Nanoseconds(), "estimated_slowdown": res.Slowdown, "duration_ns": res.Duration.Nanoseconds(),
+					"quota_held": res.QuotaHeld})
 			}
 			if err := st.WriteTable(stdout); err != nil {
 				return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -130,11 +131,15 @@ type Session struct {
 	mem     *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
 	noSpans bool        // every flip site written alone (SetSpanWrites)
 	inBatch bool        // inside Batch: the tracer may not change
-	brief   bool        // Result.Sites only when something failed (SetBrief)
+	// threadMem: inside Batch, the target's memory as the tracer thread
+	// reaches it (ptrace.ThreadMem), lent for the Batch; nil outside.
+	threadMem *ptrace.ThreadMem
+	brief     bool // Result.Sites only when something failed (SetBrief)
 	// prepared remembers what lists of actions selected, ready to apply
 	// (prepare); preparedSites counts their sites, to bound the memory.
 	prepared      map[string]*prepared
 	preparedSites int
+	keyBuf        []byte // scratch: a prepared selection's key
 	// Scratch of large flip batches, kept from one batch to the next:
 	// a span's three copies, and the file's bytes of a span.
 	spanScratch, fileScratch []byte
@@ -333,12 +338,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	res.ElapsedNS = time.Since(start).Nanoseconds()
 	res.OK = runErr == nil && afterErr == nil
 	if res.OK {
-		for i, c := range p.sel {
-			if want := stateOf(c.on); after[i] != want {
-				res.OK = false
-				break
-			}
-		}
+		res.OK = slices.Equal(after, p.want)
 	}
 	if !s.brief || !res.OK || runErr != nil {
 		res.Sites = p.results(before, after, afterErr)

@@ -4,8 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 
+	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 	"github.com/edgeprobe/edgeprobe/internal/xmod"
 )
 
@@ -25,9 +25,21 @@ func (s *Session) Batch(fn func() error) error {
 	if err := s.attach(false); err != nil {
 		return err
 	}
-	s.inBatch = true
-	defer func() { s.inBatch = false }()
-	return s.tracer.Do(fn)
+	return s.tracer.DoMem(func(m *ptrace.ThreadMem) error {
+		s.inBatch, s.threadMem = true, m
+		defer func() { s.inBatch, s.threadMem = false, nil }()
+		return fn()
+	})
+}
+
+// writer is what flip batches write through: inside Batch the memory the
+// tracer thread lent it (no hand-off, no thread check per write), outside
+// it the tracer (one hand-off per batch).
+func (s *Session) writer() xmod.Mem {
+	if s.threadMem != nil {
+		return s.threadMem
+	}
+	return s.tracer
 }
 
 // prepared is what one list of actions (with one protocol) selects, with
@@ -49,6 +61,7 @@ type prepared struct {
 	// key for a new generation (newGeneration), when sel[i] enables a
 	// probe whose function is known; 0 otherwise.
 	genKey []uint64
+	want   []xmod.State // each site's asked state: the result is OK when the read after equals it
 	// Scratch reused by each Apply (a Session is used by one goroutine).
 	before, after []xmod.State
 	gen           []uint64
@@ -62,39 +75,42 @@ const maxPreparedSites = 1 << 20
 // prepare returns the prepared selection of actions under protocol,
 // building it on first use.
 func (s *Session) prepare(actions []Action, protocol string) (*prepared, error) {
-	var b strings.Builder
-	b.WriteString(protocol)
-	b.WriteByte(1)
+	// The key in a reused buffer: a lookup with string(b) does not
+	// allocate, and a session looks one up per command.
+	b := append(s.keyBuf[:0], protocol...)
+	b = append(b, 1)
 	for _, a := range actions {
 		if a.Enable {
-			b.WriteByte('+')
+			b = append(b, '+')
 		} else {
-			b.WriteByte('-')
+			b = append(b, '-')
 		}
-		b.WriteString(a.Selector.Pattern)
-		b.WriteByte(0)
-		b.WriteString(a.Selector.Kind)
-		b.WriteByte(0)
-		b.WriteString(a.Selector.Provider)
-		b.WriteByte(0)
-		b.WriteString(a.Object)
-		b.WriteByte(1)
+		b = append(b, a.Selector.Pattern...)
+		b = append(b, 0)
+		b = append(b, a.Selector.Kind...)
+		b = append(b, 0)
+		b = append(b, a.Selector.Provider...)
+		b = append(b, 0)
+		b = append(b, a.Object...)
+		b = append(b, 1)
 	}
-	key := b.String()
-	if p, ok := s.prepared[key]; ok {
+	s.keyBuf = b
+	if p, ok := s.prepared[string(b)]; ok {
 		return p, nil
 	}
+	key := string(b)
 	sel, err := resolve(s.targets, actions)
 	if err != nil {
 		return nil, err
 	}
 	p := &prepared{sel: sel, sites: make([]xmod.Site, len(sel)), protoOf: make([]string, len(sel)), byProto: map[string][]xmod.Change{},
-		genKey: make([]uint64, len(sel))}
+		genKey: make([]uint64, len(sel)), want: make([]xmod.State, len(sel))}
 	all := make([]xmod.Change, len(sel))
 	for i, c := range sel {
 		if c.on && c.probe.Resolved && c.probe.FunctionAddress != 0 {
 			p.genKey[i] = c.target.Object.Runtime(uint64(c.probe.FunctionAddress))
 		}
+		p.want[i] = stateOf(c.on)
 		p.sites[i] = siteOf(c)
 		all[i] = xmod.Change{Site: p.sites[i], On: c.on}
 		pr := protocolFor(protocol, c.probe)

@@ -7,6 +7,7 @@ import (
 	"io"
 
 	"github.com/edgeprobe/edgeprobe/internal/elfscan"
+	"github.com/edgeprobe/edgeprobe/internal/probecache"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 )
@@ -45,7 +46,7 @@ func (s *Session) verify(sel []selected) error {
 		byTarget[c.target] = append(byTarget[c.target], c.probe)
 	}
 	for _, t := range order {
-		if err := verifyTarget(s.pid, t, byTarget[t]); err != nil {
+		if err := verifyTargetCached(s.pid, t, byTarget[t]); err != nil {
 			return err
 		}
 		if s.verified == nil {
@@ -63,8 +64,61 @@ type verifiedKey struct {
 	id int
 }
 
+// verifyCacheMin is the selection from which verify consults the probe
+// cache's record of whole lists already checked against a scan (it must
+// also be half the list or more): below it, checking the selected probes
+// costs less than the digests of the list and the scan.
+const verifyCacheMin = 256
+
+// verifyTargetCached is verifyTarget with the probe cache's record of
+// lists checked whole: a large selection of a list that agreed, every
+// probe of it, with the scan of the same bytes (probelist.Index.Digest of
+// both compact forms) is not checked again; a selection of a whole list
+// that passes, every probe on the scan's word (no NOP placeholder, an
+// object the scan sees), is recorded. A `hotpatch --enable '*'` of a
+// 40,000-probe list otherwise checks every probe on every call (D54).
+func verifyTargetCached(pid int, t *Target, probes []*probelist.Probe) error {
+	if len(probes) < verifyCacheMin || 2*len(probes) < t.List.Len() {
+		return verifyTarget(pid, t, probes)
+	}
+	cache, _ := probecache.Default()
+	scan, err := ScanObject(pid, t.Object)
+	if cache == nil || err != nil || scan == nil {
+		return verifyAgainst(pid, t, probes, scan, err)
+	}
+	list, sd := t.List.Digest(), scan.Digest()
+	if cache.Verified(list, sd) {
+		return nil
+	}
+	if err := verifyAgainst(pid, t, probes, scan, nil); err != nil {
+		return err
+	}
+	if len(probes) == t.List.Len() && allOnScan(scan, probes) {
+		cache.SetVerified(list, sd)
+	}
+	return nil
+}
+
+// allOnScan reports whether the scan lists a site at every probe's
+// address: verifyTarget then checked each against the scan alone (a NOP
+// placeholder, which it checks against the object's file, is not on it).
+func allOnScan(scan *probelist.Index, probes []*probelist.Probe) bool {
+	for _, p := range probes {
+		if sp, _, err := scan.At(uint64(p.Address)); err != nil || sp == nil {
+			return false
+		}
+	}
+	return true
+}
+
 func verifyTarget(pid int, t *Target, probes []*probelist.Probe) error {
 	scan, err := ScanObject(pid, t.Object)
+	return verifyAgainst(pid, t, probes, scan, err)
+}
+
+// verifyAgainst is verifyTarget with the object's scan (and the error
+// getting it) at hand.
+func verifyAgainst(pid int, t *Target, probes []*probelist.Probe, scan *probelist.Index, err error) error {
 	if errors.Is(err, elfscan.ErrNoHookSites) {
 		// Every NOP placeholder still gets the full check (put the calls
 		// back and scan); only flip sites of an object whose hooks a scan

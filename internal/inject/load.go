@@ -407,6 +407,8 @@ func (p *Process) Preflight() error {
 	switch {
 	case p.Seccomp != 0:
 		return fmt.Errorf("pid %d runs under seccomp (mode %d): loading the runtime could get it killed; start it with LD_PRELOAD=libedgeprobe.so instead: %w", p.Pid, p.Seccomp, ErrSeccomp)
+	case p.SeccompThreads != 0:
+		return fmt.Errorf("pid %d: %d of its threads run under seccomp: loading the runtime could get it killed; start it with LD_PRELOAD=libedgeprobe.so instead: %w", p.Pid, p.SeccompThreads, ErrSeccomp)
 	case p.Static:
 		return fmt.Errorf("pid %d is statically linked: no loader to load the runtime with; link libedgeprobe.a into it (-Wl,--whole-archive libedgeprobe.a -Wl,--no-whole-archive): %w", p.Pid, ErrStatic)
 	}

@@ -50,17 +50,21 @@ type Slot struct {
 
 // Process is what Inspect found; nothing in the process was changed.
 type Process struct {
-	Pid      int
-	UID      int
-	Seccomp  int // the Seccomp: field of /proc/PID/status (0: none)
-	Static   bool
-	Objects  []procmaps.Object
-	Libc     *procmaps.Object
-	Loader   *procmaps.Object // ld.so
-	Runtime  *procmaps.Object // an object that defines every hook (the edgeprobe runtime)
-	OwnHooks []string         // other objects (not libc) that define a hook themselves
-	Slots    []Slot
-	funcs    map[string]uint64 // libc (and libdl/libpthread) entry points by name
+	Pid     int
+	UID     int
+	Seccomp int // the Seccomp: field of /proc/PID/status (0: none)
+	// SeccompThreads counts the threads under seccomp: a filter installed
+	// without TSYNC applies to its own thread only, and the main thread's
+	// status says nothing of it (D56)
+	SeccompThreads int
+	Static         bool
+	Objects        []procmaps.Object
+	Libc           *procmaps.Object
+	Loader         *procmaps.Object // ld.so
+	Runtime        *procmaps.Object // an object that defines every hook (the edgeprobe runtime)
+	OwnHooks       []string         // other objects (not libc) that define a hook themselves
+	Slots          []Slot
+	funcs          map[string]uint64 // libc (and libdl/libpthread) entry points by name
 	// runtimeHooks are Runtime's hooks in Hooks order.
 	runtimeHooks [4]uint64
 	maps         []procmaps.Mapping
@@ -97,6 +101,7 @@ func Inspect(pid int) (*Process, error) {
 		return nil, err
 	}
 	p.Seccomp = max(status.Int("Seccomp"), 0)
+	p.SeccompThreads = procfs.SeccompThreads(pid)
 	if uid := strings.Fields(status["Uid"]); len(uid) > 0 {
 		p.UID, _ = strconv.Atoi(uid[0]) // the real uid, the first of four
 	}

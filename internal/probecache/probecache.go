@@ -167,8 +167,9 @@ func toolID() ([]byte, error) {
 
 // Entry kinds.
 const (
-	kindList byte = 1
-	kindScan byte = 2
+	kindList     byte = 1
+	kindScan     byte = 2
+	kindVerified byte = 3
 )
 
 // source is what an entry was made from: a file's identity when it was
@@ -581,4 +582,46 @@ func (c *Cache) SetWarn(w func(format string, args ...any)) {
 	if c != nil {
 		c.warn = w
 	}
+}
+
+// Verified reports whether an entry says that every probe of the list
+// whose compact form has digest list agreed with the scan whose compact
+// form has digest scan (probelist.Index.Digest), as hotpatch checks them
+// before writing. The entry is a file of the cache like any other (private,
+// regular, ours, its checksum right) and holds both digests, which must be
+// the ones asked: it stands for the check of those exact bytes, whichever
+// files they were read from. A nil Cache has no entries.
+func (c *Cache) Verified(list, scan [32]byte) bool {
+	if c == nil {
+		return false
+	}
+	key := c.key(kindVerified, hex.EncodeToString(list[:]), hex.EncodeToString(scan[:]))
+	data, err := c.read(entryName(key))
+	if err != nil {
+		c.misses.Add(1)
+		return false
+	}
+	defer unix.Munmap(data)
+	le := binary.LittleEndian
+	want := append(append([]byte(nil), list[:]...), scan[:]...)
+	if string(data[:8]) != entryMagic || data[8] != kindVerified || data[9] != 0 || !bytes.Equal(data[16:48], key[:]) ||
+		le.Uint64(data[128:]) != uint64(len(data)-entryHeaderSize) || le.Uint32(data[136:]) != entryCRC(data) ||
+		!bytes.Equal(data[entryHeaderSize:], want) {
+		c.warnf("probe cache: %s is not an entry of this key; ignored", entryName(key))
+		c.misses.Add(1)
+		return false
+	}
+	c.hits.Add(1)
+	return true
+}
+
+// SetVerified records that every probe of list agreed with scan (Verified).
+func (c *Cache) SetVerified(list, scan [32]byte) {
+	if c == nil {
+		return
+	}
+	key := c.key(kindVerified, hex.EncodeToString(list[:]), hex.EncodeToString(scan[:]))
+	payload := append(append([]byte(nil), list[:]...), scan[:]...)
+	c.write(entryName(key), encodeEntry(key, kindVerified, &source{}, payload, false))
+	c.prune()
 }

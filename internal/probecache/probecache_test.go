@@ -310,3 +310,67 @@ func probeListOnce(t *testing.T) (string, *probelist.List) {
 	}
 	return "", onceList
 }
+
+// TestVerifiedRecords: a record of a list checked against a scan is found
+// for those two digests only, and not at all once spoiled (corrupt,
+// truncated, writable by others, a symlink, owned by another user).
+func TestVerifiedRecords(t *testing.T) {
+	list, scan := [32]byte{1, 2, 3}, [32]byte{4, 5, 6}
+	other := [32]byte{1, 2, 4}
+	c := openCache(t)
+	if c.Verified(list, scan) {
+		t.Fatal("a record before any was made")
+	}
+	c.SetVerified(list, scan)
+	if !c.Verified(list, scan) {
+		t.Fatal("no record after SetVerified")
+	}
+	if c.Verified(other, scan) || c.Verified(list, other) || c.Verified(scan, list) {
+		t.Fatal("a record found for other digests")
+	}
+	var nilCache *Cache
+	nilCache.SetVerified(list, scan)
+	if nilCache.Verified(list, scan) {
+		t.Fatal("a nil cache has a record")
+	}
+	cases := map[string]func(t *testing.T, e string){
+		"corrupt": func(t *testing.T, e string) {
+			b, _ := os.ReadFile(e)
+			b[len(b)-3] ^= 0xff
+			os.WriteFile(e, b, 0o600)
+		},
+		"digest changed, checksum fixed": func(t *testing.T, e string) {
+			b, _ := os.ReadFile(e)
+			b[len(b)-1] ^= 0xff
+			binary.LittleEndian.PutUint32(b[136:], entryCRC(b))
+			os.WriteFile(e, b, 0o600)
+		},
+		"truncated":      func(t *testing.T, e string) { os.Truncate(e, 100) },
+		"other writable": func(t *testing.T, e string) { os.Chmod(e, 0o666) },
+		"symlink": func(t *testing.T, e string) {
+			victim := filepath.Join(t.TempDir(), "victim")
+			b, _ := os.ReadFile(e)
+			os.WriteFile(victim, b, 0o600)
+			os.Remove(e)
+			os.Symlink(victim, e)
+		},
+		"foreign owner": func(t *testing.T, e string) {
+			o := testutil.OtherUser(t)
+			os.Chown(e, int(o.UID), int(o.GID))
+		},
+	}
+	for name, spoil := range cases {
+		t.Run(name, func(t *testing.T) {
+			c := openCache(t)
+			c.SetVerified(list, scan)
+			spoil(t, entryPath(t, c))
+			if c.Verified(list, scan) {
+				t.Fatal("a spoiled record was used")
+			}
+			c.SetVerified(list, scan) // made anew
+			if !c.Verified(list, scan) {
+				t.Fatal("no record after it was made anew")
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package probelist
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -224,6 +225,20 @@ type Index struct {
 	// would cost more than the decoding).
 	few     map[int]*Probe
 	decoded []*Probe
+	digest  *[32]byte // Digest, once computed
+}
+
+// Digest is the SHA-256 of the compact bytes the index was opened on: two
+// indexes with one digest hold the same probes, whatever file or cache
+// entry they came from (hotpatch keys its verification cache by it).
+func (x *Index) Digest() [32]byte {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.digest == nil {
+		d := sha256.Sum256(x.data)
+		x.digest = &d
+	}
+	return *x.digest
 }
 
 // fewMax is how many decoded probes the map holds before the slice.

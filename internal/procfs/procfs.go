@@ -148,3 +148,29 @@ func InnerPid(pid int) int {
 	}
 	return n
 }
+
+// SeccompThreads counts the threads of pid under seccomp (strict or filter
+// mode, the Seccomp: field of each thread's status); when the thread list
+// cannot be read, it answers 1 (unknown counts as sandboxed: the callers
+// then avoid what a filter could kill the process for).
+func SeccompThreads(pid int) int {
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 1
+	}
+	n := 0
+	for _, e := range ents {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		st, err := ReadStatus(pid, tid)
+		if err != nil {
+			continue // the thread ended
+		}
+		if st.Int("Seccomp") > 0 { // 1 strict, 2 filter; -1: a kernel without the field
+			n++
+		}
+	}
+	return n
+}

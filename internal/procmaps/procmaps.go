@@ -2,6 +2,7 @@ package procmaps
 
 import (
 	"bufio"
+	"bytes"
 	"debug/elf"
 	"errors"
 	"fmt"
@@ -91,7 +92,7 @@ func Read(pid int) ([]Mapping, error) {
 func Parse(r io.Reader) ([]Mapping, error) {
 	var out []Mapping
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	sc.Buffer(make([]byte, 4<<10), 1<<20)
 	for n := 1; sc.Scan(); n++ {
 		m, err := parseLine(sc.Text())
 		if err != nil {
@@ -100,6 +101,58 @@ func Parse(r io.Reader) ([]Mapping, error) {
 		out = append(out, m)
 	}
 	return out, sc.Err()
+}
+
+// ReadExec is Read keeping only the executable mappings (Mapping.Exec).
+// A large flip batch reads the maps twice (hotpatch's pristine check) and
+// needs only those: a line it does not keep is not converted or parsed,
+// which costs no allocation.
+func ReadExec(pid int) ([]Mapping, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
+		}
+		return nil, err
+	}
+	defer f.Close()
+	return ParseExec(f)
+}
+
+// ParseExec is Parse keeping only the executable mappings: on input Parse
+// accepts it returns exactly Parse's executable mappings. A line whose
+// second field does not mark it executable is skipped unread, so a
+// malformed one is an error only if it looks executable (FuzzParseExec).
+func ParseExec(r io.Reader) ([]Mapping, error) {
+	var out []Mapping
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 4<<10), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		if !execField(sc.Bytes()) {
+			continue
+		}
+		m, err := parseLine(sc.Text())
+		if err != nil {
+			return nil, fmt.Errorf("maps line %d: %w", n, err)
+		}
+		out = append(out, m)
+	}
+	return out, sc.Err()
+}
+
+// execField reports whether line's second field, split as parseLine splits
+// it, marks an executable mapping ("r-xp": its third byte is x).
+func execField(line []byte) bool {
+	field := func(b []byte) (tok, rest []byte) {
+		b = bytes.TrimLeft(b, " ")
+		if i := bytes.IndexByte(b, ' '); i >= 0 {
+			return b[:i], b[i:]
+		}
+		return b, nil
+	}
+	_, rest := field(line)
+	perms, _ := field(rest)
+	return len(perms) > 2 && perms[2] == 'x'
 }
 
 func parseLine(line string) (Mapping, error) {

@@ -221,3 +221,65 @@ func TestDeletedBinary(t *testing.T) {
 	}
 	checkSymbol(t, pid, o, fix.Path+".copy", "stress_site2")
 }
+
+// FuzzParseExec: on any input Parse accepts, ParseExec returns exactly
+// Parse's executable mappings.
+func FuzzParseExec(f *testing.F) {
+	f.Add("55d0c0a00000-55d0c0a01000 r--p 00000000 fd:01 1234 /tmp/a b/prog (deleted)\n55d0c0a01000-55d0c0a02000 r-xp 00001000 fd:01 1234 /tmp/a b/prog (deleted)\n")
+	f.Add("7ffd1c000000-7ffd1c021000 rw-p 00000000 00:00 0                          [stack]\n7f0000000000-7f0000001000 --xp 00000000 00:00 0 \n")
+	f.Add("  1-2  r-xp 0 0:0 0\n")
+	f.Add("1-2 r-x 0 0:0 0\n")
+	f.Fuzz(func(t *testing.T, text string) {
+		all, err := procmaps.Parse(strings.NewReader(text))
+		if err != nil {
+			return
+		}
+		var want []procmaps.Mapping
+		for _, m := range all {
+			if m.Exec() {
+				want = append(want, m)
+			}
+		}
+		got, err := procmaps.ParseExec(strings.NewReader(text))
+		if err != nil {
+			t.Fatalf("ParseExec: %v (Parse accepted it)", err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%d executable mappings, want %d", len(got), len(want))
+		}
+		for i := range got {
+			if got[i] != want[i] {
+				t.Fatalf("mapping %d: %+v, want %+v", i, got[i], want[i])
+			}
+		}
+	})
+}
+
+// TestReadExec: the executable mappings of a live process, as Read's.
+func TestReadExec(t *testing.T) {
+	all, err := procmaps.Read(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := procmaps.ReadExec(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []procmaps.Mapping
+	for _, m := range all {
+		if m.Exec() {
+			want = append(want, m)
+		}
+	}
+	if len(want) == 0 || len(got) != len(want) {
+		t.Fatalf("%d executable mappings, Read has %d", len(got), len(want))
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			t.Errorf("mapping %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	if _, err := procmaps.ReadExec(-1); !errors.Is(err, procmaps.ErrNoProcess) {
+		t.Errorf("pid -1: %v, want ErrNoProcess", err)
+	}
+}

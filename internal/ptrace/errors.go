@@ -22,6 +22,9 @@ var (
 	// ErrTraced: the thread already has a tracer (another hotpatch, gdb,
 	// strace); wrapped together with ErrPermission.
 	ErrTraced = errors.New("already traced")
+	// ErrNotLent: a ThreadMem was used after the DoMem call that lent it
+	// returned (it is valid only inside that call, on the tracer thread).
+	ErrNotLent = errors.New("tracer memory used outside its DoMem")
 	// ErrArmed: Detach was called while a trap address is still armed.
 	ErrArmed = errors.New("trap addresses still armed")
 )

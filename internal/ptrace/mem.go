@@ -38,7 +38,7 @@ func OpenMem(pid int) (*Mem, error) {
 func (m *Mem) Pid() int { return m.pid }
 
 // ReadMem reads len(b) bytes at addr.
-func (m *Mem) ReadMem(addr uint64, b []byte) error { return memRead(m.fd, addr, b) }
+func (m *Mem) ReadMem(addr uint64, b []byte) error { return readLarge(m.pid, m.fd, addr, b) }
 
 // WriteMem writes b at addr with one pwrite (atomic only for one byte).
 func (m *Mem) WriteMem(addr uint64, b []byte) error { return memWrite(m.fd, addr, b) }

@@ -259,6 +259,70 @@ func TestLeaderOnlyWrite(t *testing.T) {
 	}
 }
 
+// TestDoMem: the memory DoMem lends reads and writes what the tracer's own
+// ReadMem sees, inside a Do as well (no deadlock: it runs directly there),
+// and stops working once the DoMem that lent it returns, whichever
+// goroutine then uses it.
+func TestDoMem(t *testing.T) {
+	tg := start(t, "2")
+	tr, err := ptrace.Attach(tg.pid, ptrace.Options{LeaderOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	maps, _ := os.ReadFile(fmt.Sprintf("/proc/%d/maps", tg.pid))
+	var lo uint64
+	for _, l := range strings.Split(string(maps), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[1] == "r-xp" {
+			lo, _ = strconv.ParseUint(strings.Split(f[0], "-")[0], 16, 64)
+			break
+		}
+	}
+	want := make([]byte, 64)
+	if err := tr.ReadMem(lo, want); err != nil {
+		t.Fatal(err)
+	}
+	var leaked *ptrace.ThreadMem
+	err = tr.DoMem(func(m *ptrace.ThreadMem) error {
+		leaked = m
+		got := make([]byte, 64)
+		if err := m.ReadMem(lo, got); err != nil {
+			return err
+		}
+		if string(got) != string(want) {
+			return fmt.Errorf("ThreadMem read % x, tracer read % x", got, want)
+		}
+		// Text is read-only: this write needs FOLL_FORCE, as a site's does.
+		return m.WriteMem(lo, got[:1])
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Nested in a Do, DoMem runs on the same thread without a hand-off.
+	if err := tr.Do(func() error {
+		return tr.DoMem(func(m *ptrace.ThreadMem) error { return m.ReadMem(lo, make([]byte, 8)) })
+	}); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- leaked.WriteMem(lo, want[:1]) }()
+	if err := <-errc; !errors.Is(err, ptrace.ErrNotLent) {
+		t.Errorf("write through a ThreadMem after its DoMem returned: %v, want ErrNotLent", err)
+	}
+	if err := leaked.ReadMem(lo, make([]byte, 8)); !errors.Is(err, ptrace.ErrNotLent) {
+		t.Errorf("read through a ThreadMem after its DoMem returned: %v, want ErrNotLent", err)
+	}
+	if err := tr.Detach(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.DoMem(func(m *ptrace.ThreadMem) error { return nil }); !errors.Is(err, ptrace.ErrDetached) {
+		t.Errorf("DoMem after Detach: %v, want ErrDetached", err)
+	}
+	requireUntraced(t, tg.pid)
+	if line, err := tg.finish(t); err != nil {
+		t.Fatalf("%v %q", err, line)
+	}
+}
+
 func TestAttachTwice(t *testing.T) {
 	tg := start(t, "1")
 	tr, err := ptrace.Attach(tg.pid, ptrace.Options{})

@@ -51,3 +51,11 @@ func detach(tid, sig int) error {
 	}
 	return nil
 }
+
+// vmRead reads len(b) bytes at addr of pid with one process_vm_readv and
+// returns how many it read (fewer at a gap in the mapping).
+func vmRead(pid int, addr uint64, b []byte) (int, error) {
+	local := []unix.Iovec{{Base: &b[0], Len: uint64(len(b))}}
+	remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(b)}}
+	return unix.ProcessVMReadv(pid, local, remote, 0)
+}

@@ -48,6 +48,19 @@ type Stats struct {
 	// capture held the process (see MarkLeftOn): a capture killed before
 	// its close left them, and they change what the runtime records.
 	LeftOn []string `json:"left_on_by_killed_capture,omitempty"`
+	// QuotaRunning is K while a running capture (profile, trace --rate)
+	// holds every probed function of the process to K recorded calls per
+	// quota epoch (D57: the quota is process-wide): the counts read now are
+	// not the process's calls. 0: no quota on.
+	QuotaRunning uint32 `json:"quota_held_by_running_capture,omitempty"`
+}
+
+// QuotaRunningLine is the warning for QuotaRunning, "" when it is 0.
+func (s *Stats) QuotaRunningLine() string {
+	if s.QuotaRunning == 0 {
+		return ""
+	}
+	return fmt.Sprintf("warning: a running capture (profile or trace --rate) holds every probed function to %d recorded calls per quota epoch: these counts are not the process's calls until it ends", s.QuotaRunning)
 }
 
 // leftOnBits describes each capture-only control bit and its effect.
@@ -185,6 +198,9 @@ func (s *Stats) WriteTable(w io.Writer) error {
 		fmt.Fprintln(w, line)
 	}
 	if line := s.LeftOnLine(); line != "" {
+		fmt.Fprintln(w, line)
+	}
+	if line := s.QuotaRunningLine(); line != "" {
 		fmt.Fprintln(w, line)
 	}
 	return nil

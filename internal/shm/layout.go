@@ -180,7 +180,12 @@ type Header struct {
 	KeysOff     uint64 // the function table's keys: MaxFuncs uint64s
 	FuncSegs    uint32 // function-table segments in use (grows while the process runs)
 	FilterEpoch uint32 // bumped by each capture with FilterMinNs (marks on shadow frames)
-	_           [3]uint64
+	// a --rate trace's quota epochs (D55): a call whose quota slot was taken
+	// in an epoch in [QtraceLo, QtraceHi] (QtraceHi 0: no end) writes its
+	// enter event, others none; QtraceLo 0: events follow CtlTrace
+	QtraceLo uint32
+	QtraceHi uint32
+	_        [2]uint64
 
 	Control    uint32
 	Gen        uint32 // process-wide generation: NewGeneration adds 1 and stores it in each function's Gen
@@ -206,8 +211,14 @@ type Header struct {
 	FentrySites     uint64
 	FentryBadSites  uint64
 	FentryUnwound   uint64
-	_               [204]uint64
-	ArgPlan         [ArgPlans]argPlan // version 5
+	// seccomp (D56): Nosys set by a reader that saw a thread of the
+	// process under seccomp; the hooks then make no system call
+	Nosys        uint32
+	_            uint32
+	NosysThreads uint64 // threads whose first hook came under Nosys: not recorded
+	NosysSkips   uint64 // in-hook system calls left out under Nosys
+	_            [201]uint64
+	ArgPlan      [ArgPlans]argPlan // version 5
 }
 
 // funcEntry is struct ep_func.
@@ -243,7 +254,7 @@ type threadSlot struct {
 	RingDropped    uint64
 	RingTailCache  uint64
 	Index          uint32
-	_              uint32
+	QuotaBusy      uint32 // 1 from a quota take until the call's enter event is written (D55)
 	DeepLost       uint64
 	AbandonedHooks uint64
 	FentryRestored uint64

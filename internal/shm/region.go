@@ -219,6 +219,9 @@ func (r *Region) Header() Header {
 	h.FentrySites = atomic.LoadUint64(&p.FentrySites)
 	h.FentryBadSites = atomic.LoadUint64(&p.FentryBadSites)
 	h.FentryUnwound = atomic.LoadUint64(&p.FentryUnwound)
+	h.Nosys = atomic.LoadUint32(&p.Nosys)
+	h.NosysThreads = atomic.LoadUint64(&p.NosysThreads)
+	h.NosysSkips = atomic.LoadUint64(&p.NosysSkips)
 	h.FuncSegs = r.funcSegs()
 	return h
 }
@@ -681,6 +684,11 @@ type Counters struct {
 	DeepLost        uint64 // frames deeper than the shadow stack found dead (their functions are unknown)
 	AbandonedHooks  uint64 // hooks a signal handler longjmp'd out of (the busy word healed)
 	FentryRestored  uint64 // dead hijacked fentry frames whose return slot was given back
+	// seccomp (D56): the hooks make no system call (Nosys); threads that
+	// began under it are not recorded, and the system calls left out
+	Nosys        bool
+	NosysThreads uint64
+	NosysSkips   uint64
 }
 
 // Counters snapshots the drop and mismatch counters.
@@ -692,6 +700,7 @@ func (r *Region) Counters() Counters {
 		ThreadOverflows: h.ThreadOverflows, ThreadDropHits: h.ThreadDropHits,
 		PreinitDrops: h.PreinitDrops, LateDrops: h.LateDrops,
 		FentrySites: h.FentrySites, FentryBadSites: h.FentryBadSites, FentryUnwound: h.FentryUnwound,
+		Nosys: h.Nosys != 0, NosysThreads: h.NosysThreads, NosysSkips: h.NosysSkips,
 	}
 	for _, t := range r.Threads() {
 		c.ReentrantDrops += t.ReentrantDrops

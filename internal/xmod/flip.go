@@ -3,6 +3,8 @@ package xmod
 import (
 	"context"
 	"fmt"
+
+	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 )
 
 // FlipOptions tune Flip.
@@ -32,18 +34,31 @@ type FlipOptions struct {
 // site and the bytes seen. A cancelled ctx stops the batch between sites;
 // every site is then in one of its forms.
 func Flip(ctx context.Context, m Mem, changes []Change, opts FlipOptions) (Result, error) {
-	if d, ok := m.(interface{ Do(func() error) error }); ok {
-		// A tracer: run the batch on its thread, one hand-off instead of one
-		// per read and write.
-		var res Result
-		err := d.Do(func() error {
-			var err error
-			res, err = flip(ctx, m, changes, opts)
-			return err
-		})
-		return res, err
+	// A tracer: run the batch on its thread, one hand-off instead of one
+	// per read and write.
+	var res Result
+	err := onThread(m, func(m Mem) error {
+		var err error
+		res, err = flip(ctx, m, changes, opts)
+		return err
+	})
+	return res, err
+}
+
+// onThread runs fn with m, or, when m is a tracer, on the tracer's thread
+// with the memory as that thread reaches it (ptrace.ThreadMem: its calls
+// are the system calls, without the per-call check of the calling thread
+// that the tracer's own ReadMem and WriteMem make).
+func onThread(m Mem, fn func(m Mem) error) error {
+	switch d := m.(type) {
+	case interface {
+		DoMem(func(*ptrace.ThreadMem) error) error
+	}:
+		return d.DoMem(func(tm *ptrace.ThreadMem) error { return fn(tm) })
+	case interface{ Do(func() error) error }:
+		return d.Do(func() error { return fn(m) })
 	}
-	return flip(ctx, m, changes, opts)
+	return fn(m)
 }
 
 func flip(ctx context.Context, m Mem, changes []Change, opts FlipOptions) (Result, error) {

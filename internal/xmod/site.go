@@ -86,7 +86,7 @@ type Change struct {
 }
 
 // State is what a site's memory holds.
-type State int
+type State uint8
 
 // States.
 const (

@@ -179,16 +179,21 @@ func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptio
 	if len(bad) > 0 {
 		return res, errors.Join(bad...)
 	}
-	return writeSpans(ctx, m, cs, at, nil, todo, opts, res, nil, nil)
+	return writeSpans(ctx, m, cs, at, nil, todo, opts, res, nil, nil, nil)
 }
 
 // writeSpans writes the sites todo (indices into cs, sorted; each known to
 // hold the form it is leaving) as flipSpans does, adding to res. buf, if
 // long enough, is the scratch for a span's three copies; confirmed, if not
 // nil, gets true for each site (index into cs) written by a span whose
-// read-back equalled what was written.
-func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, word []siteWord, todo []int, opts FlipOptions, res Result, buf []byte, confirmed []bool) (Result, error) {
+// read-back equalled what was written; ours, if not nil, keeps the scratch
+// of a span's sites from one call to the next.
+func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, word []siteWord, todo []int, opts FlipOptions, res Result, buf []byte, confirmed []bool, ours *[]Extent) (Result, error) {
 	w := &spanWriter{m: m, pr: opts.Pristine, st: opts.Stats, cs: cs, at: at, word: word, confirmed: confirmed}
+	if ours != nil {
+		w.ours = *ours
+		defer func() { *ours = w.ours }()
+	}
 	if w.st == nil {
 		w.st = &SpanStats{}
 	}
@@ -213,20 +218,20 @@ func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, word []siteWo
 		end, ok := w.pr.Extent(start)
 		j := i + 1
 		if ok && !raced {
-			for j < len(todo) {
+			// The run: every following site that ends within the mapping
+			// and maxSpan of start. Sites are sorted and disjoint, so their
+			// ends rise and bisection finds it without a pass over them.
+			j += sort.Search(len(todo)-j, func(x int) bool {
 				var e uint64
 				if word != nil {
-					ww := &word[todo[j]]
+					ww := &word[todo[j+x]]
 					e = ww.addr + uint64(ww.len)
 				} else {
-					s := &cs[todo[j]].Site
+					s := &cs[todo[j+x]].Site
 					e = s.Addr + uint64(s.Len())
 				}
-				if e > end || e-start > maxSpan {
-					break
-				}
-				j++
-			}
+				return e > end || e-start > maxSpan
+			})
 		}
 		if j == i+1 {
 			if err := w.oneByte(todo[i]); err != nil {
@@ -294,18 +299,24 @@ func (w *spanWriter) span(run []int) error {
 		w.ours = make([]Extent, len(run))
 	}
 	ours := w.ours[:len(run)]
+	// One pass over the run: each site must hold the form it is leaving
+	// (what the batch's read saw), and what we write is the span as just
+	// read with each site's differing byte set to its new form.
+	copy(want, cur)
 	for k, i := range run {
+		d := w.at[i]
 		if w.word != nil {
 			// Prepared's words: one load and compare per site, without
 			// touching the Change (the batch's sites stay in cache).
 			ww := &w.word[i]
 			ours[k] = Extent{ww.addr, int(ww.len)}
 			if off := ww.addr - start; ww.mask != 0 && off+8 <= uint64(len(cur)) {
-				old := ww.inert
+				old, form := ww.inert, ww.active
 				if !ww.on {
-					old = ww.active
+					old, form = ww.active, ww.inert
 				}
 				if binary.LittleEndian.Uint64(cur[off:])&ww.mask == old {
+					want[off+uint64(d)] = byte(form >> (8 * uint(d)))
 					continue
 				}
 			}
@@ -316,6 +327,7 @@ func (w *spanWriter) span(run []int) error {
 		if seen := cur[off : off+uint64(s.Len())]; !bytes.Equal(seen, s.form(!on)) {
 			return fmt.Errorf("%v changed under us (holds % x): %w", s, seen, ErrUnexpectedBytes)
 		}
+		want[off+uint64(d)] = s.form(on)[d]
 	}
 	if err := w.pr.Check(start, cur, ours); err != nil {
 		w.st.Fallbacks = append(w.st.Fallbacks, err.Error())
@@ -325,21 +337,6 @@ func (w *spanWriter) span(run []int) error {
 			}
 		}
 		return nil
-	}
-	copy(want, cur)
-	for _, i := range run {
-		d := w.at[i]
-		if w.word != nil && w.word[i].mask != 0 {
-			ww := &w.word[i]
-			form := ww.inert
-			if ww.on {
-				form = ww.active
-			}
-			want[ww.addr+uint64(d)-start] = byte(form >> (8 * uint(d)))
-			continue
-		}
-		s := &w.cs[i].Site
-		want[s.Addr+uint64(d)-start] = s.form(w.cs[i].On)[d]
 	}
 	if err := w.m.WriteMem(start, want); err != nil {
 		return err

@@ -35,12 +35,12 @@ int main(void) {
 	F(ep_header, maps_off); F(ep_header, maps_len); F(ep_header, init_mono); F(ep_header, state);
 	F(ep_header, exit_mono); F(ep_header, exit_tsc);
 	F(ep_header, keys_off); F(ep_header, func_segs); F(ep_header, control);
-	F(ep_header, gen); F(ep_header, quota_k); F(ep_header, quota_epoch); F(ep_header, filter_depth); F(ep_header, filter_tid); F(ep_header, filter_min_ns); F(ep_header, filter_epoch);
+	F(ep_header, gen); F(ep_header, quota_k); F(ep_header, quota_epoch); F(ep_header, filter_depth); F(ep_header, filter_tid); F(ep_header, filter_min_ns); F(ep_header, filter_epoch); F(ep_header, qtrace_lo); F(ep_header, qtrace_hi);
 	F(ep_header, ring_req); F(ep_header, ring_def); F(ep_thread, ring_size); F(ep_header, funcs_used);
 	F(ep_header, func_drop_enters); F(ep_header, func_drop_exits); F(ep_header, threads_claimed);
 	F(ep_header, threads_active); F(ep_header, thread_overflows); F(ep_header, thread_drop_hits);
 	F(ep_header, preinit_drops); F(ep_header, late_drops); F(ep_header, fentry_mode);
-	F(ep_header, fentry_sites); F(ep_header, fentry_bad_sites); F(ep_header, fentry_unwound);
+	F(ep_header, fentry_sites); F(ep_header, fentry_bad_sites); F(ep_header, fentry_unwound); F(ep_header, nosys); F(ep_header, nosys_threads); F(ep_header, nosys_skips);
 	F(ep_header, argplan); F(ep_argplan, key); F(ep_argplan, spec); S(ep_argplan);
 	F(ep_func, addr); F(ep_func, entries); F(ep_func, exits); F(ep_func, sum_ns); F(ep_func, min_inv);
 	F(ep_func, max_ns); F(ep_func, orphans); F(ep_func, unmatched); F(ep_func, hist);
@@ -48,7 +48,7 @@ int main(void) {
 	F(ep_thread, state); F(ep_thread, tid); F(ep_thread, generation); F(ep_thread, depth);
 	F(ep_thread, claimed_mono); F(ep_thread, reentrant_drops); F(ep_thread, stack_overflows);
 	F(ep_thread, orphans); F(ep_thread, unmatched); F(ep_thread, local_full); F(ep_thread, ring_head);
-	F(ep_thread, ring_dropped); F(ep_thread, ring_tail_cache); F(ep_thread, index); F(ep_thread, ring_tail);
+	F(ep_thread, ring_dropped); F(ep_thread, ring_tail_cache); F(ep_thread, index); F(ep_thread, quota_busy); F(ep_thread, ring_tail);
 	F(ep_thread, deep_lost); F(ep_thread, abandoned_hooks); F(ep_thread, fentry_restored); F(ep_thread, quota_skips);
 	F(ep_thread, sample_left); F(ep_thread, hook_ticks); F(ep_thread, hook_samples);
 	F(ep_local, addr); F(ep_local, gidx); F(ep_local, hint); F(ep_local, entries); F(ep_local, exits); F(ep_local, sum_ns);
