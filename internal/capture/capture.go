@@ -205,9 +205,10 @@ func (s *session) close(context.Context) error {
 		err = cerr
 	}
 	s.region.Close()
-	if err != nil && hotpatch.Gone(err) && s.gone() {
-		// The process ended during the capture: its probes went with it,
-		// and what it recorded until then is the capture's to keep.
+	if err != nil && hotpatch.Gone(err) {
+		// The process ended during the capture, or ran exec (its memory
+		// is gone, not the process): its probes went with the image, and
+		// what it recorded until then is the capture's to keep.
 		err = nil
 	}
 	return err
