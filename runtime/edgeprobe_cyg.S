@@ -194,18 +194,25 @@
 	cmpl	EPA_TH_TID(%r9), %edx
 	je	\full					/* the listed thread */
 	cmpl	$0, EPA_HDR_FILTER_TID+4(%rax)
-	je	10f					/* a list of one, without us: out */
-	movl	EPA_TH_TID(%r9), %ecx
+	jne	11f					/* more threads listed: FILTER_LIST */
+10:							/* out: fall through to the body */
+.endm
+
+/* FILTER_LIST full: the rest of FILTERED_OUT's thread list (a second
+ * thread and more), placed after the hook's body so that a list of one
+ * costs no jump; back to FILTERED_OUT's end (10) when the call is out. */
+.macro FILTER_LIST full
+11:	movl	EPA_TH_TID(%r9), %ecx
 	movl	$1, %esi
 9:	movl	EPA_HDR_FILTER_TID(%rax,%rsi,4), %edx
 	testl	%edx, %edx
-	jz	10f					/* end of the list: out */
+	jz	10b					/* end of the list: out */
 	cmpl	%ecx, %edx
 	je	\full					/* a listed thread */
 	addl	$1, %esi
 	cmpl	$EPA_FILTER_TIDS, %esi
 	jb	9b
-10:
+	jmp	10b
 .endm
 
 	.text
@@ -236,6 +243,7 @@ __cyg_profile_func_enter:
 	/* rdi still holds fn: the C hook starts over (it sets the word again) */
 	movq	$0, %fs:EPA_TLS_BUSY(%r8)
 	jmp	ep_cyg_enter_full
+	FILTER_LIST ep_cyg_enter_full
 	.cfi_endproc
 	.size	__cyg_profile_func_enter, .-__cyg_profile_func_enter
 
@@ -262,6 +270,7 @@ __cyg_profile_func_exit:
 .Lexit_decline:
 	movq	$0, %fs:EPA_TLS_BUSY(%r8)
 	jmp	ep_cyg_exit_full
+	FILTER_LIST ep_cyg_exit_full
 	.cfi_endproc
 	.size	__cyg_profile_func_exit, .-__cyg_profile_func_exit
 

@@ -53,7 +53,9 @@ func lateSandbox(t *testing.T, mode string) {
 	}
 	defer region.Close()
 	cmd := exec.Command(testutil.Command(t, "hotpatch"), "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_str", "--args", "t_str",
-		"--duration", "2s", "--format", "text", "-o", filepath.Join(dir, "t.txt"))
+		// rings that hold the whole capture (about 30,000 events a second):
+		// a drain delayed on a loaded machine must not cost a record
+		"--duration", "2s", "--ring-events", "65536", "--format", "text", "-o", filepath.Join(dir, "t.txt"))
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {

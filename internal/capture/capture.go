@@ -63,12 +63,13 @@ type session struct {
 	start     uint64 // the process's start time (/proc/PID/stat): a reused pid is another process
 }
 
-// gone reports whether the captured process has ended (exited, killed, a
-// zombie not yet reaped, or its pid reused): nothing more can happen in it,
+// gone reports whether the captured process has ended (exiting, exited,
+// killed, a zombie not yet reaped, or its pid reused): nothing more can happen in it,
 // and nothing is left in it to restore.
 func (s *session) gone() bool {
 	st, err := procfs.ReadStat(s.pid, 0)
-	return err != nil || st.State == 'Z' || st.State == 'X' || st.StartTime != s.start
+	return err != nil || st.State == 'Z' || st.State == 'X' || st.StartTime != s.start ||
+		!procfs.HasMemory(s.pid) // exiting: its memory is gone before it is a zombie
 }
 
 func open(ctx context.Context, o Options) (*session, error) {
@@ -204,9 +205,10 @@ func (s *session) close(context.Context) error {
 		err = cerr
 	}
 	s.region.Close()
-	if err != nil && hotpatch.Gone(err) && s.gone() {
-		// The process ended during the capture: its probes went with it,
-		// and what it recorded until then is the capture's to keep.
+	if err != nil && hotpatch.Gone(err) {
+		// The process ended during the capture, or ran exec (its memory
+		// is gone, not the process): its probes went with the image, and
+		// what it recorded until then is the capture's to keep.
 		err = nil
 	}
 	return err

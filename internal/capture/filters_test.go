@@ -156,6 +156,34 @@ func TestTraceTid(t *testing.T) {
 	}
 }
 
+// TestTraceTwoTids: with --tid naming two of mt.c's four workers, every call
+// in the trace is one of theirs and both are in it (a second listed thread
+// takes the hooks' list walk, edgeprobe_cyg.S FILTER_LIST; the unlisted two
+// walk it to its end).
+func TestTraceTwoTids(t *testing.T) {
+	p := startCold(t)
+	w := workerTids(t, p.Pid)
+	if len(w) < 3 {
+		t.Fatalf("want four workers, found %v", w)
+	}
+	a, b := w[0], w[1]
+	out := filepath.Join(t.TempDir(), "trace.json")
+	run(t, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "work", "--enable", "leaf", "--tid", strconv.Itoa(a),
+		"--tid", strconv.Itoa(b), "--duration", "60s", "--max-calls", "6000", "-o", out)
+	calls := chromeCalls(t, out)
+	per := map[int]int{}
+	for _, c := range calls {
+		per[c.Tid]++
+	}
+	if len(calls) < 6000 || per[a] == 0 || per[b] == 0 || per[a]+per[b] != len(calls) {
+		t.Errorf("%d calls by thread: %v; want at least 6000, all of threads %d and %d, some of each", len(calls), per, a, b)
+	}
+	allOff(t, p)
+	if out, _ := p.Finish(); !strings.Contains(out, "wrong=0") {
+		t.Fatalf("program output %q", out)
+	}
+}
+
 // TestTraceRate: with --rate 50 each of mt.c's hot functions records 50
 // calls in every one-second quota epoch of the capture (its threads make
 // millions of calls a second), and the trace holds exactly those calls

@@ -39,6 +39,7 @@ type ProfileResult struct {
 	HitCostNs     float64       // the cost of one hook the estimate used
 	HitCostFrom   string        // where it comes from
 	Slowdown      float64       // estimated: Hooks x HitCostNs / TargetCPU
+	Notes         []string      // what the user should know (the process ended early)
 	// QuotaHeld names the functions the profile did not select that
 	// recorded calls while its quota was on: the quota is process-wide
 	// (D57), so their counts over the profile are held to K per epoch too.
@@ -120,6 +121,14 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 	// enforced between looks, so a long epoch must not mean a late one.
 	poll := min(max(o.Epoch/20, time.Millisecond), 100*time.Millisecond)
 	var loopErr error
+	// A process that ends (exit, a kill) records nothing more: the profile
+	// ends there with what it recorded, instead of waiting out --duration
+	// and failing on the next toggle.
+	limitCtx, stopEarly := context.WithCancel(ctx)
+	defer stopEarly()
+	ended := false
+	lastLook := start
+	cpuLast := cpu0
 	toggle := func(q []*quota, on bool) {
 		var actions []hotpatch.Action
 		for _, x := range q {
@@ -129,18 +138,35 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 			}
 			x.off = !on
 		}
-		if len(actions) == 0 || loopErr != nil {
+		if len(actions) == 0 || loopErr != nil || ended {
 			return
 		}
 		r, err := s.hp.Apply(ctx, actions, hotpatch.ProtoAuto, 0)
 		if r != nil {
 			res.Toggles += uint64(r.Changed)
 		}
+		if err != nil && hotpatch.Gone(err) && s.gone() {
+			ended = true
+			return
+		}
 		if err != nil && ctx.Err() == nil {
 			loopErr = err
 		}
 	}
-	ticker(ctx, o.Duration, poll, o.Progress, func(elapsed time.Duration) string {
+	ticker(limitCtx, o.Duration, poll, o.Progress, func(elapsed time.Duration) string {
+		if !ended && time.Since(lastLook) >= 50*time.Millisecond {
+			lastLook = time.Now()
+			if s.region.Exited() || s.gone() {
+				ended = true
+			} else if c, err := cpuTime(o.PID); err == nil {
+				cpuLast = c
+			}
+		}
+		if ended {
+			res.Notes = append(res.Notes, fmt.Sprintf("the process ended %s into the profile; the profile ends there", elapsed.Round(time.Millisecond)))
+			stopEarly()
+			return fmt.Sprintf("epoch %d, %d site toggles", res.Epochs, res.Toggles)
+		}
 		s.watchSeccomp()
 		if epochStart.IsZero() || time.Since(epochStart) >= o.Epoch {
 			if !epochStart.IsZero() {
@@ -174,6 +200,9 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 	}
 	res.Duration = time.Since(start)
 	cpu1, err := cpuTime(o.PID)
+	if ended || err != nil && s.gone() {
+		cpu1, err = cpuLast, nil // the CPU it used until its last look
+	}
 	if err != nil {
 		return nil, err
 	}

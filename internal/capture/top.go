@@ -22,6 +22,7 @@ func Top(ctx context.Context, o Options, interval time.Duration, count int, show
 	var (
 		region *shm.Region
 		sym    *report.Symbolizer
+		watch  = func() {} // a session's seccomp look (D56); none when only reading
 	)
 	if len(o.Selectors) > 0 {
 		s, err := open(ctx, o)
@@ -34,6 +35,7 @@ func Top(ctx context.Context, o Options, interval time.Duration, count int, show
 			}
 		}()
 		region, sym = s.region, s.sym
+		watch = s.watchSeccomp
 	} else {
 		region, err = shm.OpenPID(o.PID)
 		if errors.Is(err, os.ErrNotExist) {
@@ -79,6 +81,7 @@ func Top(ctx context.Context, o Options, interval time.Duration, count int, show
 			return nil
 		case <-t.C:
 		}
+		watch()
 		snap := sampler.Sample(region.Functions(), time.Now())
 		t.Reset(interval)
 		snap.Exited = region.Exited() || !alive()

@@ -351,7 +351,11 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		// Seal the last epoch and wait for the hooks that took a slot
 		// before the seal to write their events (D55): then the last drain
 		// below has every call of the trace's epochs.
-		_, busy, err := s.region.EndQuotaTrace(quotaWait)
+		wait := quotaWait
+		if s.region.Exited() || s.gone() {
+			wait = 0 // no hook of an ended process will finish
+		}
+		_, busy, err := s.region.EndQuotaTrace(wait)
 		if err != nil {
 			return nil, err
 		}
@@ -363,7 +367,7 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 			}
 		}
 		if busy > 0 {
-			res.Notes = append(res.Notes, fmt.Sprintf("%d threads were inside a hook when the --rate capture ended (stopped, or left by a signal handler's longjmp): their calls' events may be missing", busy))
+			res.Notes = append(res.Notes, fmt.Sprintf("%d threads were inside a hook when the --rate capture ended (stopped, killed, or left by a signal handler's longjmp): their calls' events may be missing", busy))
 		}
 	}
 	offErr := s.region.SetControl(0, ctl)

@@ -2,6 +2,7 @@ package capture
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -67,5 +68,51 @@ func TestTraceUntilProcessEnds(t *testing.T) {
 				t.Fatalf("the trace holds no call of work (trace stderr %q):\n%.2000s", stderr.String(), r.Stdout)
 			}
 		})
+	}
+}
+
+// TestProfileUntilProcessEnds: the same for a profile: a program that exits
+// during it ends it there, exit 0 with a note, and the profile of what it
+// recorded is written (it used to wait out --duration, fail with exit 4
+// and write nothing).
+func TestProfileUntilProcessEnds(t *testing.T) {
+	p := startCold(t)
+	region, err := shm.OpenPID(p.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer region.Close()
+	out := filepath.Join(t.TempDir(), "p.pprof")
+	pr := exec.Command(testutil.Command(t, "hotpatch"), "profile", "--pid", fmt.Sprint(p.Pid), "--enable", "work", "--enable", "leaf",
+		"--duration", "10m", "--epoch", "50ms", "--samples", "100", "-o", out)
+	var stdout, stderr strings.Builder
+	pr.Stdout, pr.Stderr = &stdout, &stderr
+	if err := pr.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- pr.Wait() }()
+	t.Cleanup(func() {
+		if pr.ProcessState == nil {
+			pr.Process.Kill()
+			<-done
+		}
+	})
+	waitFor(t, "the profile to start", func() bool { return region.Control()&shm.CtlQuota != 0 })
+	p.AwaitProgress(p.Symbol(p.Cmd.Path, "progress"), 20000)
+	if o, _ := p.Finish(); !strings.Contains(o, "wrong=0") {
+		t.Fatalf("program output %q", o)
+	}
+	select {
+	case err = <-done:
+	case <-time.After(2 * time.Minute):
+		// A watchdog, not a measure: the profile asked for 10 minutes.
+		t.Fatalf("the profile was still running 2 minutes after the program ended (stderr %q)", stderr.String())
+	}
+	if err != nil || !strings.Contains(stderr.String(), "the process ended") || !strings.Contains(stdout.String(), "work") {
+		t.Fatalf("profile: %v, stdout %q, stderr %q; want exit 0, work's row and a note that the process ended", err, stdout.String(), stderr.String())
+	}
+	if st, err := os.Stat(out); err != nil || st.Size() == 0 {
+		t.Fatalf("profile file: %v", err)
 	}
 }

@@ -187,8 +187,9 @@ func newTraceCmd(stdout, stderr io.Writer, inj *injectFlags) *cobra.Command {
 		Use:   "trace --pid N --enable SEL --duration D -o FILE [--format perfetto|chrome-json|text] [--args GLOB] [--retval GLOB]",
 		Short: "Record every call of the selected functions for a while, as a trace",
 		Long: `trace turns on the selected probes, switches the runtime's per-thread event rings on,
-collects them for the duration, then switches them off and puts every probe back as it
-was. Events the rings could not hold are counted and reported, never silently lost.
+collects them for the duration (or until the process ends), then switches them off and puts
+every probe back as it was. Events the rings could not hold are counted and reported, never
+silently lost.
 
 Formats (--format; by default chosen from the output's extension: .json is chrome-json,
 .txt is text, anything else perfetto):
@@ -468,6 +469,9 @@ the call into the hook itself is not included), unless --hit-cost gives one.`,
 			endProgress(stderr, progress)
 			if err != nil {
 				return classify(err)
+			}
+			for _, n := range res.Notes {
+				fmt.Fprintf(stderr, "hotpatch: profile: %s\n", n)
 			}
 			var buf bytes.Buffer
 			if err := report.WriteProfile(&buf, report.Profile(res.Functions, start, res.Duration)); err != nil {

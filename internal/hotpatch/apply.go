@@ -262,7 +262,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	}
 	before, err := p.batch.Classify(s.reader(), p.before)
 	if err != nil {
-		if Gone(err) && !processGone(s.pid) {
+		if Gone(err) && !processGone(s.pid) && procfs.HasMemory(s.pid) {
 			// The memory we opened is gone but the process is not: it ran
 			// exec, and the sites went with its old program.
 			err = fmt.Errorf("pid %d ran exec: the program whose probes these are is gone (%v): %w", s.pid, err, ptrace.ErrExited)

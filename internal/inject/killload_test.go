@@ -61,43 +61,76 @@ func TestKilledDuringLoad(t *testing.T) {
 	testutil.RequirePtrace(t)
 	useRuntime(t)
 	big := bigRuntime(t)
-	bin := attachFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
-	p := testutil.Start(t, nil, bin)
-	progress := p.Symbol(bin, "progress")
-	pid := fmt.Sprint(p.Pid)
-
-	hp := exec.Command(testutil.Command(t, "hotpatch"), "--pid", pid, "--enable", "work", "--runtime", big)
-	var stderr strings.Builder
-	hp.Stderr = &stderr
-	if err := hp.Start(); err != nil {
+	st, err := os.Stat(big)
+	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- hp.Wait() }()
-	deadline := time.Now().Add(time.Minute)
-	for runtimeMemfd(p.Pid) <= 0 {
-		select {
-		case err := <-done:
-			t.Fatalf("hotpatch ended (%v, stderr %q) before the test saw it fill the runtime's memfd: the load was too quick to interrupt", err, stderr.String())
-		default:
+	bin := attachFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
+	// An attempt counts only if the kill landed while the memfd was being
+	// filled (its size short of the runtime's after the kill): on a loaded
+	// machine the test may be descheduled past the fill, into the calls
+	// after it, whose window is the documented residual (D59).
+	var (
+		p      *testutil.Process
+		stderr strings.Builder
+	)
+	for attempt := 1; ; attempt++ {
+		if attempt > 5 {
+			t.Fatal("5 attempts, none killed hotpatch while it filled the memfd")
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no memfd being filled in a minute")
+		p = testutil.Start(t, nil, bin)
+		hp := exec.Command(testutil.Command(t, "hotpatch"), "--pid", fmt.Sprint(p.Pid), "--enable", "work", "--runtime", big)
+		stderr.Reset()
+		hp.Stderr = &stderr
+		if err := hp.Start(); err != nil {
+			t.Fatal(err)
 		}
-		runtime.Gosched()
+		done := make(chan error, 1)
+		go func() { done <- hp.Wait() }()
+		deadline := time.Now().Add(time.Minute)
+		finished := false
+		for runtimeMemfd(p.Pid) <= 0 && !finished {
+			select {
+			case err := <-done:
+				t.Logf("attempt %d: hotpatch ended (%v) before the test saw the memfd fill", attempt, err)
+				finished = true
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no memfd being filled in a minute")
+			}
+			runtime.Gosched()
+		}
+		if !finished {
+			hp.Process.Kill()
+			if err := <-done; err == nil || !strings.Contains(err.Error(), "killed") {
+				t.Logf("attempt %d: hotpatch: %v, not killed mid-load", attempt, err)
+				finished = true
+			}
+		}
+		if !finished {
+			// Killed inside the fill, or the target is gone (which the
+			// checks below report); no memfd in a live target: the load
+			// got past the loader's close of it.
+			n := runtimeMemfd(p.Pid)
+			if n >= 0 && n < st.Size() || n < 0 && !p.Alive() {
+				break
+			}
+			t.Logf("attempt %d: the kill came after the fill", attempt)
+		}
+		p.Cmd.Process.Kill()
+		p.Wait()
 	}
-	hp.Process.Kill()
-	if err := <-done; err == nil || !strings.Contains(err.Error(), "killed") {
-		t.Fatalf("hotpatch: %v, want killed mid-load (stderr %q)", err, stderr.String())
-	}
-	// The kernel resumes the borrowed thread as it detaches it: the target
-	// must go on (its counter grows by 20000 more) rather than die.
 	died := func() {
 		if !p.Alive() {
 			t.Fatalf("the target died when hotpatch was killed during the load: %v (hotpatch stderr %q)", p.Wait(), stderr.String())
 		}
 	}
 	died()
+	progress := p.Symbol(bin, "progress")
+	pid := fmt.Sprint(p.Pid)
+	// The kernel resumes the borrowed thread as it detaches it: the target
+	// must go on (its counter grows by 20000 more) rather than die.
 	start := p.Read64(progress)
 	for deadline := time.Now().Add(time.Minute); ; runtime.Gosched() {
 		died()

@@ -72,6 +72,21 @@ func Gone(pid, tid int) bool {
 	return err != nil || st.State == 'Z' || st.State == 'X'
 }
 
+// HasMemory reports whether the process has an address space: false once
+// it is exiting (its memory is released before it becomes a zombie), or
+// gone. A process that ran exec has one (the new program's). One whose maps
+// we may not read is taken to have one.
+func HasMemory(pid int) bool {
+	f, err := os.Open(path(pid, 0, "maps"))
+	if err != nil {
+		return errors.Is(err, os.ErrPermission) && exists(pid)
+	}
+	defer f.Close()
+	var b [1]byte
+	n, _ := f.Read(b[:])
+	return n == 1
+}
+
 // Status is /proc/PID/status as its "Key:\tvalue" lines.
 type Status map[string]string
 

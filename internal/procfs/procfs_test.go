@@ -26,3 +26,14 @@ func TestSelf(t *testing.T) {
 		t.Error("a missing process is not gone")
 	}
 }
+
+// TestHasMemory: a running process has an address space; a pid that does
+// not exist has none.
+func TestHasMemory(t *testing.T) {
+	if !HasMemory(os.Getpid()) {
+		t.Error("this process has no address space?")
+	}
+	if HasMemory(1 << 30) {
+		t.Error("pid 1<<30 has an address space?")
+	}
+}

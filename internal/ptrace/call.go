@@ -355,6 +355,15 @@ func (b *Borrowed) Park(ctx context.Context, syscallFn uint64) error {
 			t.handle(wpid, ws) // group-stop: kept with LISTEN; the interrupt comes after SIGCONT
 		case event != 0:
 			_ = unix.PtraceCont(tid, 0)
+		case sig == unix.SIGSEGV:
+			// pause returned (a signal the mask lets through ran its
+			// handler) into our return address 0 before the interrupt
+			// trapped: not a signal of the program's. Pause again.
+			if err := unix.PtraceSetRegs(tid, &r); err != nil {
+				return fmt.Errorf("park thread %d: set registers: %w", tid, mapErrno(err))
+			}
+			_ = unix.PtraceCont(tid, 0)
+			_ = unix.PtraceInterrupt(tid)
 		default:
 			// A signal the mask lets through: kept for after the restore,
 			// as during a call.
