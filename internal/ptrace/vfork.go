@@ -15,8 +15,8 @@ import (
 // A child that a thread vforked before we seized that thread is not
 // auto-attached (only children made by a traced thread are), is not in
 // /proc/PID/task (it is a process of its own) and shares our text: left
-// untraced it dies of SIGTRAP at the first int3 a batch writes (the
-// forkfix bug, docs/protocols.md "Forks"). Children made after the scan
+// untraced it dies of SIGTRAP at the first int3 a batch writes
+// (docs/protocols.md "Forks"). Children made after the scan
 // come through the event loop; a child found here is traced like every
 // vfork child, as one more thread, and its parent thread is marked as
 // blocked in vfork (its VFORK_DONE event, which it reports because it is
