@@ -184,38 +184,16 @@ func (b *Borrowed) Call(ctx context.Context, fn uint64, args ...uint64) (uint64,
 	}
 	deadline := time.Now().Add(limit)
 	for {
-		var ws unix.WaitStatus
-		wpid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL|unix.WNOTHREAD, nil)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			t.exited = true
-			return 0, fmt.Errorf("pid %d: %w", t.pid, ErrExited)
-		}
-		if wpid == 0 {
+		ws, err := t.awaitStop(tid, "during a call", func() error {
 			if time.Now().After(deadline) || ctx.Err() != nil {
-				return 0, b.abandon(fn, limit, ctx.Err())
+				return b.abandon(fn, limit, ctx.Err())
 			}
-			tm := time.NewTimer(time.Millisecond)
-			select {
-			case <-t.sigchld:
-			case <-tm.C:
-			}
-			tm.Stop()
-			continue
+			return nil
+		})
+		if err != nil {
+			return 0, err
 		}
-		if wpid != tid {
-			t.handle(wpid, ws)
-			continue
-		}
-		if ws.Exited() || ws.Signaled() {
-			t.handle(wpid, ws)
-			return 0, fmt.Errorf("thread %d died during a call: %w", tid, ErrExited)
-		}
-		if !ws.Stopped() {
-			continue
-		}
+		wpid := tid
 		sig := ws.StopSignal()
 		switch event := int(ws) >> 16; {
 		case event == unix.PTRACE_EVENT_CLONE:
@@ -248,6 +226,49 @@ func (b *Borrowed) Call(ctx context.Context, fn uint64, args ...uint64) (uint64,
 				b.deferred = append(b.deferred, si)
 			}
 			_ = unix.PtraceCont(tid, 0)
+		}
+	}
+}
+
+// awaitStop waits for the next ptrace-stop of the borrowed thread tid,
+// handing every other task's status to the tracer's event loop (t.handle).
+// While nothing is pending it asks expired (nil: keep waiting) and sleeps
+// until SIGCHLD or a millisecond. The thread's death ends the wait with
+// ErrExited, described as having happened "while" (during a call, while
+// parked); so does the end of the whole process.
+func (t *Tracer) awaitStop(tid int, while string, expired func() error) (unix.WaitStatus, error) {
+	for {
+		var ws unix.WaitStatus
+		wpid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL|unix.WNOTHREAD, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			t.exited = true
+			return ws, fmt.Errorf("pid %d: %w", t.pid, ErrExited)
+		}
+		if wpid == 0 {
+			if err := expired(); err != nil {
+				return ws, err
+			}
+			tm := time.NewTimer(time.Millisecond)
+			select {
+			case <-t.sigchld:
+			case <-tm.C:
+			}
+			tm.Stop()
+			continue
+		}
+		if wpid != tid {
+			t.handle(wpid, ws)
+			continue
+		}
+		if ws.Exited() || ws.Signaled() {
+			t.handle(wpid, ws)
+			return ws, fmt.Errorf("thread %d died %s: %w", tid, while, ErrExited)
+		}
+		if ws.Stopped() {
+			return ws, nil
 		}
 	}
 }
@@ -294,16 +315,7 @@ func (b *Borrowed) Park(ctx context.Context, syscallFn uint64) error {
 	}
 	deadline := time.Now().Add(defaultCallLimit)
 	for {
-		var ws unix.WaitStatus
-		wpid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL|unix.WNOTHREAD, nil)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			t.exited = true
-			return fmt.Errorf("pid %d: %w", t.pid, ErrExited)
-		}
-		if wpid == 0 {
+		ws, err := t.awaitStop(tid, "while parked", func() error {
 			// A SIGSTOP that came first holds the thread in a group-stop
 			// (LISTEN) until SIGCONT, which re-traps it with the SIGTRAP
 			// event stop we wait for: the limit counts only time it runs.
@@ -312,25 +324,12 @@ func (b *Borrowed) Park(ctx context.Context, syscallFn uint64) error {
 			} else if time.Now().After(deadline) {
 				return fmt.Errorf("park thread %d: no interrupt stop within %v: %w", tid, defaultCallLimit, ErrCall)
 			}
-			tm := time.NewTimer(time.Millisecond)
-			select {
-			case <-t.sigchld:
-			case <-tm.C:
-			}
-			tm.Stop()
-			continue
+			return nil
+		})
+		if err != nil {
+			return err
 		}
-		if wpid != tid {
-			t.handle(wpid, ws)
-			continue
-		}
-		if ws.Exited() || ws.Signaled() {
-			t.handle(wpid, ws)
-			return fmt.Errorf("thread %d died while parked: %w", tid, ErrExited)
-		}
-		if !ws.Stopped() {
-			continue
-		}
+		wpid := tid
 		sig := ws.StopSignal()
 		switch event := int(ws) >> 16; {
 		case event == unix.PTRACE_EVENT_STOP && sig == unix.SIGTRAP:
