@@ -76,38 +76,25 @@ func (o *Object) InExec(addr, n uint64) bool {
 }
 
 // Read parses /proc/PID/maps.
-func Read(pid int) ([]Mapping, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
-	if err != nil {
-		if os.IsNotExist(err) {
-			return nil, fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
-		}
-		return nil, err
-	}
-	defer f.Close()
-	return Parse(f)
-}
+func Read(pid int) ([]Mapping, error) { return readMaps(pid, nil) }
 
 // Parse parses the text of a maps file.
-func Parse(r io.Reader) ([]Mapping, error) {
-	var out []Mapping
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 4<<10), 1<<20)
-	for n := 1; sc.Scan(); n++ {
-		m, err := parseLine(sc.Text())
-		if err != nil {
-			return nil, fmt.Errorf("maps line %d: %w", n, err)
-		}
-		out = append(out, m)
-	}
-	return out, sc.Err()
-}
+func Parse(r io.Reader) ([]Mapping, error) { return parse(r, nil) }
 
 // ReadExec is Read keeping only the executable mappings (Mapping.Exec).
 // A large flip batch reads the maps twice (hotpatch's pristine check) and
 // needs only those: a line it does not keep is not converted or parsed,
 // which costs no allocation.
-func ReadExec(pid int) ([]Mapping, error) {
+func ReadExec(pid int) ([]Mapping, error) { return readMaps(pid, execField) }
+
+// ParseExec is Parse keeping only the executable mappings: on input Parse
+// accepts it returns exactly Parse's executable mappings. A line whose
+// second field does not mark it executable is skipped unread, so a
+// malformed one is an error only if it looks executable (FuzzParseExec).
+func ParseExec(r io.Reader) ([]Mapping, error) { return parse(r, execField) }
+
+// readMaps opens /proc/PID/maps and parses it (keep: see parse).
+func readMaps(pid int, keep func([]byte) bool) ([]Mapping, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
 		if os.IsNotExist(err) {
@@ -116,19 +103,16 @@ func ReadExec(pid int) ([]Mapping, error) {
 		return nil, err
 	}
 	defer f.Close()
-	return ParseExec(f)
+	return parse(f, keep)
 }
 
-// ParseExec is Parse keeping only the executable mappings: on input Parse
-// accepts it returns exactly Parse's executable mappings. A line whose
-// second field does not mark it executable is skipped unread, so a
-// malformed one is an error only if it looks executable (FuzzParseExec).
-func ParseExec(r io.Reader) ([]Mapping, error) {
+// parse parses the lines of a maps file that keep accepts (nil: every line).
+func parse(r io.Reader, keep func([]byte) bool) ([]Mapping, error) {
 	var out []Mapping
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 4<<10), 1<<20)
 	for n := 1; sc.Scan(); n++ {
-		if !execField(sc.Bytes()) {
+		if keep != nil && !keep(sc.Bytes()) {
 			continue
 		}
 		m, err := parseLine(sc.Text())
