@@ -603,6 +603,11 @@ func (t *Tracer) handle(wpid int, ws unix.WaitStatus) {
 	th.syncWant = false // any ptrace-stop is a kernel entry and exit
 	sig := int(ws.StopSignal())
 	event := int(ws) >> 16
+	if event != unix.PTRACE_EVENT_VFORK {
+		// A thread blocked in vfork reports no stop until the vfork ends
+		// (its wait is killable only): any other stop means it is out.
+		th.inVfork = false
+	}
 	switch {
 	case event == unix.PTRACE_EVENT_CLONE:
 		if msg, err := unix.PtraceGetEventMsg(wpid); err == nil {

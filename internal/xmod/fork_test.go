@@ -53,6 +53,9 @@ func runStressForkMode(t *testing.T, p protocol, mode string, minForks int) {
 		if mode == "vforkhold" && stats.Vforks == 0 {
 			t.Fatalf("%s: the vfork child alive at attach was not traced: %+v", p.name, stats)
 		}
+		if mode == "vfork2hold" && stats.Vforks < 2 {
+			t.Fatalf("%s: the vfork child and grandchild alive at attach were not both traced: %+v", p.name, stats)
+		}
 		if err := tr.Detach(); err != nil {
 			t.Fatal(err)
 		}
@@ -85,5 +88,17 @@ func TestForkStop(t *testing.T)      { runStressFork(t, protoStop) }
 func TestForkVforkAtAttach(t *testing.T) {
 	for _, p := range []protocol{protoFlip, protoInt3, protoInt3Async, protoStop} {
 		t.Run(p.name, func(t *testing.T) { runStressForkMode(t, p, "vforkhold", 1) })
+	}
+}
+
+// The same one generation down (vfork2hold): the vfork child vforked in
+// turn before we attached, and the grandchild runs the sites while the
+// child sits blocked in vfork. The grandchild's parent is the child, not
+// the target, and the child is no thread of the target: both must be
+// found and traced (the grandchild would die of the first int3; the child,
+// left unmarked, would keep StopAll waiting until the grandchild exits).
+func TestForkVfork2AtAttach(t *testing.T) {
+	for _, p := range []protocol{protoFlip, protoInt3, protoInt3Async, protoStop} {
+		t.Run(p.name, func(t *testing.T) { runStressForkMode(t, p, "vfork2hold", 1) })
 	}
 }

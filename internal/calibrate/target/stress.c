@@ -39,6 +39,10 @@
  * and the first runs the five sites from before "ready" until "stop" (it
  * shares stop_flag): a tracer that attaches finds it already running, its
  * parent thread blocked in vfork, and must trace it too.
+ * With argv[2] = "vfork2hold" that first vfork child vforks in turn and it is
+ * the grandchild that runs the sites (both share our text; the child sits
+ * blocked in vfork): a tracer must find and trace the grandchild too. The
+ * child dies of the signal the grandchild died of, if it did.
  * Build: gcc -O2 -g -pthread stress.c -o stress (no hooks.c needed). */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -227,7 +231,7 @@ static void *churn(void *arg) {
 }
 
 static unsigned long forks, childdied, childbad;
-static int lastsig, lastvfork, vforkhold;
+static int lastsig, lastvfork, vforkhold, vfork2;
 
 static int child_sites(int loops) {
 	int sigs[] = {SIGILL, SIGSEGV, SIGBUS, SIGTRAP, SIGFPE};
@@ -246,6 +250,28 @@ static void *forker(void *arg) {
 	while (!atomic_load(&stop_flag)) {
 		int isv = forks % 4 == 3 || vforkhold;
 		pid_t c = isv ? vfork() : fork();
+		if (c == 0 && vfork2) {
+			/* A vfork child that vforks: its child runs the sites as
+			 * below while it sits blocked in vfork. */
+			pid_t g = vfork();
+			if (g == 0) {
+				int r = 0;
+				atomic_fetch_add(&running, 1);
+				while (!r && !atomic_load(&stop_flag))
+					r = child_sites(1);
+				_exit(r);
+			}
+			int gs = 0;
+			if (g < 0)
+				_exit(6);
+			while (waitpid(g, &gs, 0) < 0 && errno == EINTR)
+				;
+			if (WIFSIGNALED(gs)) {
+				signal(WTERMSIG(gs), SIG_DFL);
+				raise(WTERMSIG(gs));
+			}
+			_exit(WEXITSTATUS(gs));
+		}
 		if (c == 0 && vforkhold) {
 			/* Shares our memory: sees stop_flag, so it runs the sites
 			 * for the whole run, from before "ready" to "stop". */
@@ -276,7 +302,8 @@ static void *forker(void *arg) {
 int main(int argc, char **argv) {
 	int n = argc > 1 ? atoi(argv[1]) : 4;
 	int withchurn = argc > 2 && strcmp(argv[2], "churn") == 0;
-	vforkhold = argc > 2 && strcmp(argv[2], "vforkhold") == 0;
+	vfork2 = argc > 2 && strcmp(argv[2], "vfork2hold") == 0;
+	vforkhold = vfork2 || (argc > 2 && strcmp(argv[2], "vforkhold") == 0);
 	int withfork = vforkhold || (argc > 2 && strcmp(argv[2], "fork") == 0);
 	if (n < 1 || n > MAXEXEC)
 		n = 4;
