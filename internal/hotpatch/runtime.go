@@ -25,6 +25,10 @@ const EnvRuntime = "EDGEPROBE_RUNTIME"
 // tests that must interrupt a given thread's system call.
 const EnvInjectThread = "EDGEPROBE_INJECT_THREAD"
 
+// EnvTestKillAt makes hotpatch SIGKILL itself at one step of a runtime
+// load (inject.Options.KillAt), for tests of a hotpatch killed mid-load.
+const EnvTestKillAt = "EDGEPROBE_TEST_KILL_AT"
+
 // RuntimeFile is the runtime's file name next to the hotpatch executable.
 const RuntimeFile = "libedgeprobe.so"
 
@@ -155,7 +159,7 @@ func ensureRuntime(ctx context.Context, pid int, opts RuntimeOptions, held *Lock
 	// Round 1 loads (or routes); a slot that the lazy binder was filling in
 	// at the same moment can end up pointing to glibc again: route again.
 	for round := 0; round < 3 && len(need) > 0; round++ {
-		res, err := inject.Load(ctx, p, inject.Options{Runtime: runtime, Prefer: os.Getenv(EnvInjectThread), Tracer: lock.Tracer()})
+		res, err := inject.Load(ctx, p, inject.Options{Runtime: runtime, Prefer: os.Getenv(EnvInjectThread), KillAt: os.Getenv(EnvTestKillAt), Tracer: lock.Tracer()})
 		if st.Load == nil {
 			st.Load = res
 		}

@@ -213,3 +213,70 @@ func stopped(pid int) bool {
 	i := strings.LastIndexByte(s, ')')
 	return i > 0 && i+2 < len(s) && s[i+2] == 'T'
 }
+
+// TestKilledInLoadCalls: hotpatch SIGKILLed inside each of the four calls
+// a load makes on the borrowed thread (mmap, memfd_create, mprotect,
+// pthread_create), while the thread runs the call ("in") and once the call
+// has returned ("end"), deterministically ($EDGEPROBE_TEST_KILL_AT: hotpatch
+// kills itself at that step), with the reader (blocked in read: its call
+// must be restarted, no byte lost), the sleeper (in nanosleep: no sleep cut
+// short, no EINTR) or whichever thread is safe borrowed, in the hazard
+// fixture. Each time the program must go on unharmed (its counter grows,
+// its final line is the correct one), and the next hotpatch must load the
+// runtime (or find it loaded: a kill once pthread_create ran leaves the
+// loader thread to finish the load) and record. Before the fix (D70) every
+// one died of SIGSEGV: a call's return address was 0, and the kernel,
+// detaching the thread, ran it into that fault (or delivered the SIGSEGV it
+// sat in).
+func TestKilledInLoadCalls(t *testing.T) {
+	testutil.RequirePtrace(t)
+	useRuntime(t)
+	bin := attachFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
+	const want = "done wrong=0 pipe=ok short=0 eintr=0 signals=ok\n"
+	for _, call := range []string{"mmap", "memfd_create", "mprotect", "pthread_create"} {
+		for _, when := range []string{"in", "end"} {
+			for _, thread := range []string{"reader", "sleeper", ""} {
+				step := call + ":" + when
+				t.Run(step+"/"+thread, func(t *testing.T) {
+					p := testutil.Start(t, nil, bin, "hazard")
+					progress := p.Symbol(bin, "progress")
+					p.AwaitProgress(progress, 1000)
+					pid := fmt.Sprint(p.Pid)
+					hp := exec.Command(testutil.Command(t, "hotpatch"), "--pid", pid, "--enable", "work")
+					hp.Env = append(os.Environ(), "EDGEPROBE_TEST_KILL_AT="+step, "EDGEPROBE_INJECT_THREAD="+thread)
+					var stderr strings.Builder
+					hp.Stderr = &stderr
+					err := hp.Run()
+					if err == nil || !strings.Contains(err.Error(), "killed") {
+						t.Fatalf("hotpatch with the kill at %s: %v, want killed (stderr %q)", step, err, stderr.String())
+					}
+					died := func() {
+						if !p.Alive() {
+							t.Fatalf("the target died when hotpatch was killed at %s: %v (hotpatch stderr %q)", step, p.Wait(), stderr.String())
+						}
+					}
+					died()
+					start := p.Read64(progress)
+					for deadline := time.Now().Add(time.Minute); p.Read64(progress)-start < 20000; runtime.Gosched() {
+						died()
+						if time.Now().After(deadline) {
+							t.Fatalf("the target made no progress in a minute after hotpatch was killed at %s", step)
+						}
+					}
+					r := hotpatchOK(t, "--pid", pid, "--enable", "work")
+					if call != "pthread_create" && !loadedNote.MatchString(r.Stderr) {
+						t.Fatalf("the hotpatch after the one killed at %s: want the load note, stderr %q", step, r.Stderr)
+					}
+					p.AwaitProgress(progress, 20000)
+					if w := funcStats(statsOf(t, p.Pid), "work"); w.Entries == 0 || w.Exits == 0 {
+						t.Fatalf("work after the load: %+v", w)
+					}
+					out, perr := p.Finish()
+					if out != want {
+						t.Fatalf("program output %q (stderr %q), want %q", out, perr, want)
+					}
+				})
+			}
+		}
+	}
+}

@@ -41,6 +41,12 @@ type Options struct {
 	// thread: the alternative docs/decisions.md (D22) measured and did not
 	// choose. For measurements only.
 	Direct bool
+	// KillAt makes the process SIGKILL itself at one step of the load:
+	// "CALL:in" once the borrowed thread runs CALL (mmap, memfd_create,
+	// mprotect, pthread_create), "CALL:end" once CALL returned
+	// ($EDGEPROBE_TEST_KILL_AT in hotpatch; tests of what a hotpatch killed
+	// mid-load leaves behind).
+	KillAt string
 }
 
 // Result says what Load did.
@@ -175,13 +181,26 @@ func Load(ctx context.Context, p *Process, opts Options) (*Result, error) {
 func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, opts Options, entries []Slot, values [4]uint64, res *Result, dataOut *uint64) error {
 	f := p.funcs
 	runtime := opts.Runtime
+	die := func() { _ = unix.Kill(unix.Getpid(), unix.SIGKILL) }
 	call := func(what string, fn uint64, args ...uint64) (uint64, error) {
+		b.OnResume = nil
+		if opts.KillAt == what+":in" {
+			b.OnResume = die
+		}
 		r, err := b.Call(ctx, fn, args...)
+		b.OnResume = nil
 		if err != nil {
 			return 0, fmt.Errorf("%s in pid %d: %w", what, p.Pid, err)
 		}
+		if opts.KillAt == what+":end" {
+			die()
+		}
 		return r, nil
 	}
+	// Each call returns into libc's rt_sigreturn trampoline over a frame of
+	// the thread's own state, so a hotpatch killed during a call leaves the
+	// thread going on where it was borrowed (D70).
+	b.Restorer, b.SyscallFn = p.restorer(b), f["syscall"]
 	area, err := call("mmap", f["mmap"], 0, codeSize+dataSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS, ^uint64(0), 0)
 	if err != nil {
 		return err
@@ -278,6 +297,14 @@ func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, opts Options,
 	// The borrowed thread runs with ptrace.BorrowMask, which the loader
 	// thread inherits from it.
 	rc, err := call("pthread_create", f["pthread_create"], data+offThread, 0, area, data)
+	if err == nil && b.Restorer != 0 {
+		// The result is that of pthread_create's last system call, not
+		// its own: whether it made a thread says it.
+		rc = 0
+		if b.Created == 0 {
+			rc = uint64(unix.EAGAIN)
+		}
+	}
 	if err == nil && rc != 0 {
 		err = fmt.Errorf("pthread_create in pid %d: %v: %w", p.Pid, unix.Errno(rc), ErrLoad)
 		if fd >= 0 {
@@ -286,6 +313,28 @@ func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, opts Options,
 		unmap()
 	}
 	return err
+}
+
+// restorer returns the address of an rt_sigreturn trampoline
+// (ptrace.RestorerCode) in libc's executable mappings, 0 if there is none
+// (calls then return into address 0, as before D70).
+func (p *Process) restorer(b *ptrace.Borrowed) uint64 {
+	if p.Libc == nil {
+		return 0
+	}
+	for _, r := range p.Libc.Exec {
+		if r.End <= r.Start || r.End-r.Start > 64<<20 {
+			continue
+		}
+		text := make([]byte, r.End-r.Start)
+		if b.ReadMem(r.Start, text) != nil {
+			continue
+		}
+		if i := bytes.Index(text, ptrace.RestorerCode); i >= 0 {
+			return r.Start + uint64(i)
+		}
+	}
+	return 0
 }
 
 // fillMemfd writes the runtime into the target's memfd through

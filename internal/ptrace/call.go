@@ -60,6 +60,25 @@ type Borrowed struct {
 	parked   bool      // Park put its own registers, xstate and mask back (Call sets the mask again)
 	// Limit bounds each Call (zero: 5s).
 	Limit time.Duration
+	// Restorer, when set, is the address of an rt_sigreturn trampoline in
+	// the target (RestorerCode; glibc's __restore_rt): each Call then
+	// returns there over a signal frame of the borrowed state, so that the
+	// thread goes on unharmed if the tracer dies during the call, and ends
+	// parked (see safecall.go). Call then returns the result of the last
+	// system call the function made, not its rax; Created tells whether it
+	// made a thread. Not used when the borrow began with a signal to deliver
+	// and SyscallFn is not set.
+	Restorer uint64
+	// SyscallFn is libc's syscall() in the target: with a Restorer, a
+	// thread borrowed with a signal to deliver first queues that signal
+	// again to itself through it (requeue), then calls as any other.
+	SyscallFn uint64
+	// Created is the thread the last Call created (a clone event), or 0.
+	Created    int
+	withSignal bool // borrowed in a signal-delivery-stop
+	// OnResume, when set, runs each time a Call has set the thread going
+	// (tests: a tracer that dies while the thread runs the call).
+	OnResume func()
 }
 
 // Tid is the borrowed thread.
@@ -122,6 +141,7 @@ func (t *Tracer) Borrow(tid int, fn func(b *Borrowed) error) error {
 			if si, err := getSiginfo(tid); err == nil {
 				b.deferred = append(b.deferred, si)
 				b.sigStop = true
+				b.withSignal = true
 			}
 		}
 		th.kind = stopPlain
@@ -159,6 +179,25 @@ func (b *Borrowed) Call(ctx context.Context, fn uint64, args ...uint64) (uint64,
 		}
 		b.parked = false
 	}
+	if b.Restorer != 0 && b.withSignal && b.SyscallFn != 0 && len(b.deferred) > 0 {
+		if err := b.requeue(ctx); err != nil {
+			return 0, fmt.Errorf("call %#x: %w", fn, err)
+		}
+		if err := setSigmask(tid, BorrowMask); err != nil { // requeue parked it
+			return 0, fmt.Errorf("call %#x: signal mask: %w", fn, mapErrno(err))
+		}
+		b.parked = false
+	}
+	if b.Restorer != 0 && !b.withSignal {
+		sp, ok, err := b.safeFrame()
+		if err != nil {
+			return 0, fmt.Errorf("call %#x: signal frame: %w", fn, err)
+		}
+		if ok {
+			return b.safeCall(ctx, fn, sp, args)
+		}
+	}
+	b.Created = 0
 	r := b.regs
 	sp := ((r.Rsp - redZone - callScratch) &^ 15) - 8
 	if err := memWrite(t.mem, sp, make([]byte, 8)); err != nil {
@@ -178,6 +217,9 @@ func (b *Borrowed) Call(ctx context.Context, fn uint64, args ...uint64) (uint64,
 		return 0, fmt.Errorf("call %#x: resume: %w", fn, mapErrno(err))
 	}
 	b.th.kind = running
+	if b.OnResume != nil {
+		b.OnResume()
+	}
 	limit := b.Limit
 	if limit == 0 {
 		limit = defaultCallLimit
@@ -197,6 +239,9 @@ func (b *Borrowed) Call(ctx context.Context, fn uint64, args ...uint64) (uint64,
 		sig := ws.StopSignal()
 		switch event := int(ws) >> 16; {
 		case event == unix.PTRACE_EVENT_CLONE:
+			if msg, err := unix.PtraceGetEventMsg(tid); err == nil {
+				b.Created = int(msg)
+			}
 			t.handle(wpid, ws) // records the new thread and resumes this one
 			b.th.kind = running
 		case event == unix.PTRACE_EVENT_EXEC:

@@ -69,3 +69,22 @@ func setSigmask(tid int, m uint64) error {
 	}
 	return nil
 }
+
+// PTRACE_GET_SYSCALL_INFO (Linux 5.3): what kind of system-call stop a
+// tracee is in.
+const (
+	ptraceGetSyscallInfo = 0x420e
+	syscallInfoEntry     = 1
+	syscallInfoExit      = 2
+)
+
+// syscallStopOp returns the op of a system-call stop (syscallInfoEntry,
+// syscallInfoExit), 0 if the tracee is in no system-call stop.
+func syscallStopOp(tid int) (int, error) {
+	var info [88]byte // struct ptrace_syscall_info; op is its first byte
+	_, _, e := unix.Syscall6(unix.SYS_PTRACE, ptraceGetSyscallInfo, uintptr(tid), uintptr(len(info)), uintptr(unsafe.Pointer(&info[0])), 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(info[0]), nil
+}

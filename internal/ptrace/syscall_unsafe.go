@@ -23,6 +23,11 @@ type siginfo struct {
 	_     [128 - 12]byte
 }
 
+// bytes is the siginfo as the kernel lays it out.
+func (si *siginfo) bytes() []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(si)), unsafe.Sizeof(*si))
+}
+
 // getSiginfo returns the siginfo of the signal a tracee is stopped for.
 func getSiginfo(tid int) (siginfo, error) {
 	var si siginfo

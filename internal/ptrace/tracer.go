@@ -192,8 +192,11 @@ func (t *Tracer) serve(ready chan<- error) {
 // flight (it would die of SIGTRAP, having no tracer): a forked child is
 // repaired before it runs, a vfork child (which shares the text) is traced
 // like a thread until it execs or exits.
+// TRACESYSGOOD marks the system-call stops a call with a Restorer runs
+// through (SIGTRAP|0x80), so that none is taken for a signal.
 const fullOptions = unix.PTRACE_O_TRACECLONE | unix.PTRACE_O_TRACEEXEC |
-	unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACEVFORK | unix.PTRACE_O_TRACEVFORKDONE
+	unix.PTRACE_O_TRACEFORK | unix.PTRACE_O_TRACEVFORK | unix.PTRACE_O_TRACEVFORKDONE |
+	unix.PTRACE_O_TRACESYSGOOD
 
 // Upgrade makes a LeaderOnly tracer trace every thread, as Attach without
 // LeaderOnly would have, without ever letting go of the leader: a caller
