@@ -358,9 +358,36 @@ func attachErr(tid int, err error) error {
 		if _, serr := os.Stat(fmt.Sprintf("/proc/%d", tid)); serr != nil {
 			return fmt.Errorf("attach to thread %d: %w", tid, ErrNoProcess)
 		}
-		return fmt.Errorf("attach to thread %d (needs root or CAP_SYS_PTRACE): %w", tid, ErrPermission)
+		return fmt.Errorf("attach to thread %d (%s): %w", tid, permissionHint(yamaScope(), os.Geteuid()), ErrPermission)
 	}
 	return fmt.Errorf("attach to thread %d: %w", tid, err)
+}
+
+// yamaScope is kernel.yama.ptrace_scope, "" without Yama.
+func yamaScope() string {
+	b, err := os.ReadFile("/proc/sys/kernel/yama/ptrace_scope")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// permissionHint says what a refused attach needs, given Yama's
+// ptrace_scope (docs/protocols.md "Refusals"): at 3 nobody may attach, not
+// even root, until a reboot; at 2 only CAP_SYS_PTRACE; at 1 root or the
+// tracee's parent.
+func permissionHint(scope string, euid int) string {
+	switch scope {
+	case "3":
+		return "kernel.yama.ptrace_scope is 3: no process may be traced, not even by root, until a reboot"
+	case "2":
+		return "kernel.yama.ptrace_scope is 2: needs CAP_SYS_PTRACE"
+	case "1":
+		if euid != 0 {
+			return "kernel.yama.ptrace_scope is 1: needs root or CAP_SYS_PTRACE"
+		}
+	}
+	return "needs root or CAP_SYS_PTRACE"
 }
 
 func mapErrno(err error) error {
