@@ -249,6 +249,11 @@ per second (the calls over it are neither traced nor counted while the trace run
 			if maxDepth < 0 {
 				return usagef("--max-depth must be 0 (any) or more")
 			}
+			if maxCalls < 0 {
+				// A negative count read as "no limit" would hold chrome-json's
+				// whole capture in memory, which its default limit prevents.
+				return usagef("--max-calls must be 0 (no limit) or more")
+			}
 			if rate > math.MaxUint32 {
 				return usagef("--rate must be 0 (no limit) .. %d calls a second", uint32(math.MaxUint32))
 			}

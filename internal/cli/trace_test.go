@@ -18,7 +18,7 @@ func TestTraceUsage(t *testing.T) {
 	oneLineError(t, runHotpatch("trace", "--pid", "1", "--duration", "1s", "--ring-events", "-1", "-o", out), ExitUsage, "hotpatch", "ring-events")
 	for _, bad := range [][]string{{"--tid", "0", "not a thread id"}, {"--tid", "1,2,3,4,5,6,7,8,9", "at most 8"},
 		{"--max-depth", "-1", "--max-depth must be"}, {"--min-duration", "5s", "--min-duration must be"},
-		{"--rate", "4294967296", "--rate must be"}} {
+		{"--rate", "4294967296", "--rate must be"}, {"--max-calls", "-1", "--max-calls must be"}} {
 		oneLineError(t, runHotpatch("trace", "--pid", "1", "--duration", "1s", bad[0], bad[1], "-o", out), ExitUsage, "hotpatch", bad[2])
 	}
 	oneLineError(t, runHotpatch("trace", "--pid", "99999999", "--duration", "1s", "-o", out), ExitGone, "hotpatch", "no such process")
