@@ -176,7 +176,12 @@ func (b *Borrowed) safeCall(ctx context.Context, fn uint64, sp uint64, args []ui
 			}
 			op, err := syscallStopOp(tid)
 			if err != nil {
-				return 0, fmt.Errorf("call %#x: system-call stop: %w", fn, mapErrno(err))
+				// Before Linux 5.3 (no PTRACE_GET_SYSCALL_INFO): an entry
+				// stop shows rax -ENOSYS.
+				op = syscallInfoExit
+				if -int64(got.Rax) == int64(unix.ENOSYS) {
+					op = syscallInfoEntry
+				}
 			}
 			if op == syscallInfoExit {
 				last = got.Rax
