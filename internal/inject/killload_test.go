@@ -273,10 +273,66 @@ func TestKilledInLoadCalls(t *testing.T) {
 					}
 					out, perr := p.Finish()
 					if out != want {
-						t.Fatalf("program output %q (stderr %q), want %q", out, perr, want)
+						t.Fatalf("program output %q (stderr %q), want %q; hotpatch %q", out, perr, want, stderr.String())
 					}
 				})
 			}
+		}
+	}
+}
+
+// TestCancelledInLoadCalls: a load cancelled while the borrowed thread
+// runs one of its calls (SIGINT or SIGTERM to hotpatch, or the call's time
+// limit: the call is abandoned) fails in one line and leaves the program
+// unharmed; the next hotpatch loads (or finds loaded) the runtime. Before
+// the fix an abandoned safe call could stop the thread in a system-call
+// stop, which abandon took for a signal's: the SIGTRAP of that stop was
+// then delivered to the program at the restore and killed it.
+func TestCancelledInLoadCalls(t *testing.T) {
+	testutil.RequirePtrace(t)
+	useRuntime(t)
+	bin := attachFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
+	const want = "done wrong=0 pipe=ok short=0 eintr=0 signals=ok\n"
+	for _, call := range []string{"mmap", "memfd_create", "mprotect", "pthread_create"} {
+		for _, thread := range []string{"sleeper", ""} {
+			step := call + ":cancel"
+			t.Run(step+"/"+thread, func(t *testing.T) {
+				p := testutil.Start(t, nil, bin, "hazard")
+				progress := p.Symbol(bin, "progress")
+				p.AwaitProgress(progress, 1000)
+				pid := fmt.Sprint(p.Pid)
+				hp := exec.Command(testutil.Command(t, "hotpatch"), "--pid", pid, "--enable", "work")
+				hp.Env = append(os.Environ(), "EDGEPROBE_TEST_KILL_AT="+step, "EDGEPROBE_INJECT_THREAD="+thread)
+				var stderr strings.Builder
+				hp.Stderr = &stderr
+				err := hp.Run()
+				// The cancel is seen when the thread next waits, so the load
+				// may also end first; either way, one line at most.
+				if err != nil && strings.Count(stderr.String(), "\n") != 1 {
+					t.Fatalf("hotpatch cancelled in %s: %v, stderr %q; want one line", call, err, stderr.String())
+				}
+				if !p.Alive() {
+					t.Fatalf("the target died when the load was cancelled in %s: %v (hotpatch stderr %q)", call, p.Wait(), stderr.String())
+				}
+				start := p.Read64(progress)
+				for deadline := time.Now().Add(time.Minute); p.Read64(progress)-start < 20000; runtime.Gosched() {
+					if !p.Alive() {
+						t.Fatalf("the target died after the load was cancelled in %s: %v (hotpatch stderr %q)", call, p.Wait(), stderr.String())
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("the target made no progress in a minute after the load was cancelled in %s", call)
+					}
+				}
+				hotpatchOK(t, "--pid", pid, "--enable", "work")
+				p.AwaitProgress(progress, 20000)
+				if w := funcStats(statsOf(t, p.Pid), "work"); w.Entries == 0 || w.Exits == 0 {
+					t.Fatalf("work after the load: %+v", w)
+				}
+				out, perr := p.Finish()
+				if out != want {
+					t.Fatalf("program output %q (stderr %q), want %q; hotpatch %q", out, perr, want, stderr.String())
+				}
+			})
 		}
 	}
 }

@@ -43,7 +43,8 @@ type Options struct {
 	Direct bool
 	// KillAt makes the process SIGKILL itself at one step of the load:
 	// "CALL:in" once the borrowed thread runs CALL (mmap, memfd_create,
-	// mprotect, pthread_create), "CALL:end" once CALL returned
+	// mprotect, pthread_create), "CALL:end" once CALL returned; "CALL:cancel"
+	// cancels the load's context instead, once the thread runs CALL
 	// ($EDGEPROBE_TEST_KILL_AT in hotpatch; tests of what a hotpatch killed
 	// mid-load leaves behind).
 	KillAt string
@@ -182,10 +183,15 @@ func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, opts Options,
 	f := p.funcs
 	runtime := opts.Runtime
 	die := func() { _ = unix.Kill(unix.Getpid(), unix.SIGKILL) }
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	call := func(what string, fn uint64, args ...uint64) (uint64, error) {
 		b.OnResume = nil
-		if opts.KillAt == what+":in" {
+		switch opts.KillAt {
+		case what + ":in":
 			b.OnResume = die
+		case what + ":cancel": // as a SIGINT to hotpatch would, mid-call
+			b.OnResume = cancel
 		}
 		r, err := b.Call(ctx, fn, args...)
 		b.OnResume = nil
@@ -287,7 +293,10 @@ func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, opts Options,
 	}
 	if r, err := call("mprotect", f["mprotect"], area, codeSize, unix.PROT_READ|unix.PROT_EXEC); err != nil || r != 0 {
 		unmap()
-		return fmt.Errorf("mprotect in pid %d: %v (%#x): %w", p.Pid, err, r, ErrLoad)
+		if err != nil {
+			return err // names the call and the pid already
+		}
+		return fmt.Errorf("mprotect in pid %d returned %d: %w", p.Pid, int64(r), ErrLoad)
 	}
 	if opts.Direct {
 		b.Limit = opts.Wait

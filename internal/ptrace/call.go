@@ -433,13 +433,35 @@ func (b *Borrowed) abandon(fn uint64, limit time.Duration, ctxErr error) error {
 			break
 		}
 		if wpid == tid && ws.Stopped() {
-			if ws.StopSignal() != unix.SIGTRAP || int(ws)>>16 != unix.PTRACE_EVENT_STOP {
-				if si, err := getSiginfo(tid); err == nil && ws.StopSignal() != unix.SIGSEGV {
+			sig, event := ws.StopSignal(), int(ws)>>16
+			switch {
+			case sig == unix.SIGTRAP|0x80:
+				// A system-call stop of a safe call (PTRACE_SYSCALL): no
+				// signal of the program's. Resumed without further such
+				// stops, the thread takes the interrupt on its way out of
+				// the call (a blocking one is cut short by it). Taken for a
+				// signal's, its SIGTRAP was handed to the program at the
+				// restore, which killed it.
+				_ = unix.PtraceCont(tid, 0)
+				continue
+			case event != 0 && event != unix.PTRACE_EVENT_STOP:
+				// An event (the call made a thread: clone): recorded (held:
+				// handle must not resume this one with the interrupt
+				// still to come), then on to the interrupt. Its SIGTRAP,
+				// too, is no signal of the program's.
+				t.hold = true
+				t.handle(tid, ws)
+				t.hold = false
+				_ = unix.PtraceCont(tid, 0)
+				continue
+			}
+			if sig != unix.SIGTRAP || event != unix.PTRACE_EVENT_STOP {
+				if si, err := getSiginfo(tid); err == nil && sig != unix.SIGSEGV {
 					b.deferred = append(b.deferred, si)
 				}
 			}
 			b.th.kind = stopPlain
-			b.sigStop = ws.StopSignal() != unix.SIGTRAP || int(ws)>>16 != unix.PTRACE_EVENT_STOP
+			b.sigStop = sig != unix.SIGTRAP || event != unix.PTRACE_EVENT_STOP
 			break
 		}
 		t.pump()
