@@ -294,7 +294,7 @@ func TestCancelledInLoadCalls(t *testing.T) {
 	bin := attachFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
 	const want = "done wrong=0 pipe=ok short=0 eintr=0 signals=ok\n"
 	for _, call := range []string{"mmap", "memfd_create", "mprotect", "pthread_create"} {
-		for _, thread := range []string{"sleeper", ""} {
+		for _, thread := range []string{"reader", "sleeper", ""} {
 			step := call + ":cancel"
 			t.Run(step+"/"+thread, func(t *testing.T) {
 				p := testutil.Start(t, nil, bin, "hazard")

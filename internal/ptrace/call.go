@@ -441,7 +441,12 @@ func (b *Borrowed) abandon(fn uint64, limit time.Duration, ctxErr error) error {
 				// stops, the thread takes the interrupt on its way out of
 				// the call (a blocking one is cut short by it). Taken for a
 				// signal's, its SIGTRAP was handed to the program at the
-				// restore, which killed it.
+				// restore, which killed it. A trap clears a pending
+				// interrupt (the kernel's ptrace_stop): queue it again, or
+				// the thread would run on through rt_sigreturn into its
+				// own code, and the restore would rewind it to where it
+				// was borrowed, running that code twice.
+				_ = unix.PtraceInterrupt(tid)
 				_ = unix.PtraceCont(tid, 0)
 				continue
 			case event != 0 && event != unix.PTRACE_EVENT_STOP:
@@ -452,6 +457,7 @@ func (b *Borrowed) abandon(fn uint64, limit time.Duration, ctxErr error) error {
 				t.hold = true
 				t.handle(tid, ws)
 				t.hold = false
+				_ = unix.PtraceInterrupt(tid) // cleared by this trap, as above
 				_ = unix.PtraceCont(tid, 0)
 				continue
 			}
