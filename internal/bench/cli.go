@@ -73,6 +73,7 @@ func (h *Harness) startCLI(ctx context.Context) (*cliRun, error) {
 	r.hotpatch = filepath.Join(h.B.Dir, "hotpatch")
 	cmd := exec.Command("go", "build", "-o", r.hotpatch, "./cmd/hotpatch")
 	cmd.Dir = h.B.Root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // as make builds it (D67)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("go build ./cmd/hotpatch: %v\n%s", err, out)
 	}

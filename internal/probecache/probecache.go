@@ -372,15 +372,26 @@ func encodeEntry(key [32]byte, kind byte, src *source, payload []byte, noSites b
 	return b
 }
 
-// entryCRC covers the whole entry but the CRC itself: a corrupt entry is
-// found before anything is used, and rebuilt (the compact form's own
-// checks stay, for entries forged with a fitting CRC).
+// entryCRC covers the entry's header but the CRC itself and, for a
+// verification record, its payload (the two digests, which nothing else
+// checks). A list or scan entry's payload is a compact list, which checks
+// itself where it is used: its header, header strings and name index when
+// opened, each record with its strings when first decoded
+// (probelist.OpenCompact, Index.Probe). Checking all of it here would read
+// every byte of an entry of megabytes on every call, a cost that grows with
+// the program for a toggle that decodes two records (D67). A corrupt record
+// is refused when decoded, and its entry removed (lookup).
 func entryCRC(b []byte) uint32 {
-	c := crc32.Update(0, castagnoli, b[:136])
-	return crc32.Update(c, castagnoli, b[140:])
+	c := crc32.Update(0, castagnoli(), b[:136])
+	if b[8] == kindVerified {
+		return crc32.Update(c, castagnoli(), b[140:])
+	}
+	return crc32.Update(c, castagnoli(), b[140:entryHeaderSize])
 }
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+// castagnoli is the CRC-32C table, made on first use: making it costs as
+// much as the rest of the program's start-up, which a --help must not pay.
+var castagnoli = sync.OnceValue(func() *crc32.Table { return crc32.MakeTable(crc32.Castagnoli) })
 
 // lookup returns the entry for key if it is there, sound, and made from the
 // file f is now (src). A racy entry is used only if f's content hashes as it
@@ -400,7 +411,27 @@ func (c *Cache) lookup(key [32]byte, kind byte, f *os.File, src *source) (entry,
 		return entry{}, false
 	}
 	c.hits.Add(1)
+	if e.index != nil {
+		name := entryName(key)
+		e.index.OnCorrupt("probe cache entry "+filepath.Join(c.path, name)+" (removed: the next call rebuilds it)", func() {
+			c.remove(name, data)
+		})
+	}
 	return e, true
+}
+
+// remove unlinks entry name if it still holds the bytes data were mapped
+// from (another hotpatch may have rebuilt it meanwhile).
+func (c *Cache) remove(name string, data []byte) {
+	now, err := c.read(name)
+	if err != nil {
+		return
+	}
+	same := bytes.Equal(now[:entryHeaderSize], data[:entryHeaderSize])
+	unix.Munmap(now)
+	if same {
+		unix.Unlinkat(c.dir, name, 0)
+	}
 }
 
 var errStale = errors.New("stale entry")
@@ -472,7 +503,9 @@ func (c *Cache) read(name string) ([]byte, error) {
 	if st.Size < entryHeaderSize || st.Size > maxBytes {
 		return nil, errors.New("entry size")
 	}
-	return unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_POPULATE)
+	// Not MAP_POPULATE: a toggle touches the header, the name index's
+	// bisection and the records it selects, a few pages of megabytes.
+	return unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_PRIVATE)
 }
 
 // store writes an entry for what was read from f, unless f changed while

@@ -43,7 +43,10 @@ const (
 // ErrCompact is wrapped by every error about a compact probe list.
 var ErrCompact = errors.New("invalid compact probe list")
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+// castagnoli is the CRC-32C table, made on first use: making it costs
+// about as much as the rest of hotpatch's start-up, which a --help or a
+// command that reads no list must not pay.
+var castagnoli = sync.OnceValue(func() *crc32.Table { return crc32.MakeTable(crc32.Castagnoli) })
 
 // The enumerations, as stored: 0 is never valid.
 var (
@@ -175,24 +178,24 @@ func (l *List) Compact() ([]byte, error) {
 
 // recordCRC covers a record (but its CRC field) and its strings' bytes.
 func recordCRC(r, strs []byte) uint32 {
-	c := crc32.Update(0, castagnoli, r[:64])
-	c = crc32.Update(c, castagnoli, r[68:recordSize])
+	c := crc32.Update(0, castagnoli(), r[:64])
+	c = crc32.Update(c, castagnoli(), r[68:recordSize])
 	for _, at := range []int{24, 32, 40} {
 		ref := getRef(r[at:])
 		if s, ok := sliceOf(strs, ref); ok {
-			c = crc32.Update(c, castagnoli, s)
+			c = crc32.Update(c, castagnoli(), s)
 		}
 	}
 	return c
 }
 
 func headerCRC(data []byte, indexOff, strOff int, strs []byte, refs ...strRef) uint32 {
-	c := crc32.Update(0, castagnoli, data[:72])
-	c = crc32.Update(c, castagnoli, data[76:compactHeaderSize])
-	c = crc32.Update(c, castagnoli, data[indexOff:strOff])
+	c := crc32.Update(0, castagnoli(), data[:72])
+	c = crc32.Update(c, castagnoli(), data[76:compactHeaderSize])
+	c = crc32.Update(c, castagnoli(), data[indexOff:strOff])
 	for _, r := range refs {
 		if s, ok := sliceOf(strs, r); ok {
-			c = crc32.Update(c, castagnoli, s)
+			c = crc32.Update(c, castagnoli(), s)
 		}
 	}
 	return c
@@ -226,6 +229,19 @@ type Index struct {
 	few     map[int]*Probe
 	decoded []*Probe
 	digest  *[32]byte // Digest, once computed
+
+	// origin and corrupt are OnCorrupt's.
+	origin  string
+	corrupt func()
+}
+
+// OnCorrupt names where the bytes came from for the error of a record
+// that fails its checks, and sets f to be called (once) when one does: a
+// cache removes its entry then, so that the next reader rebuilds it.
+func (x *Index) OnCorrupt(origin string, f func()) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.origin, x.corrupt = origin, f
 }
 
 // Digest is the SHA-256 of the compact bytes the index was opened on: two
@@ -325,6 +341,13 @@ func (x *Index) Probe(i int) (*Probe, error) {
 	}
 	p, err := x.decode(i)
 	if err != nil {
+		if x.corrupt != nil {
+			x.corrupt()
+			x.corrupt = nil
+		}
+		if x.origin != "" {
+			err = fmt.Errorf("%s: %w", x.origin, err)
+		}
 		return nil, err
 	}
 	switch {
