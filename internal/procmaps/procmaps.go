@@ -183,7 +183,7 @@ func Objects(pid int) ([]Object, error) {
 	if err != nil {
 		return nil, err
 	}
-	return ObjectsOf(maps, func(m Mapping) (*os.File, error) { return openMapped(pid, m) })
+	return ObjectsOf(maps, Opener(pid))
 }
 
 // ObjectsOf returns the ELF objects of a maps listing, opening each object's
@@ -256,13 +256,27 @@ func Find(pid int, path string) (*Object, error) {
 	return nil, fmt.Errorf("%s in pid %d: %w", path, pid, ErrNoObject)
 }
 
+// Opener opens the file behind a mapping of the live process pid, for
+// ObjectsOf: map_files first (the mapped inode itself), then the path as the
+// process sees it. Objects(pid) is ObjectsOf(Read(pid), Opener(pid)).
+func Opener(pid int) func(Mapping) (*os.File, error) {
+	return func(m Mapping) (*os.File, error) { return openMapped(pid, m) }
+}
+
 // Main returns the main executable's object (the one /proc/PID/exe names).
 func Main(pid int) (*Object, error) {
 	objs, err := Objects(pid)
 	if err != nil {
 		return nil, err
 	}
+	return MainOf(pid, objs)
+}
+
+// MainOf is Main among objs, objects of pid read already (Objects): one
+// read of the maps for a caller that needs both.
+func MainOf(pid int, objs []Object) (*Object, error) {
 	var st os.FileInfo
+	var err error
 	if st, err = os.Stat(fmt.Sprintf("/proc/%d/exe", pid)); err == nil {
 		for i := range objs {
 			if inodeOf(st) == objs[i].Inode {
