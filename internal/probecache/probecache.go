@@ -339,7 +339,7 @@ func (c *Cache) Scan(pid int, o *procmaps.Object) (*probelist.Index, error) {
 
 // The entry file: a fixed header, then the compact list.
 const (
-	entryMagic      = "EPCACHE1"
+	entryMagic      = "EPCACHE2" // 2: the CRC is CRC-32 (IEEE) over the header (D67)
 	entryHeaderSize = 144
 )
 
@@ -382,16 +382,15 @@ func encodeEntry(key [32]byte, kind byte, src *source, payload []byte, noSites b
 // the program for a toggle that decodes two records (D67). A corrupt record
 // is refused when decoded, and its entry removed (lookup).
 func entryCRC(b []byte) uint32 {
-	c := crc32.Update(0, castagnoli(), b[:136])
+	c := crc32.Update(0, crcTable, b[:136])
 	if b[8] == kindVerified {
-		return crc32.Update(c, castagnoli(), b[140:])
+		return crc32.Update(c, crcTable, b[140:])
 	}
-	return crc32.Update(c, castagnoli(), b[140:entryHeaderSize])
+	return crc32.Update(c, crcTable, b[140:entryHeaderSize])
 }
 
-// castagnoli is the CRC-32C table, made on first use: making it costs as
-// much as the rest of the program's start-up, which a --help must not pay.
-var castagnoli = sync.OnceValue(func() *crc32.Table { return crc32.MakeTable(crc32.Castagnoli) })
+// crcTable is CRC-32 (IEEE): see probelist's, and D67.
+var crcTable = crc32.IEEETable
 
 // lookup returns the entry for key if it is there, sound, and made from the
 // file f is now (src). A racy entry is used only if f's content hashes as it
