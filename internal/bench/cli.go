@@ -161,7 +161,7 @@ func (r *cliRun) measure(ctx context.Context) (*cliSamples, error) {
 
 // cliPhases are one toggle's steps as hotpatch takes them, each timed
 // in this process over the same library calls, ns per sample.
-var cliPhaseNames = []string{"lock", "maps", "list", "scan", "attach", "verify", "write", "readback", "detach"}
+var cliPhaseNames = []string{"runtime", "lock", "maps", "list", "scan", "attach", "verify", "write", "readback", "detach"}
 
 // phases times each step of a toggle with the list (and the scan that
 // replaces the list without one), from a warm cache, Reps*3 times after a
@@ -190,6 +190,16 @@ func (r *cliRun) phases(ctx context.Context) (map[string][]float64, error) {
 
 // phaseRound is one toggle, lap called after each phase.
 func (r *cliRun) phaseRound(ctx context.Context, sel probelist.Selector, on bool, lap func(string)) error {
+	// What an --enable checks first (hotpatch.EnsureRuntime), after the
+	// first call did what there was to do: nothing left to load or route.
+	st, err := hotpatch.EnsureRuntime(ctx, r.t.Pid, hotpatch.RuntimeOptions{NoInject: true})
+	if err != nil {
+		return err
+	}
+	if st.Loaded || st.Routed != 0 {
+		return fmt.Errorf("runtime phase: %+v, want nothing done", st)
+	}
+	lap("runtime")
 	lock, err := hotpatch.AcquireLock(r.t.Pid, false)
 	if err != nil {
 		return err
@@ -292,7 +302,7 @@ func (h *Harness) reportCLI(r *cliRun, m *cliSamples, ph map[string][]float64, p
 
 	ps := Section{Title: "6b. Where one toggle's time goes",
 		Text: fmt.Sprintf("The steps of the cached toggle with `--probes`, taken in this process with the library calls hotpatch makes, %d times each: "+
-			"lock (seize the leader thread: the attach is the lock), maps (/proc/PID/maps, each object's ELF headers and build-id), list (open the cache, the list's entry, select and decode the 2 probes), "+
+			"runtime (what every --enable checks first, with nothing left to load or route: the process's objects and their hook slots read; inject.Inspect), lock (seize the leader thread: the attach is the lock), maps (/proc/PID/maps, each object's ELF headers and build-id), list (open the cache, the list's entry, select and decode the 2 probes), "+
 			"scan (instead of the list: every mapped object's cached scan), attach (nothing left since the lock attached), verify (read and classify the sites before writing), write (the flip), readback (classify after), detach. "+
 			"Process start-up and exit are the `--help` row above.", len(ph["lock"])),
 		Head: []string{"phase", "time"}}
