@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -167,11 +166,6 @@ not exist or exited while hotpatch worked on it.`,
 				sel.Provider = prov
 				req.Actions = append(req.Actions, hotpatch.Action{Enable: a[0] == '+', Selector: sel})
 			}
-			// One request: this goroutine and the tracer's locked thread take
-			// turns, each waiting for the other. A second P buys nothing here
-			// and costs a wake-up of an idle thread, to look for work, at
-			// every hand-off (D69).
-			runtime.GOMAXPROCS(1)
 			ctx, stop := signalContext()
 			defer stop()
 			for _, a := range req.Actions {
