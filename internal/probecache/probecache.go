@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/edgeprobe/edgeprobe/internal/elfnote"
 	"github.com/edgeprobe/edgeprobe/internal/elfscan"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
@@ -146,19 +147,55 @@ func (c *Cache) Path() string { return c.path }
 // Close closes the directory. Indexes from the cache stay usable.
 func (c *Cache) Close() error { return unix.Close(c.dir) }
 
-// toolID is this program's Go build ID (or GNU build-id) note: any change
-// to the program changes it, and with it every key.
+// Go's build ID note (name "Go", type 4) and the GNU build-id note.
+const (
+	noteGoBuildID  = 4
+	noteGNUBuildID = 3
+)
+
+// toolID is the SHA-256 of this program's Go build ID (or else its GNU
+// build-id): any change to the program changes it, and with it every key.
+// The note is read from the PT_NOTE segments in the executable's first
+// page, where Go's linker puts it, without reading the section headers of
+// the whole (megabytes) file on every start (D67); debug/elf finds it
+// where that fails.
 func toolID() ([]byte, error) {
-	f, err := elf.Open("/proc/self/exe")
+	f, err := os.Open("/proc/self/exe")
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	for _, name := range []string{".note.go.buildid", ".note.gnu.build-id"} {
-		if s := f.Section(name); s != nil {
-			if b, err := s.Data(); err == nil && len(b) > 0 {
-				sum := sha256.Sum256(b)
-				return sum[:], nil
+	var head [4096]byte
+	n, _ := f.ReadAt(head[:], 0)
+	if _, progs, ok := procmaps.ProgHeaders(head[:n]); ok {
+		for _, want := range []struct {
+			name string
+			typ  uint32
+		}{{"Go", noteGoBuildID}, {"GNU", noteGNUBuildID}} {
+			for _, p := range progs {
+				if p.Type == elf.PT_NOTE && p.Off <= uint64(n) && p.Filesz <= uint64(n)-p.Off {
+					if id := elfnote.Find(head[p.Off:p.Off+p.Filesz], binary.LittleEndian, want.name, want.typ); id != nil {
+						sum := sha256.Sum256(id)
+						return sum[:], nil
+					}
+				}
+			}
+		}
+	}
+	ef, err := elf.NewFile(f)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range []struct {
+		section, name string
+		typ           uint32
+	}{{".note.go.buildid", "Go", noteGoBuildID}, {".note.gnu.build-id", "GNU", noteGNUBuildID}} {
+		if sec := ef.Section(s.section); sec != nil {
+			if b, err := sec.Data(); err == nil {
+				if id := elfnote.Find(b, ef.ByteOrder, s.name, s.typ); id != nil {
+					sum := sha256.Sum256(id)
+					return sum[:], nil
+				}
 			}
 		}
 	}

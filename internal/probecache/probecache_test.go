@@ -1,9 +1,12 @@
 package probecache
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -441,5 +444,27 @@ func TestVerifiedRecords(t *testing.T) {
 				t.Fatal("no record after it was made anew")
 			}
 		})
+	}
+}
+
+// TestToolID: the program's identity in every key is the hash of its Go
+// build ID, as `go tool buildid` prints it, read from the executable's
+// first page.
+func TestToolID(t *testing.T) {
+	id, err := toolID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("go", "tool", "buildid", exe).Output()
+	if err != nil {
+		t.Fatalf("go tool buildid: %v", err)
+	}
+	want := sha256.Sum256(bytes.TrimSpace(out))
+	if !bytes.Equal(id, want[:]) {
+		t.Fatalf("tool id %x, want the SHA-256 of the build ID %q", id, bytes.TrimSpace(out))
 	}
 }

@@ -343,7 +343,7 @@ func inspect(open func(Mapping) (*os.File, error), ms []Mapping) (Object, error)
 	if n < 4 || string(head[:4]) != elf.ELFMAG {
 		return o, fmt.Errorf("%s: %w", o.Path, ErrNotELF)
 	}
-	typ, progs, ok := progHeaders(head[:n])
+	typ, progs, ok := ProgHeaders(head[:n])
 	var ef *elf.File
 	if !ok {
 		// Not the common case (ELF64 little-endian, program headers in
@@ -367,13 +367,13 @@ func inspect(open func(Mapping) (*os.File, error), ms []Mapping) (Object, error)
 	return o, nil
 }
 
-// progHeaders reads an ELF64 little-endian file's type and program
+// ProgHeaders reads an ELF64 little-endian file's type and program
 // headers from its first bytes (head), as debug/elf would: only those, so
 // that listing a process's objects on every hotpatch call does not read
 // and allocate each object's section headers and their names (D67). ok is
 // false for anything else (another class or byte order, program headers
 // past head, PN_XNUM, malformed sizes): the caller then uses debug/elf.
-func progHeaders(head []byte) (elf.Type, []*elf.Prog, bool) {
+func ProgHeaders(head []byte) (elf.Type, []*elf.Prog, bool) {
 	const ehdrSize, phdrSize = 64, 56
 	if len(head) < ehdrSize || head[elf.EI_CLASS] != byte(elf.ELFCLASS64) || head[elf.EI_DATA] != byte(elf.ELFDATA2LSB) ||
 		head[elf.EI_VERSION] != byte(elf.EV_CURRENT) {

@@ -10,18 +10,18 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
 
-// sameProgs fails t unless progHeaders, where it reads head, finds what
+// sameProgs fails t unless ProgHeaders, where it reads head, finds what
 // debug/elf finds in the whole file.
 func sameProgs(t *testing.T, file []byte) bool {
 	t.Helper()
 	head := file[:min(len(file), 4096)]
-	typ, progs, ok := progHeaders(head)
+	typ, progs, ok := ProgHeaders(head)
 	if !ok {
 		return false
 	}
 	ef, err := elf.NewFile(bytes.NewReader(file))
 	if err != nil {
-		return true // debug/elf also checks the section headers, which progHeaders does not read
+		return true // debug/elf also checks the section headers, which ProgHeaders does not read
 	}
 	if typ != ef.Type || len(progs) != len(ef.Progs) {
 		t.Fatalf("type %v with %d program headers, debug/elf %v with %d", typ, len(progs), ef.Type, len(ef.Progs))
@@ -54,7 +54,7 @@ func TestProgHeadersLikeDebugElf(t *testing.T) {
 			continue
 		}
 		if !sameProgs(t, b) {
-			t.Fatalf("%s: progHeaders does not read it", p)
+			t.Fatalf("%s: ProgHeaders does not read it", p)
 		}
 		read++
 	}
@@ -64,7 +64,7 @@ func TestProgHeadersLikeDebugElf(t *testing.T) {
 }
 
 // FuzzProgHeaders: a mapped file is input hotpatch did not write; where
-// progHeaders reads one, and debug/elf does too, they agree, and nothing
+// ProgHeaders reads one, and debug/elf does too, they agree, and nothing
 // panics.
 func FuzzProgHeaders(f *testing.F) {
 	lib := testutil.Build(f, testutil.Spec{Sources: []string{"lib.c"}, Shared: true, NoInstr: true, Name: "libfix.so"}).Path
