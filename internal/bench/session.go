@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -44,14 +45,14 @@ func (h *Harness) RunSession(ctx context.Context) error {
 	// thread's affinity), as the harness's own toggler runs in row 3: the
 	// executors keep their core.
 	unpin := h.pinHarness()
-	s, err := startScript(ctx, hp, h.B.Dir, "--pid", strconv.Itoa(t.Pid), "--probes", list)
+	s, err := startScript(ctx, hp, h.B.Dir, h.pinHarness, "--pid", strconv.Itoa(t.Pid), "--probes", list)
 	unpin()
 	if err != nil {
 		return err
 	}
 	defer s.close()
 	h.logf("session pid %d, CPUs %s", s.cmd.Process.Pid, cpusAllowed(s.cmd.Process.Pid))
-	r := &throughputRun{h: h, t: t, set: s.set, async: s.sendN}
+	r := &throughputRun{h: h, t: t, set: s.set, async: s.sendN, completed: s.completed}
 	if err := checkLive(ctx, t, r.set); err != nil {
 		return err
 	}
@@ -105,12 +106,18 @@ type script struct {
 	cond    *sync.Cond
 	sent    int
 	got     int
+	waitFor int // sync waits for this many results: read wakes it then
 	failure error
 	on      bool // what the next async toggle does
 	done    chan struct{}
 }
 
-func startScript(ctx context.Context, hotpatch, dir string, args ...string) (*script, error) {
+// startScript starts `hotpatch session` with args; pin, run on its result
+// reader's goroutine, pins it and returns the undo (nil: not pinned).
+func startScript(ctx context.Context, hotpatch, dir string, pin func() func(), args ...string) (*script, error) {
+	if pin == nil {
+		pin = func() func() { return func() {} }
+	}
 	cache, err := os.MkdirTemp(dir, "cache-")
 	if err != nil {
 		return nil, err
@@ -130,25 +137,41 @@ func startScript(ctx context.Context, hotpatch, dir string, args ...string) (*sc
 	}
 	s := &script{cmd: cmd, in: in, w: bufio.NewWriterSize(in, 64<<10), cache: cache, done: make(chan struct{})}
 	s.cond = sync.NewCond(&s.mu)
-	go s.read(out)
+	go s.read(out, pin)
 	return s, nil
 }
 
-func (s *script) read(out io.Reader) {
+// okPrefix and okInfix are what a successful toggle's result line holds
+// (the session writes it by hand: TestSessionResultJSON): such a line is
+// counted without a JSON decode, every other line is decoded.
+var okPrefix, okInfix = []byte(`{"line":`), []byte(`,"ok":true,"command":"`)
+
+func (s *script) read(out io.Reader, pin func() func()) {
 	defer close(s.done)
+	// The reader is part of the toggler: it runs where the harness's
+	// toggling runs (row 3's toggler thread), not on the executors' CPU.
+	defer pin()()
 	sc := bufio.NewScanner(out)
 	for sc.Scan() {
-		var r struct {
-			OK    bool   `json:"ok"`
-			Error string `json:"error"`
+		b := sc.Bytes()
+		var err error
+		ok := bytes.HasPrefix(b, okPrefix) && bytes.Contains(b[len(okPrefix):], okInfix) && b[len(b)-1] == '}'
+		if !ok {
+			var r struct {
+				OK    bool   `json:"ok"`
+				Error string `json:"error"`
+			}
+			err = json.Unmarshal(b, &r)
+			ok = err == nil && r.OK
 		}
-		err := json.Unmarshal(sc.Bytes(), &r)
 		s.mu.Lock()
 		s.got++
-		if s.failure == nil && (err != nil || !r.OK) {
+		if s.failure == nil && !ok {
 			s.failure = fmt.Errorf("session result %d: %s %v", s.got, sc.Text(), err)
 		}
-		s.cond.Broadcast()
+		if s.got >= s.waitFor {
+			s.cond.Broadcast()
+		}
 		s.mu.Unlock()
 	}
 	s.mu.Lock()
@@ -189,10 +212,18 @@ func (s *script) sendN(on bool, n int) error {
 func (s *script) sync() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.waitFor = s.sent
 	for s.got < s.sent {
 		s.cond.Wait()
 	}
 	return s.failure
+}
+
+// completed is how many results have come back.
+func (s *script) completed() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return int64(s.got)
 }
 
 // set toggles and waits for the result.
@@ -249,7 +280,7 @@ func (h *Harness) reportSession(rates []float64, m *throughputSamples) {
 	sec := Section{Title: "7. Session mode: toggles from a script over one attach",
 		Text: fmt.Sprintf("`hotpatch session --pid N --probes LIST` on bench/toggle.c (row 3's target, %d executor thread(s)). "+
 			"Streamed: the harness writes %d commands (`enable probed` / `disable probed`, 2 probes each) to the session's stdin as fast as the pipe takes them and reads every JSON result; toggles/s = commands / (first write to last result), %d runs. "+
-			"Under toggling: row 3's method, with the command lines the rate asks for written (and flushed) to the session each %v in one write, the harness sleeping in between, and the session started on the harness's CPU (the executors keep theirs); %d rounds of %v windows.",
+			"Under toggling: row 3's method and ratios, but the toggler writes (and flushes) each %v, in one write, the command lines the rate asks for by then (a late tick made up in the next, two ticks' worth at most) and sleeps in between instead of spinning; the session and the harness's result reader run on the harness's CPU (the executors keep theirs), and the achieved rate counts the results that came back in the window, not the lines sent; %d rounds of %v windows.",
 			h.Cfg.Executors, h.Cfg.SessionToggles, len(rates), burstTick, h.Cfg.Reps, h.Cfg.Window),
 		Head: []string{"measure", "value"}}
 	rs := Summarize(rates, h.TSC)

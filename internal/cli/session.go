@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -200,14 +201,30 @@ const maxSkip = 64 << 20
 // errNotCommands: the input holds a "line" longer than maxSkip.
 var errNotCommands = fmt.Errorf("a line longer than %d MiB: not a stream of commands", maxSkip>>20)
 
-// readLines sends each line of in (without its "\n" or "\r\n"; the last
-// one may lack its newline) to out, until end of input or a read error.
-func readLines(in io.Reader, out chan<- inputLine) error {
+// readLines sends the lines of in (each without its "\n" or "\r\n"; the
+// last one may lack its newline) to out, until end of input or a read
+// error: every complete line that one read of in brought is sent together
+// (sessionBatch at most), so a script that streams costs one channel send
+// and one wake-up per read, not per line.
+func readLines(in io.Reader, out chan<- []inputLine) error {
 	r := bufio.NewReaderSize(in, 64<<10)
 	var buf []byte
+	var pending []inputLine
+	send := func() {
+		if len(pending) > 0 {
+			out <- pending
+			pending = nil
+		}
+	}
+	defer send()
 	tooLong := false
 	skipped := 0
 	for {
+		// The lines read so far go before a read that may wait for more
+		// input: what is buffered holds no complete line.
+		if n := r.Buffered(); len(pending) > 0 && (n == 0 || !hasNewline(r, n)) || len(pending) >= sessionBatch {
+			send()
+		}
 		chunk, err := r.ReadSlice('\n')
 		if tooLong {
 			if skipped += len(chunk); skipped > maxSkip {
@@ -226,7 +243,7 @@ func readLines(in io.Reader, out chan<- inputLine) error {
 		case nil:
 		case io.EOF:
 			if len(buf) > 0 || tooLong {
-				out <- inputLine{text: strings.TrimSuffix(string(buf), "\r"), tooLong: tooLong}
+				pending = append(pending, inputLine{text: strings.TrimSuffix(string(buf), "\r"), tooLong: tooLong})
 			}
 			return nil
 		default:
@@ -239,50 +256,62 @@ func readLines(in io.Reader, out chan<- inputLine) error {
 		if tooLong {
 			l = ""
 		}
-		out <- inputLine{text: l, tooLong: tooLong}
+		pending = append(pending, inputLine{text: l, tooLong: tooLong})
 		buf, tooLong, skipped = buf[:0], false, 0
 	}
 }
 
+// hasNewline reports whether the n bytes r has buffered hold a newline.
+func hasNewline(r *bufio.Reader, n int) bool {
+	b, _ := r.Peek(n) // buffered already: no read
+	return bytes.IndexByte(b, '\n') >= 0
+}
+
 // serve reads lines until EOF, quit or ctx, runs each batch of waiting lines
-// and writes their results.
+// (sessionBatch at most) and writes their results.
 func (ss *scriptSession) serve(ctx context.Context, in io.Reader, out io.Writer) error {
-	lines := make(chan inputLine, sessionBatch)
+	lines := make(chan []inputLine, 4)
 	readErr := make(chan error, 1)
 	go func() {
 		readErr <- readLines(in, lines)
 		close(lines)
 	}()
 	w := bufio.NewWriterSize(out, 64<<10)
-	batch := make([]inputLine, 0, sessionBatch)
+	var waiting []inputLine // read, not yet run
+	eof := false
 	for !ss.quit && ctx.Err() == nil {
-		batch = batch[:0]
-		select {
-		case <-ctx.Done():
-			return w.Flush()
-		case l, ok := <-lines:
-			if !ok {
-				if err := <-readErr; err != nil {
-					w.Flush()
-					return fmt.Errorf("reading commands: %w", err)
-				}
-				return w.Flush()
+		if len(waiting) == 0 {
+			if eof {
+				break
 			}
-			batch = append(batch, l)
-		}
-	more:
-		for len(batch) < sessionBatch {
 			select {
-			case l, ok := <-lines:
+			case <-ctx.Done():
+				return w.Flush()
+			case ls, ok := <-lines:
 				if !ok {
+					eof = true
+					continue
+				}
+				waiting = ls
+			}
+		}
+		// Whatever else is already read joins the batch.
+	more:
+		for !eof && len(waiting) < sessionBatch {
+			select {
+			case ls, ok := <-lines:
+				if !ok {
+					eof = true
 					break more
 				}
-				batch = append(batch, l)
+				waiting = append(waiting, ls...)
 			default:
 				break more
 			}
 		}
-		results := ss.run(ctx, batch)
+		n := min(len(waiting), sessionBatch)
+		results := ss.run(ctx, waiting[:n])
+		waiting = waiting[n:]
 		for i := range results {
 			b, err := results[i].appendJSON(ss.enc[:0])
 			if err != nil {
@@ -294,6 +323,12 @@ func (ss *scriptSession) serve(ctx context.Context, in io.Reader, out io.Writer)
 		}
 		if err := w.Flush(); err != nil {
 			return fmt.Errorf("writing results: %w", err)
+		}
+	}
+	if eof && !ss.quit && ctx.Err() == nil {
+		if err := <-readErr; err != nil {
+			w.Flush()
+			return fmt.Errorf("reading commands: %w", err)
 		}
 	}
 	return w.Flush()
