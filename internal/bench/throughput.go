@@ -316,8 +316,8 @@ func (r *throughputRun) measure(ctx context.Context) (*throughputSamples, error)
 			// cost of a toggle: counted and reported, not used. (Other load
 			// is the usual cause; see the report for a stall seen here.)
 			if starved(w) {
-				r.h.logf("toggling at %s/s: executors on CPU %.0f%% of the %.0f ms window (%.0f calls, %.0f voluntary / %.0f involuntary switches): set aside as starved",
-					rateName(rate), 100*w.cpu/w.wall/float64(cfg.Executors), 1e3*w.wall, w.calls, w.vol, w.invol)
+				r.h.logf("toggling at %s/s (achieved %.3g/s): executors on CPU %.0f%% of the %.0f ms window (%.0f calls, %.0f voluntary / %.0f involuntary switches): set aside as starved",
+					rateName(rate), ach, 100*w.cpu/w.wall/float64(cfg.Executors), 1e3*w.wall, w.calls, w.vol, w.invol)
 				cl.starved++
 				continue
 			}

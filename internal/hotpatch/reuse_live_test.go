@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
 	"github.com/edgeprobe/edgeprobe/internal/xmod"
 )
@@ -258,4 +261,115 @@ func siteAfter(res *Result, site xmod.Site) string {
 		}
 	}
 	return "missing"
+}
+
+// TestSessionConcurrentWriter: a script streams toggles of main's entry
+// probe (a site no thread runs again once main has started, so whatever
+// lands in it cannot hurt the program) while another process stores
+// foreign bytes (nops) over that site at an arbitrary moment of the
+// stream. Wherever the store lands (between two commands: the window a
+// reused read gives up, D64; between a command's write and its read
+// after; between a read and its write), the results before it succeeded,
+// the first command whose read after sees it fails (not OK, the site
+// named foreign), at most one failing command wrote at all, and every
+// later command is refused before writing. The site ends as the foreign
+// bytes, or with our one differing byte in them (a write that landed
+// after the store), nothing else.
+func TestSessionConcurrentWriter(t *testing.T) {
+	testutil.RequirePtrace(t)
+	s := startMT(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "flip", true)
+	sel, err := probelist.ParseSelector("main", probelist.KindEntry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ses, err := Open(s.Pid, s.probeArgs[1:], false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := ses.prepare([]Action{{Enable: true, Selector: sel}}, ProtoAuto)
+	if err != nil || len(p.sites) != 1 {
+		ses.Close()
+		t.Fatalf("main's entry probe: %v, %+v", err, p)
+	}
+	site := p.sites[0]
+	d := site.Differing()
+	ses.Close()
+	if len(d) != 1 {
+		t.Fatalf("main's entry site differs in %d bytes, want a flip site", len(d))
+	}
+	mem, err := ptrace.OpenMem(s.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	foreign := nops(site.Len())
+
+	ss := startSession(t, s)
+	const n = 20000
+	go func() {
+		var script strings.Builder
+		for i := 0; i < n/2; i++ {
+			script.WriteString("enable main --kind entry\ndisable main --kind entry\n")
+		}
+		io.WriteString(ss.in, script.String())
+		ss.in.Close()
+	}()
+	// The store goes in while the session works through the stream: after
+	// a result somewhere in its first half (the session runs ahead of the
+	// results read here by a pipe's worth of commands or more).
+	at := 1 + int(time.Now().UnixNano()%int64(n/2))
+	firstBad, wroteAfter := 0, 0
+	for i := 1; i <= n; i++ {
+		l := ss.read(t)
+		if l.Line != i {
+			t.Fatalf("result %d: %+v", i, l)
+		}
+		if i == at {
+			if err := mem.WriteMem(site.Addr, foreign); err != nil {
+				testutil.Unavailable(t, "writing the target's text from a process that does not trace it: %v", err)
+			}
+		}
+		switch {
+		case l.OK && firstBad == 0:
+			if l.Changed != 1 {
+				t.Fatalf("result %d: %+v, want one site changed", i, l)
+			}
+		case l.OK:
+			t.Fatalf("result %d succeeded after result %d failed: %+v", i, firstBad, l)
+		default:
+			if firstBad == 0 {
+				firstBad = i
+			}
+			if l.Changed > 0 {
+				wroteAfter++
+			}
+			if !strings.Contains(l.Error, "neither its active nor its inert bytes") && !strings.Contains(l.Error, "foreign") {
+				t.Fatalf("result %d: %+v, want the site named foreign", i, l)
+			}
+		}
+	}
+	ss.wait(t)
+	if firstBad == 0 || firstBad < at {
+		t.Fatalf("first failed result %d, store after result %d", firstBad, at)
+	}
+	if wroteAfter > 1 {
+		t.Fatalf("%d failed commands wrote to the site, want at most 1 (the first)", wroteAfter)
+	}
+	got := make([]byte, site.Len())
+	if err := mem.ReadMem(site.Addr, got); err != nil {
+		t.Fatal(err)
+	}
+	clean := string(got) == string(foreign)
+	ok := clean
+	for _, b := range []byte{site.Active[d[0]], site.Inert[d[0]]} {
+		mixed := append([]byte(nil), foreign...)
+		mixed[d[0]] = b
+		ok = ok || (wroteAfter == 1 && string(got) == string(mixed))
+	}
+	if !ok {
+		t.Fatalf("main's entry site holds % x: want the foreign % x, or it with our one byte (%d failed commands wrote)", got, foreign, wroteAfter)
+	}
+	t.Logf("store after result %d; first failure at %d, which wrote %v; the site holds %s", at, firstBad, wroteAfter == 1,
+		map[bool]string{true: "the foreign bytes", false: "the foreign bytes with our one byte"}[clean])
+	s.finish(t) // wrong=0: the workers never computed a wrong value
 }
