@@ -127,6 +127,7 @@ type scriptSession struct {
 	parsed  map[string]parsedLine
 	enc     []byte          // a result line being encoded
 	results []sessionResult // a batch's results, reused by the next batch
+	cur     sessionResult   // the result of a repeated line, until run copies it
 	// The runtime is made sure of (loaded if need be) before the first
 	// enable, as an enabling hotpatch call does; a session that only
 	// disables never loads it (D48).
@@ -391,7 +392,10 @@ func (ss *scriptSession) one(ctx context.Context, in inputLine, inBatch bool) (r
 	line := in.text
 	if p, ok := ss.parsed[line]; ok {
 		ss.commands++
-		return ss.apply(ctx, &sessionResult{Line: ss.line, Command: p.verb}, p.actions, inBatch)
+		// The result in the session's scratch (run copies it): a repeated
+		// line, a streaming script's every line, allocates nothing here.
+		ss.cur = sessionResult{Line: ss.line, Command: p.verb}
+		return ss.apply(ctx, &ss.cur, p.actions, inBatch)
 	}
 	f := strings.Fields(line)
 	if len(f) == 0 || strings.HasPrefix(f[0], "#") {

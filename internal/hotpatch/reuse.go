@@ -26,18 +26,19 @@ type lastRead struct {
 	at  time.Time
 }
 
-// readBefore is Apply's read before for p, started at now: the previous
-// Apply's read after when that is the same sites, in the same Batch, done
-// less than ReuseWithin before now and found every site as asked; else one
-// grouped read (Prepared.Classify). Apply takes l from the session when it
-// starts, so a read is used at most once, and never across a command that
-// failed or wrote anything else.
+// readBefore is Apply's read before for p, started at now: for a
+// flip-only p, the previous Apply's read after (l) when that is the same
+// sites, in the same Batch, started less than ReuseWithin before now and
+// found every site as asked; else one grouped read (Prepared.Classify).
+// Apply takes l from the session when it starts, so a read is used at
+// most once, and never across a command that failed or wrote anything
+// else.
 func (s *Session) readBefore(p *prepared, l lastRead, now time.Time) ([]xmod.State, error) {
 	within := s.reuseWithin
 	if within == 0 {
 		within = ReuseWithin
 	}
-	if l.p != nil && s.threadMem != nil && l.mem == s.threadMem && within > 0 && now.Sub(l.at) < within && sameSites(l.p, p) {
+	if l.p != nil && p.onlyFlip && s.threadMem != nil && l.mem == s.threadMem && within > 0 && now.Sub(l.at) < within && sameSites(l.p, p) {
 		s.reused++
 		// Every site of l.p ended as asked (Apply's OK), and l.p's sites
 		// are p's, in the same order.
