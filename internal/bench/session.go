@@ -52,18 +52,20 @@ func (h *Harness) RunSession(ctx context.Context) error {
 	}
 	defer s.close()
 	h.logf("session pid %d, CPUs %s", s.cmd.Process.Pid, cpusAllowed(s.cmd.Process.Pid))
-	r := &throughputRun{h: h, t: t, set: s.set, async: s.sendN, completed: s.completed}
+	r := &throughputRun{h: h, t: t, set: s.set, async: s.sendN, completed: s.completed, toggler: s.cpuNs}
 	if err := checkLive(ctx, t, r.set); err != nil {
 		return err
 	}
-	// (a) streamed toggles.
-	var rates []float64
+	// (a) streamed toggles, and the session's CPU time per toggle.
+	var rates, cpu []float64
 	for i := 0; i < h.Cfg.Reps; i++ {
+		c0 := s.cpuNs()
 		rate, err := s.stream(h.Cfg.SessionToggles)
 		if err != nil {
 			return err
 		}
 		rates = append(rates, rate)
+		cpu = append(cpu, float64(s.cpuNs()-c0)/float64(h.Cfg.SessionToggles))
 	}
 	// (b) throughput under toggling through the session.
 	cfg := h.Cfg
@@ -79,7 +81,7 @@ func (h *Harness) RunSession(ctx context.Context) error {
 	if _, err := t.Quit(ctx); err != nil {
 		return err
 	}
-	h.reportSession(rates, m)
+	h.reportSession(rates, cpu, m)
 	return nil
 }
 
@@ -275,7 +277,27 @@ func (s *script) close() {
 	os.RemoveAll(s.cache)
 }
 
-func (h *Harness) reportSession(rates []float64, m *throughputSamples) {
+// cpuNs is the session process's CPU time so far, every thread's
+// (/proc/PID/task/*/schedstat), in ns.
+func (s *script) cpuNs() int64 { return procCPUNs(s.cmd.Process.Pid) }
+
+func procCPUNs(pid int) int64 {
+	stats, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var sum int64
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // a thread that just exited
+		}
+		if fs := strings.Fields(string(b)); len(fs) > 0 {
+			v, _ := strconv.ParseInt(fs[0], 10, 64)
+			sum += v
+		}
+	}
+	return sum
+}
+
+func (h *Harness) reportSession(rates, cpu []float64, m *throughputSamples) {
 	med := func(s []float64) float64 { return Summarize(s, h.TSC).MedianNs }
 	sec := Section{Title: "7. Session mode: toggles from a script over one attach",
 		Text: fmt.Sprintf("`hotpatch session --pid N --probes LIST` on bench/toggle.c (row 3's target, %d executor thread(s)). "+
@@ -286,6 +308,10 @@ func (h *Harness) reportSession(rates []float64, m *throughputSamples) {
 	rs := Summarize(rates, h.TSC)
 	h.Rep.Set("session.toggles_per_s", rs.MedianNs)
 	sec.Rows = append(sec.Rows, []string{"streamed toggles/s (median, p10-p90)", fmt.Sprintf("%.3g (%.3g-%.3g)", rs.MedianNs, rs.P10Ns, rs.P90Ns)})
+	cs := Summarize(cpu, h.TSC)
+	h.Rep.Set("session_detail.cpu_ns_per_toggle", cs.MedianNs)
+	sec.Rows = append(sec.Rows, []string{"session CPU time per streamed toggle (every thread; at 1e5 toggles/s, the share of one CPU)",
+		fmt.Sprintf("%s (%s-%s); %.0f%%", fmtNs(cs.MedianNs), fmtNs(cs.P10Ns), fmtNs(cs.P90Ns), cs.MedianNs*1e5/1e9*100)})
 	for _, r := range h.Cfg.SessionRates {
 		cl := m.cell(r)
 		name := rateName(r)
@@ -303,7 +329,7 @@ func (h *Harness) reportSession(rates []float64, m *throughputSamples) {
 		if cl.starved > 0 {
 			dropped = fmt.Sprintf("; %d of %d rounds set aside: executors on CPU < 50%% of the window", cl.starved, cl.starved+len(cl.wallRatio))
 		}
-		sec.Rows = append(sec.Rows, []string{fmt.Sprintf("target throughput at %s/s, x untoggled (wall; achieved %.3g toggles/s; executors on CPU %.0f%%%s)", name, med(cl.achieved), 100*med(cl.share), dropped),
+		sec.Rows = append(sec.Rows, []string{fmt.Sprintf("target throughput at %s/s, x untoggled (wall; achieved %.3g toggles/s; executors on CPU %.0f%%, session %.0f%%%s)", name, med(cl.achieved), 100*med(cl.share), 100*med(cl.toggler), dropped),
 			fmt.Sprintf("%.3f (%.3f-%.3f)", ws.MedianNs, ws.P10Ns, ws.P90Ns)},
 			[]string{fmt.Sprintf("the same per executor CPU-second (what toggling costs the executors while they run; row 3's `ratio (CPU)`) at %s/s", name),
 				fmt.Sprintf("%.3f (%.3f-%.3f)", cs.MedianNs, cs.P10Ns, cs.P90Ns)})

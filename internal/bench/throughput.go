@@ -56,6 +56,9 @@ type throughputRun struct {
 	// is what the achieved rate counts.
 	async     func(on bool, n int) error
 	completed func() int64
+	// toggler, when set, is the toggling process's CPU time so far (ns):
+	// the session's share of a CPU in each window is reported with it.
+	toggler func() int64
 }
 
 func (h *Harness) startThroughput(ctx context.Context) (*throughputRun, error) {
@@ -93,8 +96,9 @@ func (r *throughputRun) close() {
 }
 
 // win is one window's calls, hook entries, executor CPU time (s), wall
-// time (s) and context switches of the executors.
-type win struct{ calls, enters, cpu, wall, vol, invol float64 }
+// time (s) and context switches of the executors; toggler: the toggling
+// process's CPU time (s) when throughputRun.toggler is set.
+type win struct{ calls, enters, cpu, wall, vol, invol, toggler float64 }
 
 // window measures one window.
 func (r *throughputRun) window(ctx context.Context) (win, error) {
@@ -175,12 +179,19 @@ func (r *throughputRun) toggled(ctx context.Context, rate int) (w win, achieved 
 	if r.completed != nil {
 		count = r.completed // sent is not done: count the results
 	}
+	var c0 int64
+	if r.toggler != nil {
+		c0 = r.toggler()
+	}
 	n0, t0 := count(), time.Now()
 	w, err = r.window(ctx)
 	if err == errNoProgress {
 		err = nil // counted as a starved round below
 	}
 	achieved = float64(count()-n0) / time.Since(t0).Seconds()
+	if r.toggler != nil {
+		w.toggler = float64(r.toggler()-c0) / 1e9
+	}
 	stop.Store(true)
 	if terr := <-done; err == nil {
 		err = terr
@@ -237,6 +248,7 @@ func (r *throughputRun) burst(rate int, stop *atomic.Bool, n *int64) error {
 // rateCell is what the rounds measured at one toggle rate.
 type rateCell struct {
 	calls, enters, achieved, ratio, wallRatio, share, vol, invol []float64
+	toggler                                                      []float64 // the toggling process's share of a CPU
 	starved                                                      int
 }
 
@@ -334,6 +346,7 @@ func (r *throughputRun) measure(ctx context.Context) (*throughputSamples, error)
 			cl.wallRatio = append(cl.wallRatio, idealWall/w.wall)
 			cl.vol, cl.invol = append(cl.vol, w.vol/w.wall), append(cl.invol, w.invol/w.wall)
 			cl.share = append(cl.share, w.cpu/w.wall/float64(cfg.Executors))
+			cl.toggler = append(cl.toggler, w.toggler/w.wall)
 		}
 	}
 	return m, nil
