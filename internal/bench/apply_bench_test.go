@@ -142,7 +142,7 @@ func BenchmarkSessionStream(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer t.Kill()
-	s, err := startScript(ctx, hp, h.B.Dir, nil, "--pid", fmt.Sprint(t.Pid), "--probes", list)
+	s, err := startScript(ctx, hp, h.B.Dir, "--pid", fmt.Sprint(t.Pid), "--probes", list)
 	if err != nil {
 		b.Fatal(err)
 	}

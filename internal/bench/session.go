@@ -45,7 +45,7 @@ func (h *Harness) RunSession(ctx context.Context) error {
 	// thread's affinity), as the harness's own toggler runs in row 3: the
 	// executors keep their core.
 	unpin := h.pinHarness()
-	s, err := startScript(ctx, hp, h.B.Dir, h.pinHarness, "--pid", strconv.Itoa(t.Pid), "--probes", list)
+	s, err := startScriptPinned(ctx, hp, h.B.Dir, h.pinHarness, "--pid", strconv.Itoa(t.Pid), "--probes", list)
 	unpin()
 	if err != nil {
 		return err
@@ -114,9 +114,14 @@ type script struct {
 	done    chan struct{}
 }
 
-// startScript starts `hotpatch session` with args; pin, run on its result
-// reader's goroutine, pins it and returns the undo (nil: not pinned).
-func startScript(ctx context.Context, hotpatch, dir string, pin func() func(), args ...string) (*script, error) {
+// startScript starts `hotpatch session` with args.
+func startScript(ctx context.Context, hotpatch, dir string, args ...string) (*script, error) {
+	return startScriptPinned(ctx, hotpatch, dir, nil, args...)
+}
+
+// startScriptPinned is startScript whose result reader's goroutine runs
+// pin first (which pins it and returns the undo; nil: not pinned).
+func startScriptPinned(ctx context.Context, hotpatch, dir string, pin func() func(), args ...string) (*script, error) {
 	if pin == nil {
 		pin = func() func() { return func() {} }
 	}
