@@ -45,9 +45,11 @@ SEL is what hotpatch --enable takes (a name, a glob, id:N). Blank lines and line
 with # are skipped; a line longer than 1 MiB is not run (its result says so, exit 2). A result is {"line":N,"ok":true,"command":"enable","changed":C,
 "unchanged":U,"elapsed_ns":T}; a bad or failed command gives {"line":N,"ok":false,
 "error":"...","exit":E} (E as hotpatch's exit status would be) and the session goes on.
-Commands already waiting on stdin are carried out together, each exactly as a separate
-hotpatch call would (the same checks, all or nothing per command), and their results
-written together: stream commands for throughput, or wait for each result.
+Commands already waiting on stdin are carried out together, each as a separate hotpatch
+call would (the same checks, all or nothing per command; a command right after one on the
+same probes checks its sites against that command's read-back instead of reading them
+again: docs/protocols.md), and their results written together: stream commands for
+throughput, or wait for each result.
 
 The session holds the process (its attach is the per-process lock) from start to end, so
 no other hotpatch interleaves. Before its first enable, as an enabling hotpatch call does,
