@@ -134,7 +134,13 @@ type Session struct {
 	// threadMem: inside Batch, the target's memory as the tracer thread
 	// reaches it (ptrace.ThreadMem), lent for the Batch; nil outside.
 	threadMem *ptrace.ThreadMem
-	brief     bool // Result.Sites only when something failed (SetBrief)
+	// last: the previous Apply's read after, for the next Apply of the
+	// same sites in the same Batch (readBefore, D64); reuseWithin
+	// overrides ReuseWithin (tests; negative: never); reused counts.
+	last        lastRead
+	reuseWithin time.Duration
+	reused      int
+	brief       bool // Result.Sites only when something failed (SetBrief)
 	// prepared remembers what lists of actions selected, ready to apply
 	// (prepare); preparedSites counts their sites, to bound the memory.
 	prepared      map[string]*prepared
@@ -241,6 +247,8 @@ func (s *Session) attach(full bool) error {
 // in their new form: docs/decisions.md, D50).
 func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, int3Wait time.Duration) (*Result, error) {
 	start := time.Now()
+	last := s.last // the previous Apply's read, used at most once (readBefore)
+	s.last = lastRead{}
 	if protocol == "" {
 		protocol = ProtoAuto
 	}
@@ -260,7 +268,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	if err := s.attach(!p.onlyFlip); err != nil {
 		return nil, err
 	}
-	before, err := p.batch.Classify(s.reader(), p.before)
+	before, err := s.readBefore(p, last, start)
 	if err != nil {
 		if Gone(err) && !processGone(s.pid) && procfs.HasMemory(s.pid) {
 			// The memory we opened is gone but the process is not: it ran
@@ -327,6 +335,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	// just shown in their new form (D50).
 	var after []xmod.State
 	var afterErr error
+	afterAt := time.Now()
 	if p.onlyFlip && runErr == nil {
 		after, afterErr = p.batch.ClassifyAfterFlip(s.reader(), p.after)
 	} else {
@@ -339,6 +348,9 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	res.OK = runErr == nil && afterErr == nil
 	if res.OK {
 		res.OK = slices.Equal(after, p.want)
+	}
+	if res.OK && s.inBatch {
+		s.keepAfter(p, afterAt)
 	}
 	if !s.brief || !res.OK || runErr != nil {
 		res.Sites = p.results(before, after, afterErr)
