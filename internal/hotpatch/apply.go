@@ -143,6 +143,9 @@ type Session struct {
 	// Scratch of large flip batches, kept from one batch to the next:
 	// a span's three copies, and the file's bytes of a span.
 	spanScratch, fileScratch []byte
+	// imaged: the prepared selections holding span images, oldest first
+	// (boundImages).
+	imaged []*prepared
 	// verified: probes from list files already checked against a scan.
 	verified map[verifiedKey]bool
 }

@@ -129,7 +129,7 @@ func (s *Session) prepare(actions []Action, protocol string) (*prepared, error) 
 		return nil, err
 	}
 	if s.prepared == nil || s.preparedSites+len(sel) > maxPreparedSites || len(s.prepared) >= 4096 {
-		s.prepared, s.preparedSites = map[string]*prepared{}, 0
+		s.prepared, s.preparedSites, s.imaged = map[string]*prepared{}, 0, nil
 	}
 	s.prepared[key] = p
 	s.preparedSites += len(sel)

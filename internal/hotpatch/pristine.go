@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"slices"
+	"strconv"
 
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
@@ -28,6 +30,8 @@ type pristine struct {
 	files map[*Target]*os.File
 	// scratch holds the file's bytes of one span (Check).
 	scratch []byte
+	// id names maps (Identity): the mappings, where, of which files.
+	id string
 }
 
 type span struct {
@@ -52,8 +56,30 @@ func newPristine(pid int, targets []*Target) (*pristine, error) {
 			}
 		}
 	}
+	var b []byte
+	for _, s := range p.maps {
+		b = strconv.AppendUint(b, s.m.Start, 16)
+		b = append(b, '-')
+		b = strconv.AppendUint(b, s.m.End, 16)
+		b = append(b, ' ')
+		b = append(b, s.m.Perms...)
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, s.m.Offset, 16)
+		b = append(b, ' ')
+		b = append(b, s.m.Dev...)
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, s.m.Inode, 10)
+		b = append(b, '\n')
+	}
+	p.id = string(b)
 	return p, nil
 }
+
+// Identity implements xmod.PristineIdentity: the span-writable mappings as
+// the batch's start found them (address range, permissions, file offset,
+// device and inode). A prepared selection keeps the images of its checked
+// spans only while this stays the same (D61).
+func (p *pristine) Identity() string { return p.id }
 
 func (p *pristine) find(addr uint64) (span, bool) {
 	for _, s := range p.maps {
@@ -259,12 +285,40 @@ func (s *Session) flipPrepared(ctx context.Context, p *prepared, states []xmod.S
 	pr.scratch = s.fileScratch
 	r, err := p.batch.Flip(ctx, s.writer(), states, xmod.FlipOptions{Pristine: pr, Stats: st, Scratch: s.spanScratch})
 	s.fileScratch = pr.scratch
+	s.boundImages(p)
 	res.Spans = st
 	for _, w := range st.Raced {
 		res.Warnings = append(res.Warnings, "a writer in the target shares a page written: "+w+"; the rest of the batch was written one byte per site")
 	}
 	res.Warnings = append(res.Warnings, pr.changed()...)
 	return r, err
+}
+
+// maxImageBytes bounds the memory a session's prepared selections hold in
+// span images (xmod.Prepared.ImageBytes): two copies of the text their
+// spans cover, 2.2 MB for the 40,000-probe benchmark program.
+const maxImageBytes = 64 << 20
+
+// boundImages keeps the span images of the selections flipped most
+// recently within maxImageBytes, p's always.
+func (s *Session) boundImages(p *prepared) {
+	if p.batch.ImageBytes() == 0 {
+		return
+	}
+	// Most recent last.
+	if i := slices.Index(s.imaged, p); i >= 0 {
+		s.imaged = slices.Delete(s.imaged, i, i+1)
+	}
+	s.imaged = append(s.imaged, p)
+	total := 0
+	for _, q := range s.imaged {
+		total += q.batch.ImageBytes()
+	}
+	for total > maxImageBytes && len(s.imaged) > 1 {
+		total -= s.imaged[0].batch.ImageBytes()
+		s.imaged[0].batch.DropImages()
+		s.imaged = s.imaged[1:]
+	}
 }
 
 // SetSpanWrites turns checked span writes for large flip batches off (every

@@ -38,6 +38,11 @@ type Prepared struct {
 	flippable bool
 	// ours: scratch of a span's sites (spanWriter), kept between Flips.
 	ours []Extent
+	// images: the spans as checked and as written by the last Flips
+	// (spanImages, D61), kept from the second Flip with a Pristine on (a
+	// selection applied once, as by one hotpatch call, makes none).
+	images    *spanImages
+	spanFlips int
 }
 
 type siteWord struct {
@@ -317,7 +322,15 @@ func (p *Prepared) flip(ctx context.Context, m Mem, states []State, opts FlipOpt
 		todo = append(todo, k)
 	}
 	if opts.Pristine != nil {
-		return writeSpans(ctx, m, p.cs, p.at, p.word, todo, opts, res, nil, p.confirmed, &p.ours)
+		var img *spanImages
+		if id, ok := opts.Pristine.(PristineIdentity); ok && p.spanFlips > 0 {
+			if key := id.Identity(); p.images == nil || p.images.identity != key {
+				p.images = &spanImages{identity: key}
+			}
+			img = p.images
+		}
+		p.spanFlips++
+		return writeSpans(ctx, m, p.cs, p.at, p.word, todo, opts, res, nil, p.confirmed, &p.ours, img)
 	}
 	for _, k := range todo {
 		if err := ctx.Err(); err != nil {

@@ -179,7 +179,7 @@ func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptio
 	if len(bad) > 0 {
 		return res, errors.Join(bad...)
 	}
-	return writeSpans(ctx, m, cs, at, nil, todo, opts, res, nil, nil, nil)
+	return writeSpans(ctx, m, cs, at, nil, todo, opts, res, nil, nil, nil, nil)
 }
 
 // writeSpans writes the sites todo (indices into cs, sorted; each known to
@@ -187,9 +187,10 @@ func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptio
 // long enough, is the scratch for a span's three copies; confirmed, if not
 // nil, gets true for each site (index into cs) written by a span whose
 // read-back equalled what was written; ours, if not nil, keeps the scratch
-// of a span's sites from one call to the next.
-func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, word []siteWord, todo []int, opts FlipOptions, res Result, buf []byte, confirmed []bool, ours *[]Extent) (Result, error) {
-	w := &spanWriter{m: m, pr: opts.Pristine, st: opts.Stats, cs: cs, at: at, word: word, confirmed: confirmed}
+// of a span's sites from one call to the next; img, if not nil, holds the
+// images of spans checked and written before (D61), and gets this batch's.
+func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, word []siteWord, todo []int, opts FlipOptions, res Result, buf []byte, confirmed []bool, ours *[]Extent, img *spanImages) (Result, error) {
+	w := &spanWriter{m: m, pr: opts.Pristine, st: opts.Stats, cs: cs, at: at, word: word, confirmed: confirmed, img: img}
 	if ours != nil {
 		w.ours = *ours
 		defer func() { *ours = w.ours }()
@@ -269,6 +270,9 @@ type spanWriter struct {
 	confirmed []bool
 	buf       []byte // scratch: the span read, written and read back
 	changed   int
+	// img: the images of spans checked and written before, or nil
+	// (spanImages; only a Prepared keeps them).
+	img *spanImages
 }
 
 func (w *spanWriter) oneByte(i int) error {
@@ -292,9 +296,55 @@ func (w *spanWriter) span(run []int) error {
 	if err := w.m.ReadMem(start, cur); err != nil {
 		return err
 	}
-	// The sites must still hold the forms the plan saw (nothing else of
-	// ours writes them: the per-process lock), and the span must be the
-	// file's bytes but at probe sites.
+	// A span that reads back exactly as it was checked before its last
+	// write passes the same checks and is written as it was then
+	// (spanImages, D61).
+	keep := w.img != nil && contiguous(run)
+	var im *spanImage
+	if keep {
+		im = w.img.lookup(run[0], run[len(run)-1], start, n)
+	}
+	if im != nil && bytes.Equal(cur, im.old) {
+		want = im.new
+	} else {
+		im = nil
+		if done, err := w.build(run, start, cur, want); done || err != nil {
+			return err
+		}
+	}
+	if err := w.m.WriteMem(start, want); err != nil {
+		return err
+	}
+	if err := w.m.ReadMem(start, got); err != nil {
+		return err
+	}
+	w.st.Spans++
+	if bytes.Equal(got, want) {
+		w.st.SpanSites += len(run)
+		w.changed += len(run)
+		if w.confirmed != nil {
+			for _, i := range run {
+				w.confirmed[i] = true
+			}
+		}
+		if keep && im == nil {
+			w.img.keep(run[0], run[len(run)-1], start, cur, want)
+		}
+		return nil
+	}
+	if keep {
+		w.img.drop(run[0])
+	}
+	return w.raced(run, start, got, want)
+}
+
+// build checks a span just read (cur) and makes what to write (want): each
+// site must hold the form it is leaving (what the batch's read saw) and the
+// span must be the file's bytes but at probe sites (Pristine.Check). done
+// is true when the check failed and the run was written one byte per site
+// instead.
+func (w *spanWriter) build(run []int, start uint64, cur, want []byte) (done bool, err error) {
+	// Nothing else of ours writes the sites (the per-process lock).
 	if cap(w.ours) < len(run) {
 		w.ours = make([]Extent, len(run))
 	}
@@ -325,7 +375,7 @@ func (w *spanWriter) span(run []int) error {
 		ours[k] = Extent{s.Addr, s.Len()}
 		off := s.Addr - start
 		if seen := cur[off : off+uint64(s.Len())]; !bytes.Equal(seen, s.form(!on)) {
-			return fmt.Errorf("%v changed under us (holds % x): %w", s, seen, ErrUnexpectedBytes)
+			return false, fmt.Errorf("%v changed under us (holds % x): %w", s, seen, ErrUnexpectedBytes)
 		}
 		want[off+uint64(d)] = s.form(on)[d]
 	}
@@ -333,28 +383,18 @@ func (w *spanWriter) span(run []int) error {
 		w.st.Fallbacks = append(w.st.Fallbacks, err.Error())
 		for _, i := range run {
 			if err := w.oneByte(i); err != nil {
-				return err
+				return true, err
 			}
 		}
-		return nil
+		return true, nil
 	}
-	if err := w.m.WriteMem(start, want); err != nil {
-		return err
-	}
-	if err := w.m.ReadMem(start, got); err != nil {
-		return err
-	}
-	w.st.Spans++
-	if bytes.Equal(got, want) {
-		w.st.SpanSites += len(run)
-		w.changed += len(run)
-		if w.confirmed != nil {
-			for _, i := range run {
-				w.confirmed[i] = true
-			}
-		}
-		return nil
-	}
+	return false, nil
+}
+
+// raced finishes a span whose read-back (got) differs from what was
+// written (want).
+func (w *spanWriter) raced(run []int, start uint64, got, want []byte) error {
+	n := len(want)
 	// Something wrote the span between our read and the read-back. Each of
 	// our sites now holds its new form (done), its old one (something undid
 	// our byte: write it alone) or neither (not ours to fix: report).

@@ -1,0 +1,143 @@
+package xmod
+
+import (
+	"bytes"
+	"context"
+	"testing"
+)
+
+// idPristine is filePristine with an identity and a count of its checks.
+type idPristine struct {
+	filePristine
+	id     string
+	checks *int
+}
+
+func (p idPristine) Check(addr uint64, cur []byte, ours []Extent) error {
+	*p.checks++
+	return p.filePristine.Check(addr, cur, ours)
+}
+
+func (p idPristine) Identity() string { return p.id }
+
+// A Prepared's span images (D61): from its second flip on, a span that
+// reads exactly as it was checked last time is written as it was then,
+// without the check; a span that differs anywhere (a foreign store outside
+// the sites, another probe of the list toggled) is checked as before, and a
+// span whose write raced, or a Pristine of another identity, starts over.
+func TestSpanImages(t *testing.T) {
+	ctx := context.Background()
+	m, fp, sites := spanFixture()
+	checks := 0
+	pr := idPristine{filePristine: fp, id: "maps 1", checks: &checks}
+	on, err := Prepare(all(sites, true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	off, err := Prepare(all(sites, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// apply flips p and reports how many checks it made, with its stats.
+	apply := func(p *Prepared, want bool) (int, *SpanStats) {
+		t.Helper()
+		st, err := p.Classify(m, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checks = 0
+		stats := &SpanStats{}
+		res, err := p.Flip(ctx, m, st, FlipOptions{Pristine: pr, Stats: stats})
+		if err != nil || res.Changed != len(sites) {
+			t.Fatalf("flip to %v: %+v, %v", want, res, err)
+		}
+		expectAll(t, m, sites, want)
+		return checks, stats
+	}
+	// The first flip of each keeps no image (a selection applied once), the
+	// second keeps one, the third uses it.
+	for round, wantChecks := range []int{1, 1, 0, 0} {
+		if c, st := apply(on, true); c != wantChecks || st.Spans != 1 || st.SpanSites != len(sites) {
+			t.Fatalf("round %d, on: %d checks (want %d), stats %+v", round, c, wantChecks, st)
+		}
+		if c, _ := apply(off, false); c != wantChecks {
+			t.Fatalf("round %d, off: %d checks, want %d", round, c, wantChecks)
+		}
+	}
+	if on.ImageBytes() == 0 || off.ImageBytes() == 0 {
+		t.Fatalf("image bytes %d, %d", on.ImageBytes(), off.ImageBytes())
+	}
+	// What a hit writes is what a check would have: the file's bytes with
+	// every site's byte flipped.
+	want := append([]byte(nil), fp.file...)
+	for _, s := range sites {
+		copy(want[s.Addr-m.base:], s.Active)
+	}
+	apply(on, true)
+	if !bytes.Equal(m.b, want) {
+		t.Fatal("memory after a flip from the image is not the file with every site on")
+	}
+	apply(off, false)
+
+	// A foreign store between two sites: the image no longer matches, the
+	// check runs and refuses the span, the store is not undone.
+	gap := sites[10].Addr + 5 - m.base
+	m.b[gap] = 0xcc
+	c, st := apply(on, true)
+	if c != 1 || len(st.Fallbacks) != 1 || st.OneByte != len(sites) || m.b[gap] != 0xcc {
+		t.Fatalf("foreign store: %d checks, stats %+v, byte %#x", c, st, m.b[gap])
+	}
+	m.b[gap] = fp.file[gap] // the writer put it back
+	apply(off, false)
+
+	// A store racing the write of a span made from its image: reported,
+	// and the image dropped (the next flip checks again).
+	apply(on, true)
+	m.afterWrite = func(f *fakeMem) {
+		f.b[gap] = 0xcc
+		f.afterWrite = nil
+	}
+	st0, _ := off.Classify(m, nil)
+	stats := &SpanStats{}
+	checks = 0
+	if _, err := off.Flip(ctx, m, st0, FlipOptions{Pristine: pr, Stats: stats}); err != nil {
+		t.Fatal(err)
+	}
+	if checks != 0 || len(stats.Raced) != 1 {
+		t.Fatalf("race on an image's write: %d checks, stats %+v", checks, stats)
+	}
+	m.b[gap] = fp.file[gap]
+	apply(on, true)
+	if c, _ := apply(off, false); c != 1 {
+		t.Fatalf("after a race: %d checks, want 1 (image dropped)", c)
+	}
+
+	// Another identity (the maps changed): every image starts over.
+	pr.id = "maps 2"
+	if c, _ := apply(on, true); c != 1 {
+		t.Fatalf("new identity: %d checks, want 1", c)
+	}
+	on.DropImages()
+	if on.ImageBytes() != 0 {
+		t.Fatal("DropImages kept bytes")
+	}
+
+	// A Pristine without an identity: no images, every span checked.
+	plain, err := Prepare(all(sites, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		st, _ := plain.Classify(m, nil)
+		if _, err := plain.Flip(ctx, m, st, FlipOptions{Pristine: fp}); err != nil {
+			t.Fatal(err)
+		}
+		if plain.ImageBytes() != 0 {
+			t.Fatal("images kept for a Pristine without identity")
+		}
+		st, _ = on.Classify(m, nil)
+		if _, err := on.Flip(ctx, m, st, FlipOptions{Pristine: fp}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
