@@ -338,6 +338,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	if afterErr == nil {
 		p.after = after
 	}
+	s.boundImages(p)
 	res.ElapsedNS = time.Since(start).Nanoseconds()
 	res.OK = runErr == nil && afterErr == nil
 	if res.OK {

@@ -128,6 +128,9 @@ func (s *Session) prepare(actions []Action, protocol string) (*prepared, error) 
 	if p.batch, err = xmod.Prepare(all); err != nil {
 		return nil, err
 	}
+	// A large selection keeps what it read and checked, from its second
+	// use on (D61); boundImages bounds the session's total.
+	p.batch.KeepImages(len(sel) >= spanMin)
 	if s.prepared == nil || s.preparedSites+len(sel) > maxPreparedSites || len(s.prepared) >= 4096 {
 		s.prepared, s.preparedSites, s.imaged = map[string]*prepared{}, 0, nil
 	}

@@ -285,7 +285,6 @@ func (s *Session) flipPrepared(ctx context.Context, p *prepared, states []xmod.S
 	pr.scratch = s.fileScratch
 	r, err := p.batch.Flip(ctx, s.writer(), states, xmod.FlipOptions{Pristine: pr, Stats: st, Scratch: s.spanScratch})
 	s.fileScratch = pr.scratch
-	s.boundImages(p)
 	res.Spans = st
 	for _, w := range st.Raced {
 		res.Warnings = append(res.Warnings, "a writer in the target shares a page written: "+w+"; the rest of the batch was written one byte per site")
@@ -299,8 +298,8 @@ func (s *Session) flipPrepared(ctx context.Context, p *prepared, states []xmod.S
 // spans cover, 2.2 MB for the 40,000-probe benchmark program.
 const maxImageBytes = 64 << 20
 
-// boundImages keeps the span images of the selections flipped most
-// recently within maxImageBytes, p's always.
+// boundImages keeps the images (xmod.Prepared.KeepImages) of the
+// selections applied most recently within maxImageBytes, p's always.
 func (s *Session) boundImages(p *prepared) {
 	if p.batch.ImageBytes() == 0 {
 		return

@@ -36,13 +36,22 @@ type Prepared struct {
 	asked []State
 	// flippable: every site's forms differ in exactly one byte.
 	flippable bool
+	// leave[i]: the state change i (caller's order) leaves, the opposite
+	// of the one it asks for; all: 0..len(cs)-1 (every).
+	leave []State
+	all   []int
 	// ours: scratch of a span's sites (spanWriter), kept between Flips.
 	ours []Extent
-	// images: the spans as checked and as written by the last Flips
-	// (spanImages, D61), kept from the second Flip with a Pristine on (a
-	// selection applied once, as by one hotpatch call, makes none).
-	images    *spanImages
-	spanFlips int
+	// What KeepImages keeps (D61), from the second use on (a selection
+	// applied once, as by one hotpatch call, makes none): images, the
+	// spans as checked and as written by the last Flips; memo, the last
+	// grouped read of Classify and its states.
+	keep       bool // KeepImages
+	images     *spanImages
+	spanFlips  int
+	memo       *classifyMemo
+	classifies int
+	imageBytes int // in images and memo
 }
 
 type siteWord struct {
@@ -99,6 +108,11 @@ func Prepare(changes []Change) (*Prepared, error) {
 			w.active, w.inert, w.mask = wordOf(s.Active), wordOf(s.Inert), ^uint64(0)>>(64-8*uint(l))
 		}
 	}
+	p.leave, p.all = make([]State, len(p.cs)), make([]int, len(p.cs))
+	for k := range p.cs {
+		p.leave[p.pos[k]] = stateOf(!p.cs[k].On)
+		p.all[k] = k
+	}
 	p.flippable = true
 	for _, d := range p.at {
 		if d < 0 {
@@ -125,6 +139,13 @@ const MaxRead = 256 << 10
 // the order of the changes given to Prepare, in out's storage when it is
 // long enough.
 func (p *Prepared) Classify(m Mem, out []State) ([]State, error) {
+	if p.keep {
+		if p.classifies++; p.classifies > 1 {
+			if st, ok, err := p.classifyMemo(m, out); ok || err != nil {
+				return st, err
+			}
+		}
+	}
 	return p.classify(m, out, nil)
 }
 
@@ -221,22 +242,25 @@ func (p *Prepared) classify(m Mem, out []State, skip []bool) ([]State, error) {
 				out[w.pos] = stateOf(w.on)
 				continue
 			}
-			off := w.addr - start
-			if w.mask != 0 && off+8 <= uint64(len(buf)) {
-				switch v := binary.LittleEndian.Uint64(buf[off:]) & w.mask; v {
-				case w.active:
-					out[w.pos] = StateActive
-					continue
-				case w.inert:
-					out[w.pos] = StateInert
-					continue
-				}
-			}
-			out[w.pos] = classify(p.cs[k].Site, buf[off:off+uint64(w.len)])
+			out[w.pos] = p.classifyAt(k, buf, w.addr-start)
 		}
 		i = j
 	}
 	return out, nil
+}
+
+// classifyAt is the state of site k, which buf holds at off.
+func (p *Prepared) classifyAt(k int, buf []byte, off uint64) State {
+	w := &p.word[k]
+	if w.mask != 0 && off+8 <= uint64(len(buf)) {
+		switch v := binary.LittleEndian.Uint64(buf[off:]) & w.mask; v {
+		case w.active:
+			return StateActive
+		case w.inert:
+			return StateInert
+		}
+	}
+	return classify(p.cs[k].Site, buf[off:off+uint64(w.len)])
 }
 
 func stateOf(on bool) State {
@@ -244,6 +268,18 @@ func stateOf(on bool) State {
 		return StateActive
 	}
 	return StateInert
+}
+
+// every reports whether every state (caller's order) is the one its
+// change leaves: one pass over a byte per site.
+func (p *Prepared) every(states []State) bool {
+	leave := p.leave[:len(states)]
+	for i, st := range states {
+		if st != leave[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // ErrNotClassified means Prepared.Flip was given a state other than active
@@ -302,35 +338,24 @@ func (p *Prepared) flip(ctx context.Context, m Mem, states []State, opts FlipOpt
 		clear(p.confirmed)
 	}
 	p.nconfirmed = 0
-	defer func() {
-		p.confirmedOK = err == nil
-		if p.confirmedOK {
-			for _, c := range p.confirmed {
-				if c {
-					p.nconfirmed++
-				}
-			}
-		}
-	}()
+	defer func() { p.confirmedOK = err == nil }()
 	todo := p.todo[:0]
 	defer func() { p.todo = todo[:0] }()
-	for k := range p.word {
-		if w := &p.word[k]; (states[w.pos] == StateActive) == w.on {
-			res.Unchanged++
-			continue
+	if p.every(states) {
+		// Every site leaves its state: all of them, in order (the usual
+		// batch of a session toggling a selection back and forth).
+		todo = append(todo, p.all...)
+	} else {
+		for k := range p.word {
+			if w := &p.word[k]; (states[w.pos] == StateActive) == w.on {
+				res.Unchanged++
+				continue
+			}
+			todo = append(todo, k)
 		}
-		todo = append(todo, k)
 	}
 	if opts.Pristine != nil {
-		var img *spanImages
-		if id, ok := opts.Pristine.(PristineIdentity); ok && p.spanFlips > 0 {
-			if key := id.Identity(); p.images == nil || p.images.identity != key {
-				p.images = &spanImages{identity: key}
-			}
-			img = p.images
-		}
-		p.spanFlips++
-		return writeSpans(ctx, m, p.cs, p.at, p.word, todo, opts, res, nil, p.confirmed, &p.ours, img)
+		return writeSpans(ctx, m, p.cs, p.at, todo, opts, res, p)
 	}
 	for _, k := range todo {
 		if err := ctx.Err(); err != nil {

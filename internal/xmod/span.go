@@ -179,21 +179,21 @@ func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptio
 	if len(bad) > 0 {
 		return res, errors.Join(bad...)
 	}
-	return writeSpans(ctx, m, cs, at, nil, todo, opts, res, nil, nil, nil, nil)
+	return writeSpans(ctx, m, cs, at, todo, opts, res, nil)
 }
 
 // writeSpans writes the sites todo (indices into cs, sorted; each known to
-// hold the form it is leaving) as flipSpans does, adding to res. buf, if
-// long enough, is the scratch for a span's three copies; confirmed, if not
-// nil, gets true for each site (index into cs) written by a span whose
-// read-back equalled what was written; ours, if not nil, keeps the scratch
-// of a span's sites from one call to the next; img, if not nil, holds the
-// images of spans checked and written before (D61), and gets this batch's.
-func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, word []siteWord, todo []int, opts FlipOptions, res Result, buf []byte, confirmed []bool, ours *[]Extent, img *spanImages) (Result, error) {
-	w := &spanWriter{m: m, pr: opts.Pristine, st: opts.Stats, cs: cs, at: at, word: word, confirmed: confirmed, img: img}
-	if ours != nil {
-		w.ours = *ours
-		defer func() { *ours = w.ours }()
+// hold the form it is leaving) as flipSpans does, adding to res. p, if not
+// nil, is the Prepared whose batch this is: its words stand for the
+// changes, it gets which sites a clean read-back confirmed, and it keeps a
+// span's scratch of sites and (when kept) its images between calls.
+func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, todo []int, opts FlipOptions, res Result, p *Prepared) (Result, error) {
+	w := &spanWriter{m: m, pr: opts.Pristine, st: opts.Stats, cs: cs, at: at}
+	var word []siteWord
+	if p != nil {
+		word, w.word, w.confirmed, w.ours = p.word, p.word, p.confirmed, p.ours
+		w.img = p.spanImages(opts.Pristine)
+		defer func() { p.ours, p.nconfirmed = w.ours, p.nconfirmed+w.nconfirmed }()
 	}
 	if w.st == nil {
 		w.st = &SpanStats{}
@@ -202,9 +202,7 @@ func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, word []siteWo
 	if maxSpan == 0 {
 		maxSpan = DefaultMaxSpan
 	}
-	if need := int(3 * (maxSpan + 16)); len(buf) >= need {
-		w.buf = buf[:need]
-	} else if len(opts.Scratch) >= need {
+	if need := int(3 * (maxSpan + 16)); len(opts.Scratch) >= need {
 		w.buf = opts.Scratch[:need]
 	} else {
 		w.buf = make([]byte, need)
@@ -267,9 +265,10 @@ type spanWriter struct {
 	ours []Extent   // scratch: a span's sites
 	// confirmed marks the sites a clean read-back showed in their new
 	// form (Prepared.ClassifyAfterFlip), or is nil.
-	confirmed []bool
-	buf       []byte // scratch: the span read, written and read back
-	changed   int
+	confirmed  []bool
+	nconfirmed int    // how many sites this batch marked in confirmed
+	buf        []byte // scratch: the span read, written and read back
+	changed    int
 	// img: the images of spans checked and written before, or nil
 	// (spanImages; only a Prepared keeps them).
 	img *spanImages
@@ -326,6 +325,7 @@ func (w *spanWriter) span(run []int) error {
 			for _, i := range run {
 				w.confirmed[i] = true
 			}
+			w.nconfirmed += len(run)
 		}
 		if keep && im == nil {
 			w.img.keep(run[0], run[len(run)-1], start, cur, want)

@@ -3,6 +3,7 @@ package xmod
 import (
 	"bytes"
 	"context"
+	"math/rand"
 	"testing"
 )
 
@@ -38,6 +39,8 @@ func TestSpanImages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	on.KeepImages(true)
+	off.KeepImages(true)
 	// apply flips p and reports how many checks it made, with its stats.
 	apply := func(p *Prepared, want bool) (int, *SpanStats) {
 		t.Helper()
@@ -127,17 +130,90 @@ func TestSpanImages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	plain.KeepImages(true)
 	for i := 0; i < 3; i++ {
 		st, _ := plain.Classify(m, nil)
 		if _, err := plain.Flip(ctx, m, st, FlipOptions{Pristine: fp}); err != nil {
 			t.Fatal(err)
 		}
-		if plain.ImageBytes() != 0 {
-			t.Fatal("images kept for a Pristine without identity")
+		if plain.images != nil {
+			t.Fatal("span images kept for a Pristine without identity")
 		}
 		st, _ = on.Classify(m, nil)
 		if _, err := on.Flip(ctx, m, st, FlipOptions{Pristine: fp}); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// A Prepared's classify memo (D61) gives the states Classify would, read
+// after read, whatever changed in between (a site toggled, made foreign or
+// torn, a byte outside the sites); the read itself is made every time.
+func TestClassifyMemo(t *testing.T) {
+	rng := rand.New(rand.NewSource(2))
+	const base = 0x40000
+	mem := make([]byte, 3*MaxRead)
+	rng.Read(mem)
+	var sites []Site
+	for a := uint64(5); a < uint64(len(mem))-16; a += uint64(13 + rng.Intn(40)) {
+		n := 1 + rng.Intn(12)
+		act := make([]byte, n)
+		rng.Read(act)
+		in := append([]byte(nil), act...)
+		in[rng.Intn(n)] ^= 0x21
+		copy(mem[a:], in)
+		sites = append(sites, Site{Addr: base + a, Active: act, Inert: in})
+	}
+	rng.Shuffle(len(sites), func(i, j int) { sites[i], sites[j] = sites[j], sites[i] })
+	m := &fakeMem{base: base, b: mem}
+	p, err := Prepare(all(sites, true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.KeepImages(true)
+	var got []State
+	for round := 0; round < 40; round++ {
+		switch round % 4 {
+		case 1: // unchanged: from the memo
+		case 2: // a few sites toggled, torn or foreign
+			for k := 0; k < 5; k++ {
+				s := sites[rng.Intn(len(sites))]
+				switch rng.Intn(4) {
+				case 0:
+					copy(m.b[s.Addr-base:], s.Active)
+				case 1:
+					copy(m.b[s.Addr-base:], s.Inert)
+				case 2:
+					m.b[s.Addr-base] = int3
+				case 3:
+					m.b[s.Addr-base+uint64(rng.Intn(s.Len()))] ^= 0xff
+				}
+			}
+		default: // one byte anywhere
+			m.b[rng.Intn(len(m.b))] ^= byte(1 + rng.Intn(255))
+		}
+		want, err := Classify(m, sites)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reads := m.reads
+		if got, err = p.Classify(m, got); err != nil {
+			t.Fatal(err)
+		}
+		if m.reads == reads {
+			t.Fatalf("round %d: Classify made no read", round)
+		}
+		for i := range want {
+			if got[i] != want[i] {
+				t.Fatalf("round %d, site %d: %v, want %v", round, i, got[i], want[i])
+			}
+		}
+	}
+	if p.memo == nil || p.ImageBytes() == 0 || p.memo.hits < 9 {
+		t.Fatalf("memo %v, %d bytes: want one, used in the 10 rounds where nothing changed", p.memo != nil, p.ImageBytes())
+	}
+	p.DropImages()
+	if p.memo != nil || p.ImageBytes() != 0 {
+		t.Fatal("DropImages kept the memo")
 	}
 }
