@@ -40,7 +40,9 @@ type span struct {
 }
 
 func newPristine(pid int, targets []*Target) (*pristine, error) {
-	ms, err := procmaps.ReadExec(pid) // only r-xp mappings may hold a span
+	// Only r-xp file mappings may hold a span: one ioctl per executable
+	// file mapping, not the whole maps text (D62).
+	ms, err := procmaps.ExecFiles(pid)
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +204,7 @@ func (p *pristine) file(t *Target) (*os.File, error) {
 // /proc/PID/maps no longer shows as they were at the batch's start: a
 // writer in the target (mprotect to make the text writable) at work.
 func (p *pristine) changed() []string {
-	ms, err := procmaps.ReadExec(p.pid) // a span mapping made non-executable is then missing: reported
+	ms, err := procmaps.ExecFiles(p.pid) // a span mapping made non-executable is then missing: reported
 	if err != nil {
 		return nil
 	}
