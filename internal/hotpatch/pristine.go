@@ -105,21 +105,14 @@ func (p *pristine) Extent(addr uint64) (uint64, bool) {
 // memequal), and byte by byte only when it differs: a 40,000-site text is
 // a megabyte of such stretches per batch.
 func (p *pristine) Check(addr uint64, cur []byte, ours []xmod.Extent) error {
-	s, ok := p.find(addr)
-	if !ok || addr+uint64(len(cur)) > s.m.End {
-		return fmt.Errorf("%#x-%#x: not in one r-x file mapping", addr, addr+uint64(len(cur)))
-	}
-	f, err := p.file(s.t)
-	if err != nil {
-		return err
-	}
 	if cap(p.scratch) < len(cur) {
 		p.scratch = make([]byte, len(cur))
 	}
 	file := p.scratch[:len(cur)]
-	if _, err := f.ReadAt(file, int64(s.m.Offset+(addr-s.m.Start))); err != nil {
-		return fmt.Errorf("%s: reading its text: %v", s.t.Object.Path, err)
+	if err := p.File(addr, file); err != nil {
+		return err
 	}
+	s, _ := p.find(addr)
 	// The usual case first: with the batch's own sites' bytes put into the
 	// file's copy, the span equals it whole (one memequal of the span).
 	// The gaps keep the file's bytes, so a difference is then looked for
@@ -155,6 +148,23 @@ func (p *pristine) Check(addr uint64, cur []byte, ours []xmod.Extent) error {
 	}
 	if k < len(cur) {
 		return p.checkGap(s, addr, cur, file, k, len(cur))
+	}
+	return nil
+}
+
+// File implements xmod.PristineFile: the file's bytes of a span in one of
+// the r-x file mappings.
+func (p *pristine) File(addr uint64, b []byte) error {
+	s, ok := p.find(addr)
+	if !ok || addr+uint64(len(b)) > s.m.End {
+		return fmt.Errorf("%#x-%#x: not in one r-x file mapping", addr, addr+uint64(len(b)))
+	}
+	f, err := p.file(s.t)
+	if err != nil {
+		return err
+	}
+	if _, err := f.ReadAt(b, int64(s.m.Offset+(addr-s.m.Start))); err != nil {
+		return fmt.Errorf("%s: reading its text: %v", s.t.Object.Path, err)
 	}
 	return nil
 }
@@ -320,6 +330,17 @@ func (s *Session) boundImages(p *prepared) {
 		s.imaged[0].batch.DropImages()
 		s.imaged = s.imaged[1:]
 	}
+}
+
+// DropImages forgets what every prepared selection keeps of its last reads
+// and writes (xmod.Prepared.KeepImages, D61): the next Apply of each is
+// as its first, the way one hotpatch call applies its selection (the
+// benchmarks' first-batch rows).
+func (s *Session) DropImages() {
+	for _, p := range s.prepared {
+		p.batch.DropImages()
+	}
+	s.imaged = nil
 }
 
 // SetSpanWrites turns checked span writes for large flip batches off (every

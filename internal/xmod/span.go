@@ -35,6 +35,17 @@ type Pristine interface {
 	Check(addr uint64, cur []byte, ours []Extent) error
 }
 
+// PristineFile is a Pristine that can read the file's bytes of a span: a
+// Prepared's span is then checked in one pass over its sites (buildFile),
+// and Check is asked only about a span that differs from the file outside
+// the batch's own sites.
+type PristineFile interface {
+	Pristine
+	// File reads into b the mapped file's bytes for [addr, addr+len(b)),
+	// or fails when that range does not lie in one mapping Extent allows.
+	File(addr uint64, b []byte) error
+}
+
 // Extent is a site's place: what Pristine.Check needs of the batch's own
 // sites (no pointers, so a 40,000-site batch copies no heap references).
 type Extent struct {
@@ -307,7 +318,7 @@ func (w *spanWriter) span(run []int) error {
 		want = im.new
 	} else {
 		im = nil
-		if done, err := w.build(run, start, cur, want); done || err != nil {
+		if done, err := w.build(run, start, cur, want, got); done || err != nil {
 			return err
 		}
 	}
@@ -343,8 +354,16 @@ func (w *spanWriter) span(run []int) error {
 // span must be the file's bytes but at probe sites (Pristine.Check). done
 // is true when the check failed and the run was written one byte per site
 // instead.
-func (w *spanWriter) build(run []int, start uint64, cur, want []byte) (done bool, err error) {
+func (w *spanWriter) build(run []int, start uint64, cur, want, scratch []byte) (done bool, err error) {
 	// Nothing else of ours writes the sites (the per-process lock).
+	if pf, ok := w.pr.(PristineFile); ok && w.word != nil {
+		return w.buildFile(pf, run, start, cur, want, scratch)
+	}
+	return w.buildCheck(run, start, cur, want)
+}
+
+// buildCheck is build through Pristine.Check, which is given the sites.
+func (w *spanWriter) buildCheck(run []int, start uint64, cur, want []byte) (done bool, err error) {
 	if cap(w.ours) < len(run) {
 		w.ours = make([]Extent, len(run))
 	}
@@ -380,15 +399,78 @@ func (w *spanWriter) build(run []int, start uint64, cur, want []byte) (done bool
 		want[off+uint64(d)] = s.form(on)[d]
 	}
 	if err := w.pr.Check(start, cur, ours); err != nil {
-		w.st.Fallbacks = append(w.st.Fallbacks, err.Error())
-		for _, i := range run {
-			if err := w.oneByte(i); err != nil {
-				return true, err
-			}
-		}
-		return true, nil
+		return w.fallback(run, err)
 	}
 	return false, nil
+}
+
+// buildFile is build for a Prepared's words and a PristineFile, in one pass
+// over the sites: each site's old form is checked, its new byte set in
+// want and its bytes laid over the file's (read into file), so that the
+// span passes when it then equals the file's bytes whole (one memequal);
+// only when it does not is Check asked, whether other probe sites explain
+// the difference. The same check as buildCheck's, without a second pass
+// over the sites.
+func (w *spanWriter) buildFile(pf PristineFile, run []int, start uint64, cur, want, file []byte) (done bool, err error) {
+	file = file[:len(cur)]
+	if err := pf.File(start, file); err != nil {
+		return w.fallback(run, err)
+	}
+	copy(want, cur)
+	n := uint64(len(cur))
+	for _, i := range run {
+		ww := &w.word[i]
+		d := uint64(w.at[i])
+		off := ww.addr - start
+		if ww.mask != 0 && off+8 <= n {
+			old, form := ww.inert, ww.active
+			if !ww.on {
+				old, form = ww.active, ww.inert
+			}
+			c := binary.LittleEndian.Uint64(cur[off:])
+			if c&ww.mask == old {
+				want[off+d] = byte(form >> (8 * d))
+				f := binary.LittleEndian.Uint64(file[off:])
+				binary.LittleEndian.PutUint64(file[off:], f&^ww.mask|c&ww.mask)
+				continue
+			}
+		}
+		s, on := &w.cs[i].Site, w.cs[i].On
+		seen := cur[off : off+uint64(s.Len())]
+		if !bytes.Equal(seen, s.form(!on)) {
+			return false, fmt.Errorf("%v changed under us (holds % x): %w", s, seen, ErrUnexpectedBytes)
+		}
+		want[off+d] = s.form(on)[d]
+		copy(file[off:off+uint64(s.Len())], seen)
+	}
+	if bytes.Equal(cur, file) {
+		return false, nil
+	}
+	// Something outside the batch's sites differs from the file: Check
+	// says whether other probe sites explain it.
+	if cap(w.ours) < len(run) {
+		w.ours = make([]Extent, len(run))
+	}
+	ours := w.ours[:len(run)]
+	for k, i := range run {
+		ours[k] = Extent{w.word[i].addr, int(w.word[i].len)}
+	}
+	if err := w.pr.Check(start, cur, ours); err != nil {
+		return w.fallback(run, err)
+	}
+	return false, nil
+}
+
+// fallback writes a run that failed its check one byte per site, noting
+// why.
+func (w *spanWriter) fallback(run []int, why error) (done bool, err error) {
+	w.st.Fallbacks = append(w.st.Fallbacks, why.Error())
+	for _, i := range run {
+		if err := w.oneByte(i); err != nil {
+			return true, err
+		}
+	}
+	return true, nil
 }
 
 // raced finishes a span whose read-back (got) differs from what was

@@ -128,10 +128,11 @@ func (p *Prepared) spanImages(pr Pristine) *spanImages {
 // ImageBytes is the memory the Prepared holds in span images.
 func (p *Prepared) ImageBytes() int { return p.imageBytes }
 
-// DropImages forgets the images (a session bounding its memory); they are
-// made again from the next use on.
+// DropImages forgets the images (a session bounding its memory): the next
+// use is as the first (it keeps none), the one after it keeps them again.
 func (p *Prepared) DropImages() {
 	p.images, p.memo, p.imageBytes = nil, nil, 0
+	p.classifies, p.spanFlips = 0, 0
 }
 
 // classifyMemo is a Prepared's last grouped read of every site and the

@@ -3,6 +3,7 @@ package xmod
 import (
 	"bytes"
 	"context"
+	"errors"
 	"math/rand"
 	"testing"
 )
@@ -215,5 +216,91 @@ func TestClassifyMemo(t *testing.T) {
 	p.DropImages()
 	if p.memo != nil || p.ImageBytes() != 0 {
 		t.Fatal("DropImages kept the memo")
+	}
+}
+
+// filePristineFile is filePristine that also reads its file (PristineFile),
+// counting reads and checks.
+type filePristineFile struct {
+	filePristine
+	files, checks *int
+}
+
+func (p filePristineFile) File(addr uint64, b []byte) error {
+	*p.files++
+	if addr < p.base || addr+uint64(len(b)) > p.base+uint64(len(p.file)) {
+		return errors.New("not in the mapping")
+	}
+	copy(b, p.file[addr-p.base:])
+	return nil
+}
+
+func (p filePristineFile) Check(addr uint64, cur []byte, ours []Extent) error {
+	*p.checks++
+	return p.filePristine.Check(addr, cur, ours)
+}
+
+// A Prepared's span against a PristineFile is checked in one pass over its
+// sites (buildFile): a span equal to the file but at the batch's sites is
+// written without Check; one that differs elsewhere asks Check, which
+// lets other probe sites in either form pass and refuses anything else
+// (the run then one byte per site, the foreign byte kept).
+func TestSpanBuildFile(t *testing.T) {
+	ctx := context.Background()
+	m, fp, sites := spanFixture()
+	var files, checks int
+	pr := filePristineFile{filePristine: fp, files: &files, checks: &checks}
+	var even []Site // the batch; the odd sites are other probes of the list
+	for i := 0; i < len(sites); i += 2 {
+		even = append(even, sites[i])
+	}
+	flip := func(on bool) *SpanStats {
+		t.Helper()
+		p, err := Prepare(all(even, on))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := p.Classify(m, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files, checks = 0, 0
+		stats := &SpanStats{}
+		if _, err := p.Flip(ctx, m, st, FlipOptions{Pristine: pr, Stats: stats}); err != nil {
+			t.Fatal(err)
+		}
+		expectAll(t, m, even, on)
+		return stats
+	}
+	if st := flip(true); files != 1 || checks != 0 || st.Spans != 1 || st.SpanSites != len(even) {
+		t.Fatalf("untouched span: %d file reads, %d checks, stats %+v", files, checks, st)
+	}
+	// Another probe of the list (odd) on: Check is asked and lets it pass.
+	odd := sites[7]
+	copy(m.b[odd.Addr-m.base:], odd.Active)
+	if st := flip(false); checks != 1 || st.Spans != 1 || len(st.Fallbacks) != 0 {
+		t.Fatalf("another probe on: %d checks, stats %+v", checks, st)
+	}
+	if !bytes.Equal(m.b[odd.Addr-m.base:][:odd.Len()], odd.Active) {
+		t.Fatal("the other probe's site was changed")
+	}
+	// A foreign byte between sites: refused, one byte per site, kept.
+	gap := sites[20].Addr + 5 - m.base
+	m.b[gap] = 0xcc
+	if st := flip(true); checks != 1 || len(st.Fallbacks) != 1 || st.OneByte != len(even) || m.b[gap] != 0xcc {
+		t.Fatalf("foreign byte: %d checks, stats %+v, byte %#x", checks, st, m.b[gap])
+	}
+	// A site that changed since the batch's read: the batch fails, nothing
+	// of that span written.
+	m.b[gap] = fp.file[gap]
+	p, err := Prepare(all(even, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := p.Classify(m, nil)
+	m.b[even[3].Addr-m.base] = 0x90
+	before := append([]byte(nil), m.b...)
+	if _, err := p.Flip(ctx, m, st, FlipOptions{Pristine: pr}); !errors.Is(err, ErrUnexpectedBytes) || !bytes.Equal(m.b, before) {
+		t.Fatalf("a site changed under the batch: %v, memory changed %v", err, !bytes.Equal(m.b, before))
 	}
 }
