@@ -52,3 +52,21 @@ func TestExecFiles(t *testing.T) {
 		t.Errorf("pid -1: %v, want ErrNoProcess", err)
 	}
 }
+
+// BenchmarkExecMappings: what the pristine check's two maps reads per flip
+// batch cost, through PROCMAP_QUERY (ExecFiles) and through the text
+// (ReadExec), on this process.
+func BenchmarkExecMappings(b *testing.B) {
+	for _, v := range []struct {
+		name string
+		read func(int) ([]procmaps.Mapping, error)
+	}{{"ExecFiles", procmaps.ExecFiles}, {"ReadExec", procmaps.ReadExec}} {
+		b.Run(v.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				if _, err := v.read(os.Getpid()); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
