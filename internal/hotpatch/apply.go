@@ -251,6 +251,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	if err != nil {
 		return nil, err
 	}
+	defer s.boundImages(p) // whatever this Apply kept (D61), however it ends
 	if !p.verified {
 		if err := s.verify(p.sel); err != nil {
 			return nil, err
@@ -275,11 +276,16 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	p.before = before
 	res := &Result{PID: s.pid}
 	// A site a killed hotpatch left mid-patch is ours: make it whole first
-	// (and say so), rather than refusing it as foreign forever.
+	// (and say so), rather than refusing it as foreign forever. (One pass
+	// finds whether any site is in neither form; only then are they sorted
+	// out.)
 	var torn []selected
-	for i, st := range before {
-		if st == xmod.StateTorn {
-			torn = append(torn, p.sel[i])
+	whole := allForms(before)
+	if !whole {
+		for i, st := range before {
+			if st == xmod.StateTorn {
+				torn = append(torn, p.sel[i])
+			}
 		}
 	}
 	if len(torn) > 0 {
@@ -292,13 +298,16 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 			return res, err
 		}
 		p.before = before
+		whole = allForms(before)
 	}
 	// Refuse the whole request if any site is foreign, so that no protocol's
 	// batch is written before another's is refused: all or nothing.
-	for i, st := range before {
-		if st == xmod.StateInvalid || st == xmod.StateTorn {
-			return nil, fmt.Errorf("%v in %s holds neither its active nor its inert bytes: %w (nothing was written)",
-				p.sites[i], p.sel[i].target.Object.Path, ErrStale)
+	if !whole {
+		for i, st := range before {
+			if st == xmod.StateInvalid || st == xmod.StateTorn {
+				return nil, fmt.Errorf("%v in %s holds neither its active nor its inert bytes: %w (nothing was written)",
+					p.sites[i], p.sel[i].target.Object.Path, ErrStale)
+			}
 		}
 	}
 	s.newGeneration(p, before)
@@ -338,7 +347,6 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	if afterErr == nil {
 		p.after = after
 	}
-	s.boundImages(p)
 	res.ElapsedNS = time.Since(start).Nanoseconds()
 	res.OK = runErr == nil && afterErr == nil
 	if res.OK {
@@ -360,6 +368,16 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 		runErr = fmt.Errorf("%w (sites now: %s)", runErr, Tally(res.Sites))
 	}
 	return res, runErr
+}
+
+// allForms reports whether every state is active or inert.
+func allForms(st []xmod.State) bool {
+	for _, s := range st {
+		if s != xmod.StateActive && s != xmod.StateInert {
+			return false
+		}
+	}
+	return true
 }
 
 func stateOf(on bool) xmod.State {
