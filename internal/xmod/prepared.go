@@ -339,13 +339,14 @@ func (p *Prepared) flip(ctx context.Context, m Mem, states []State, opts FlipOpt
 	}
 	p.nconfirmed = 0
 	defer func() { p.confirmedOK = err == nil }()
-	todo := p.todo[:0]
-	defer func() { p.todo = todo[:0] }()
+	var todo []int
 	if p.every(states) {
 		// Every site leaves its state: all of them, in order (the usual
-		// batch of a session toggling a selection back and forth).
-		todo = append(todo, p.all...)
+		// batch of a session toggling a selection back and forth). p.all
+		// is only read.
+		todo = p.all
 	} else {
+		todo = p.todo[:0]
 		for k := range p.word {
 			if w := &p.word[k]; (states[w.pos] == StateActive) == w.on {
 				res.Unchanged++
@@ -353,6 +354,7 @@ func (p *Prepared) flip(ctx context.Context, m Mem, states []State, opts FlipOpt
 			}
 			todo = append(todo, k)
 		}
+		p.todo = todo[:0]
 	}
 	if opts.Pristine != nil {
 		return writeSpans(ctx, m, p.cs, p.at, todo, opts, res, p)
