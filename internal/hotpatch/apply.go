@@ -454,6 +454,13 @@ func resolve(targets []*Target, actions []Action) ([]selected, error) {
 	if len(actions) == 0 {
 		return nil, errors.New("nothing to do: give --enable or --disable")
 	}
+	if len(actions) == 1 {
+		// One action (`--enable '*'`): what it selects is the answer, each
+		// probe once; no map of 40,000 keys to merge later actions into.
+		if sel, ok, err := resolveOne(targets, actions[0]); ok || err != nil {
+			return sel, err
+		}
+	}
 	type key struct{ t, p int }
 	want := map[key]bool{}
 	var order []key
@@ -492,6 +499,44 @@ func resolve(targets []*Target, actions []Action) ([]selected, error) {
 		sel[i] = selected{target: targets[k.t], probe: p, on: want[k]}
 	}
 	return sel, nil
+}
+
+// resolveOne is resolve for one action; ok is false when a target's
+// selection is not strictly ascending (the general path then merges it).
+func resolveOne(targets []*Target, a Action) (sel []selected, ok bool, err error) {
+	matched := false
+	for _, t := range targets {
+		if a.Object != "" && a.Object != t.Object.Path {
+			continue
+		}
+		idx, err := t.List.Select(a.Selector)
+		if errors.Is(err, probelist.ErrNoMatch) {
+			continue
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("%s: %w", t.Object.Path, err)
+		}
+		matched = true
+		for k := 1; k < len(idx); k++ {
+			if idx[k] <= idx[k-1] {
+				return nil, false, nil
+			}
+		}
+		if sel == nil {
+			sel = make([]selected, 0, len(idx))
+		}
+		for _, pi := range idx {
+			p, err := t.Probe(pi)
+			if err != nil {
+				return nil, false, err
+			}
+			sel = append(sel, selected{target: t, probe: p, on: a.Enable})
+		}
+	}
+	if !matched {
+		return nil, false, fmt.Errorf("%w %q (kind %s%s)", probelist.ErrNoMatch, a.Selector.Pattern, kindOrBoth(a.Selector.Kind), providerNote(a.Selector.Provider))
+	}
+	return sel, true, nil
 }
 
 func protocolFor(proto string, p *probelist.Probe) string {
