@@ -190,3 +190,95 @@ func TestSpanHazardUnchecked(t *testing.T) {
 		t.Fatalf("no store of the writer was undone in %d unchecked batches (%v): the control did not reproduce the hazard", batches, d)
 	}
 }
+
+// TestSpanImagesLive: a session toggling a selection back and forth writes
+// its spans from their images (D61) until a byte of the text outside any
+// probe site changes between two batches (a writer's first store into an
+// untouched page, made here through the session's tracer): the next batch
+// checks that span against the file again, leaves it to one-byte writes
+// and the store in place, and every site still ends in the asked state.
+func TestSpanImagesLive(t *testing.T) {
+	testutil.RequirePtrace(t)
+	fx := testutil.Build(t, testutil.Spec{Sources: []string{"jitpage.c", "hooks.c"}, Flags: []string{"-fno-toplevel-reorder"}})
+	// The program dies with the thread that started it (Pdeathsig): keep
+	// that thread ours, not the tracer's, which exits at Close.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	p := testutil.Start(t, nil, fx.Path, "plain")
+	area := p.Symbol(fx.Path, "jit_area") // 64 bytes of int3 between f299 and f300, never run
+	ses, err := Open(p.Pid, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ses.Close()
+	sel, err := probelist.ParseSelector("f*", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply := func(on bool) *Result {
+		t.Helper()
+		r, err := ses.Apply(context.Background(), []Action{{Enable: on, Selector: sel}}, ProtoAuto, 0)
+		if err != nil {
+			t.Fatalf("apply %v: %v", on, err)
+		}
+		if !r.OK || r.Changed != 800 || r.Spans == nil || len(r.Spans.Raced) != 0 {
+			t.Fatalf("apply %v: ok=%v, %d changed, spans %+v", on, r.OK, r.Changed, r.Spans)
+		}
+		return r
+	}
+	images := func() int {
+		n := 0
+		for _, q := range ses.prepared {
+			n += q.batch.ImageBytes()
+		}
+		return n
+	}
+	for i := 0; i < 3; i++ { // the probes start on; the second of each makes the images
+		apply(false)
+		apply(true)
+	}
+	if images() == 0 {
+		t.Fatal("no images after three rounds")
+	}
+	read := func() byte {
+		b := make([]byte, 1)
+		if err := ses.tracer.ReadMem(area+10, b); err != nil {
+			t.Fatal(err)
+		}
+		return b[0]
+	}
+	if err := ses.tracer.WriteMem(area+10, []byte{0x90}); err != nil {
+		t.Fatal(err)
+	}
+	r := apply(false)
+	if len(r.Spans.Fallbacks) == 0 || r.Spans.OneByte == 0 {
+		t.Fatalf("the span over a changed byte was written from its image: %+v", r.Spans)
+	}
+	for _, f := range r.Spans.Fallbacks {
+		if !strings.Contains(f, "differs from the file") {
+			t.Fatalf("unexpected fallback %q", f)
+		}
+	}
+	if b := read(); b != 0x90 {
+		t.Fatalf("the foreign store was undone: %#x", b)
+	}
+	apply(true)
+	// Put back: the spans are checked against the file again, pass, and
+	// are written whole.
+	if err := ses.tracer.WriteMem(area+10, []byte{0xcc}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if r := apply(false); len(r.Spans.Fallbacks) != 0 || r.Spans.OneByte != 0 {
+			t.Fatalf("round %d after the byte was put back: %+v", i, r.Spans)
+		}
+		apply(true)
+	}
+	if err := ses.Close(); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := p.Finish()
+	if !strings.Contains(out, "wrong=0 reverted=0") {
+		t.Fatalf("the program saw a wrong result: %q", out)
+	}
+}
