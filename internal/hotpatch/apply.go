@@ -146,8 +146,10 @@ type Session struct {
 	// imaged: the prepared selections holding span images, oldest first
 	// (boundImages).
 	imaged []*prepared
-	// verified: probes from list files already checked against a scan.
-	verified map[verifiedKey]bool
+	// verified: probes from list files already checked against a scan;
+	// verifiedAll: targets whose whole list was.
+	verified    map[verifiedKey]bool
+	verifiedAll map[*Target]bool
 }
 
 // Open locks pid and loads its targets. The lock is a leader-only attach
