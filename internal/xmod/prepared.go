@@ -76,7 +76,18 @@ func Prepare(changes []Change) (*Prepared, error) {
 	for i := range p.pos {
 		p.pos[i] = i
 	}
-	sort.SliceStable(p.pos, func(a, b int) bool { return changes[p.pos[a]].Site.Addr < changes[p.pos[b]].Site.Addr })
+	// A selection usually comes in address order (a list's order): then
+	// the sort is a check.
+	sorted := true
+	for i := 1; i < len(changes); i++ {
+		if changes[i].Site.Addr < changes[i-1].Site.Addr {
+			sorted = false
+			break
+		}
+	}
+	if !sorted {
+		sort.SliceStable(p.pos, func(a, b int) bool { return changes[p.pos[a]].Site.Addr < changes[p.pos[b]].Site.Addr })
+	}
 	for k, i := range p.pos {
 		p.cs[k] = changes[i]
 	}
