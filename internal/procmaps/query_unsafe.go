@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -32,6 +33,8 @@ const (
 	queryFileBacked     = 0x20
 )
 
+var namePool = sync.Pool{New: func() any { return new([unix.PathMax + 16]byte) }}
+
 // ExecFiles returns pid's executable, file-backed mappings, each as
 // ReadExec would (path without " (deleted)", Deleted set). It asks the
 // kernel for them one at a time (the PROCMAP_QUERY ioctl of
@@ -48,7 +51,11 @@ func ExecFiles(pid int) ([]Mapping, error) {
 	}
 	defer unix.Close(fd)
 	var out []Mapping
-	var name [unix.PathMax + 16]byte
+	// The kernel writes the name at an address passed as a number: the
+	// buffer is from the heap (a pool), which does not move, not from a
+	// stack that could.
+	name := namePool.Get().(*[unix.PathMax + 16]byte)
+	defer namePool.Put(name)
 	for addr := uint64(0); ; {
 		q := procmapQuery{
 			size:        uint64(unsafe.Sizeof(procmapQuery{})),
@@ -58,7 +65,7 @@ func ExecFiles(pid int) ([]Mapping, error) {
 			vmaNameAddr: uint64(uintptr(unsafe.Pointer(&name[0]))),
 		}
 		_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), procmapQueryIoctl, uintptr(unsafe.Pointer(&q)))
-		runtime.KeepAlive(&name)
+		runtime.KeepAlive(name)
 		switch {
 		case e == unix.ENOENT: // no mapping at or after addr
 			return out, nil
