@@ -159,7 +159,7 @@ func (h *Harness) sessionSet(ctx context.Context, s *hotpatch.Session, all probe
 func (h *Harness) reportSpans(probes int, m map[string][]float64, st *xmod.SpanStats) *Section {
 	sec := &Section{Title: fmt.Sprintf("2b. Batch writes: checked spans against one byte per site (%d probes)", probes),
 		Text: fmt.Sprintf("The batch row's flip program; a pass enables every probe with one call, then disables them all, each way below once per pass, interleaved, %d passes; time per probe over both directions. "+
-			"Checked spans (docs/protocols.md, \"Batches at page speed\"): reads grouped per run (64 KiB for xmod.Flip, 256 KiB for a session's prepared selection; process_vm_readv from 16 KiB), each run of sites re-read, compared with the object's file outside probe sites, written with one pwrite and read back. "+
+			"Checked spans (docs/protocols.md, \"Batches at page speed\"): reads grouped per run (64 KiB for xmod.Flip, 256 KiB for a session's prepared selection; process_vm_readv from 16 KiB), each run of sites re-read, compared with the object's file outside probe sites (or with the span as it was checked before its last write: D61), written with one pwrite and read back. "+
 			"The session rows are one hotpatch.Session (as `hotpatch session` toggling `'*'`) after locking and loading the list, the selection prepared once (D46): each batch reads every site, flips, reads back. "+
 			"Toggled back and forth, a selection keeps its last grouped read with its states and its spans as checked and as written, from its second batch on, and uses them when the bytes read are the same (D61); "+
 			"the first-batch row drops them before each batch: what one `hotpatch --enable '*'` call does after its lock, list and selection.", h.Cfg.BatchReps),
