@@ -28,6 +28,9 @@
 /* struct ep_thread; the thread's function cache (struct ep_local) follows it */
 #define EPA_TH_TID 4
 #define EPA_TH_DEPTH 12
+#define EPA_TH_FILTER_OUT_CG 160
+#define EPA_TH_FILTER_LIM_CG 168
+#define EPA_TH_FILTER_LIM 176
 #define EPA_TH_SIZE 192
 
 /* struct ep_local */

@@ -171,48 +171,62 @@
 
 /* FILTERED_OUT full, adj: the control word (r11) has a bit that sends hooks
  * to the C. When it is only tracing with filters (D32) and the filters leave
- * this hook's call out (its depth, th->depth - adj, at or past filter_depth,
- * or a thread list without this thread), fall through: the hook goes on as
- * an untraced one, as ep_untraced decides in C, so that a filtered-out call
- * costs about what a counted one does. Otherwise jump to full. Read before
- * the busy word is set, as in C. rax = header, r9 = th; clobbers rcx, rdx,
- * rsi. The common filters (one thread, or a depth) take no taken branch. */
+ * this hook's call out, fall through: the hook goes on as an untraced one,
+ * as ep_untraced decides in C, so that a filtered-out call costs what a
+ * counted one does. Otherwise jump to full. The test uses the thread's own
+ * verdict on the filters (D58), made once per control|gen word by
+ * FILTER_VERDICT: filter_out_cg, the word under which the thread list
+ * leaves this thread out (every call out: one compare); else filter_lim_cg
+ * and filter_lim, the word under which calls at depth filter_lim or deeper
+ * (th->depth - adj) are out (~0: none). A capture starts a new generation
+ * after it sets its filters (shm.Region.SetFilter), so no verdict outlives
+ * the filters it was made from. Read before the busy word is set, as in C.
+ * rax = header, r9 = th; clobbers rcx, rdx, rsi. */
 .macro FILTERED_OUT full, adj
-	movl	%r11d, %ecx
-	andl	$(EPA_CTL_SLOWPATH|EPA_CTL_FILTER), %ecx
-	cmpl	$(EPA_CTL_TRACE|EPA_CTL_FILTER), %ecx
-	jne	\full
-	movq	EPA_HDR_FILTER_DEPTH(%rax), %rdx	/* filter_depth | filter_tid[0] << 32 */
-	movl	EPA_TH_DEPTH(%r9), %ecx
+	cmpq	%r11, EPA_TH_FILTER_OUT_CG(%r9)
+	je	10f					/* the thread list leaves this thread out */
+	cmpq	%r11, EPA_TH_FILTER_LIM_CG(%r9)
+	jne	11f					/* no verdict under this word: FILTER_VERDICT */
+12:	movl	EPA_TH_DEPTH(%r9), %ecx
 	subl	$\adj, %ecx				/* the call's depth */
-	cmpl	%edx, %ecx
-	jb	8f					/* within the depth (or no depth filter: 0) */
-	testl	%edx, %edx
-	jnz	10f					/* too deep: out */
-8:	shrq	$32, %rdx
-	jz	\full					/* no thread list: traced */
-	cmpl	EPA_TH_TID(%r9), %edx
-	je	\full					/* the listed thread */
-	cmpl	$0, EPA_HDR_FILTER_TID+4(%rax)
-	jne	11f					/* more threads listed: FILTER_LIST */
-10:							/* out: fall through to the body */
+	cmpl	EPA_TH_FILTER_LIM(%r9), %ecx
+	jb	\full					/* within the depth: traced */
+10:							/* out: on to the body */
 .endm
 
-/* FILTER_LIST full: the rest of FILTERED_OUT's thread list (a second
- * thread and more), placed after the hook's body so that a list of one
- * costs no jump; back to FILTERED_OUT's end (10) when the call is out. */
-.macro FILTER_LIST full
-11:	movl	EPA_TH_TID(%r9), %ecx
-	movl	$1, %esi
-9:	movl	EPA_HDR_FILTER_TID(%rax,%rsi,4), %edx
+/* FILTER_VERDICT full: the thread's verdict on the filters under the word
+ * in r11 (the C's ep_untraced, once per word), placed after the hook's
+ * body; back to FILTERED_OUT's tests. A limit is stored before the word
+ * that makes it valid: a signal handler's hooks in between make the same
+ * verdict, or one under a newer word, which this one never equals again
+ * (gen only grows). */
+.macro FILTER_VERDICT full
+11:	movl	%r11d, %ecx
+	andl	$(EPA_CTL_SLOWPATH|EPA_CTL_FILTER), %ecx
+	cmpl	$(EPA_CTL_TRACE|EPA_CTL_FILTER), %ecx
+	jne	\full					/* not only tracing with filters */
+	movl	EPA_TH_TID(%r9), %ecx
+	xorl	%esi, %esi
+	movl	EPA_HDR_FILTER_TID(%rax), %edx
 	testl	%edx, %edx
-	jz	10b					/* end of the list: out */
-	cmpl	%ecx, %edx
-	je	\full					/* a listed thread */
+	jz	13f					/* no thread list: every thread */
+9:	cmpl	%ecx, %edx
+	je	13f					/* a listed thread */
 	addl	$1, %esi
 	cmpl	$EPA_FILTER_TIDS, %esi
-	jb	9b
+	jae	14f
+	movl	EPA_HDR_FILTER_TID(%rax,%rsi,4), %edx
+	testl	%edx, %edx
+	jnz	9b
+14:	movq	%r11, EPA_TH_FILTER_OUT_CG(%r9)	/* not listed: every call out */
 	jmp	10b
+13:	movl	EPA_HDR_FILTER_DEPTH(%rax), %edx
+	testl	%edx, %edx
+	jnz	15f
+	movl	$-1, %edx				/* no depth filter: every call traced */
+15:	movl	%edx, EPA_TH_FILTER_LIM(%r9)
+	movq	%r11, EPA_TH_FILTER_LIM_CG(%r9)
+	jmp	12b
 .endm
 
 	.text
@@ -243,7 +257,7 @@ __cyg_profile_func_enter:
 	/* rdi still holds fn: the C hook starts over (it sets the word again) */
 	movq	$0, %fs:EPA_TLS_BUSY(%r8)
 	jmp	ep_cyg_enter_full
-	FILTER_LIST ep_cyg_enter_full
+	FILTER_VERDICT ep_cyg_enter_full
 	.cfi_endproc
 	.size	__cyg_profile_func_enter, .-__cyg_profile_func_enter
 
@@ -270,7 +284,7 @@ __cyg_profile_func_exit:
 .Lexit_decline:
 	movq	$0, %fs:EPA_TLS_BUSY(%r8)
 	jmp	ep_cyg_exit_full
-	FILTER_LIST ep_cyg_exit_full
+	FILTER_VERDICT ep_cyg_exit_full
 	.cfi_endproc
 	.size	__cyg_profile_func_exit, .-__cyg_profile_func_exit
 

@@ -15,10 +15,6 @@
 /* What a cyg hook does once it may record. */
 enum { EP_HOOK_ENTER, EP_HOOK_EXIT, EP_HOOK_COUNT };
 
-/* Control bits that send every hook to the general path (quotas: enters
- * must take one, and the hooks are sampled for the profiler's estimate). */
-#define EP_CTL_SLOWPATH (EP_CTL_PAUSE | EP_CTL_TRACE | EP_CTL_QUOTA)
-
 /* The general body of every cyg hook: first hook of a thread, a busy word
  * set, paused, tracing, no TSC, and whatever ep_enter_fast / ep_exit_fast
  * decline. here is the exported hook's frame address, ret its return
@@ -59,23 +55,11 @@ __attribute__((noinline, no_instrument_function)) static void ep_cyg_slow(uint64
  * frame is the top one). Read before the busy word is set: a signal handler
  * landing in between runs its hooks to their end and leaves the depth as it
  * found it, or never returns here. */
-EP_INLINE int ep_untraced(const struct ep_thread *th, uint32_t ctl, int exit) {
+EP_INLINE int ep_untraced(struct ep_thread *th, uint64_t cg, int exit) {
+	uint32_t ctl = (uint32_t)cg;
 	if ((ctl & (EP_CTL_SLOWPATH | EP_CTL_FILTER)) != (EP_CTL_TRACE | EP_CTL_FILTER))
 		return 0;
-	uint32_t depth = th->depth - (uint32_t)exit;
-	uint32_t md = LOAD(&ep.hdr->filter_depth);
-	if (md && depth >= md)
-		return 1;
-	if (!LOAD(&ep.hdr->filter_tid[0]))
-		return 0;
-	for (uint32_t i = 0; i < EP_FILTER_TIDS; i++) {
-		int32_t t = LOAD(&ep.hdr->filter_tid[i]);
-		if (t == th->tid)
-			return 0;
-		if (!t)
-			break;
-	}
-	return 1;
+	return ep_filter_out(th, cg, th->depth - (uint32_t)exit);
 }
 
 /* The body of the enter and exit hooks (D29): the common case with no call
@@ -88,7 +72,7 @@ EP_INLINE void ep_cyg_hook(uint64_t key, int what, uint64_t here) {
 	if (likely((uintptr_t)th >= EP_SLOT_MIN && !ep_tls.busy)) {
 		uint64_t cg = ep_ctl_gen();
 		uint32_t ctl = (uint32_t)cg, gen = (uint32_t)(cg >> 32);
-		if (likely(!(ctl & EP_CTL_SLOWPATH)) || ep_untraced(th, ctl, what == EP_HOOK_EXIT)) {
+		if (likely(!(ctl & EP_CTL_SLOWPATH)) || ep_untraced(th, cg, what == EP_HOOK_EXIT)) {
 			uint64_t ret = *(volatile uint64_t *)(uintptr_t)(here + 8);
 			ep_tls.busy_ret = ret;
 			SIGFENCE();
@@ -143,7 +127,9 @@ EPA_CHECK(offsetof(struct ep_header, control) == EPA_HDR_CONTROL &&
               offsetof(struct ep_header, filter_tid) == EPA_HDR_FILTER_TID && EP_FILTER_TIDS == EPA_FILTER_TIDS &&
               EPA_HDR_FILTER_TID == EPA_HDR_FILTER_DEPTH + 4 && EPA_HDR_FILTER_DEPTH % 8 == 0,
           "ep_header");
-EPA_CHECK(offsetof(struct ep_thread, tid) == EPA_TH_TID && offsetof(struct ep_thread, depth) == EPA_TH_DEPTH &&
+EPA_CHECK(offsetof(struct ep_thread, tid) == EPA_TH_TID && offsetof(struct ep_thread, filter_out_cg) == EPA_TH_FILTER_OUT_CG &&
+              offsetof(struct ep_thread, filter_lim_cg) == EPA_TH_FILTER_LIM_CG &&
+              offsetof(struct ep_thread, filter_lim) == EPA_TH_FILTER_LIM && offsetof(struct ep_thread, depth) == EPA_TH_DEPTH &&
               sizeof(struct ep_thread) == EPA_TH_SIZE,
           "ep_thread");
 EPA_CHECK(sizeof(struct ep_local) == EPA_LOCAL_SIZE && offsetof(struct ep_local, addr) == EPA_LOCAL_ADDR &&

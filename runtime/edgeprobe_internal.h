@@ -236,7 +236,7 @@ EP_SHARED_COLD void ep_exit_slow(struct ep_thread *th, uint64_t key, uint64_t sp
 EP_SHARED void ep_pop_to(struct ep_thread *th, uint32_t lo);
 EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp, uint64_t site, int mark);
 EP_SHARED_COLD void ep_skip_exit(struct ep_thread *th, uint32_t k);
-EP_SHARED_COLD int ep_filter_pass(struct ep_thread *th, uint32_t depth);
+EP_SHARED_COLD uint32_t ep_filter_verdict(struct ep_thread *th, uint64_t cg);
 EP_SHARED_COLD int ep_trace_held(struct ep_thread *th, uint32_t kind, uint64_t key, uint32_t depth);
 EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, int deep);
 EP_SHARED void ep_thread_dtor(void *v);
@@ -461,6 +461,10 @@ EP_INLINE void ep_record_latency_hinted(struct ep_func *f, struct ep_local *l, u
  * the function's own enter position; they match by key (ep_exit_slow). */
 EP_INLINE int ep_frame_dead(const struct ep_frame *fr, uint64_t sp) { return fr->sp < sp; }
 
+/* Control bits that send every cyg hook to the general path (quotas: enters
+ * must take one, and the hooks are sampled for the profiler's estimate). */
+#define EP_CTL_SLOWPATH (EP_CTL_PAUSE | EP_CTL_TRACE | EP_CTL_QUOTA)
+
 /* The process-wide generation (header.gen) stamped on a frame at its enter:
  * hotpatch sets a function's ep_func.gen to a new value of it just before
  * turning the function's probes on (D12, D29), so a frame is stale when its
@@ -484,9 +488,19 @@ EP_INLINE int ep_frame_stale(const struct ep_frame *fr) {
 
 /* A call's event, unless a filter leaves it out; returns whether it went
  * to the ring. */
+/* Whether a capture's depth and thread filters leave out this thread's
+ * call at shadow-stack depth, under the control|gen word cg (D58): the
+ * thread's kept verdict when it was made under cg, else a new one. */
+EP_INLINE int ep_filter_out(struct ep_thread *th, uint64_t cg, uint32_t depth) {
+	if (cg == th->filter_out_cg)
+		return 1;
+	uint32_t lim = cg == th->filter_lim_cg ? th->filter_lim : ep_filter_verdict(th, cg);
+	return depth >= lim;
+}
+
 EP_INLINE int ep_trace_at(struct ep_thread *th, uint32_t ctl, uint32_t kind, uint64_t key, uint32_t depth) {
 	if (unlikely(ctl & EP_CTL_FILTER)) {
-		if (!ep_filter_pass(th, depth))
+		if (ep_filter_out(th, ep_ctl_gen(), depth))
 			return 0;
 		if (LOAD(&ep.hdr->filter_min_ns))
 			return ep_trace_held(th, kind, key, depth);

@@ -49,7 +49,7 @@
 #include <stdint.h>
 
 #define EP_MAGIC 0x3142525045474445ull /* "EDGEPRB1" as little-endian bytes */
-#define EP_VERSION 5u /* 2: fentry_mode and the fentry_* counters (padding, zero, in version 1);
+#define EP_VERSION 6u /* 2: fentry_mode and the fentry_* counters (padding, zero, in version 1);
                         * 3: ep_func.gen in place of the 64th histogram bucket, ep_frame.gen;
                         * 4: ep_frame.sp (exits match entries by stack position), ep_func.deep_*
                         *    in place of histogram buckets 61 and 62, ep_thread loss counters;
@@ -62,7 +62,11 @@
                         *    one word on the control line); quotas: header.quota_k/quota_epoch,
                         *    ep_func.quota in place of histogram bucket 60,
                         *    ep_thread.quota_skips, hook_ticks, hook_samples; trace filters:
-                        *    header.filter_depth, filter_tid, filter_min_ns, ep_frame.flags */
+                        *    header.filter_depth, filter_tid, filter_min_ns, ep_frame.flags;
+                        * 6: ep_thread.filter_out_cg, filter_lim_cg, filter_lim (D58): a thread's
+                        *    verdict on the trace filters, valid only because every reader that
+                        *    sets filters starts a new generation (a version-5 reader does not,
+                        *    so it must not drive this runtime) */
 #define EP_HEADER_SIZE 4096u
 /* The function table's hash (see the layout above). */
 #define EP_HASH_MUL 0x9E3779B97F4A7C15ull
@@ -321,7 +325,15 @@ struct ep_thread {
 	uint64_t hook_samples;    /* 144: hooks sampled */
 	uint32_t sample_left;     /* 152: the owner's own: hooks until the next sampled one */
 	uint32_t _pad3;           /* 156 */
-	uint64_t _pad2[3];        /* 160 */
+	/* 160: the owner's own verdict on the trace filters (D58), made by the
+	 * cyg hooks once per control|gen word (edgeprobe_cyg.S): under the word
+	 * filter_out_cg the thread list leaves this thread out; under the word
+	 * filter_lim_cg its calls at shadow-stack depth filter_lim or deeper are
+	 * out (~0: none). Both 0 at each claim. */
+	uint64_t filter_out_cg;
+	uint64_t filter_lim_cg;   /* 168 */
+	uint32_t filter_lim;      /* 176 */
+	uint32_t _pad6;           /* 180 */
 	/* 184: events this slot's ring holds now (a power of two <= ring_events;
 	 * 0: not used yet). Written by the owner only while the ring is empty,
 	 * before the head that publishes an event written with it (version 5);

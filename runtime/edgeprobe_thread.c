@@ -128,6 +128,8 @@ EP_SHARED_COLD struct ep_thread *ep_claim(void) {
 	STORE(&got->tid, tid);
 	STORE(&got->generation, got->generation + 1);
 	STORE(&got->depth, 0);
+	STORE(&got->filter_out_cg, 0); /* a verdict of the slot's last owner is not ours */
+	STORE(&got->filter_lim_cg, 0);
 	STORE(&got->claimed_mono, ep_mono_ns());
 	ADD(&ep.hdr->threads_claimed, 1);
 	ADD(&ep.hdr->threads_active, 1);
@@ -494,23 +496,38 @@ EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, 
 
 /* ---- trace filters (D32) ---- */
 
-/* Whether an event of this thread at shadow-stack depth may go to its
- * ring: a capture's depth and thread filters. */
-EP_SHARED_COLD int ep_filter_pass(struct ep_thread *th, uint32_t depth) {
-	uint32_t md = LOAD(&ep.hdr->filter_depth);
-	if (md && depth >= md)
-		return 0;
-	if (!LOAD(&ep.hdr->filter_tid[0]))
-		return 1;
+/* The thread's verdict on a capture's depth and thread filters (D58): its
+ * calls at shadow-stack depth >= the result are filtered out (0: every call,
+ * the thread list leaves this thread out; ~0: none). Under a control|gen
+ * word cg that is only tracing with filters, the verdict is kept in the slot
+ * for as long as that word stands (ep_filter_out, and the cyg hooks'
+ * assembly, which make the same verdict: edgeprobe_cyg.S FILTER_VERDICT):
+ * a capture starts a new generation after it sets its filters, so none
+ * outlives them. A limit is stored before the word that makes it valid. */
+EP_SHARED_COLD uint32_t ep_filter_verdict(struct ep_thread *th, uint64_t cg) {
+	uint32_t lim = 0;
 	int32_t tid = th->tid;
 	for (uint32_t i = 0; i < EP_FILTER_TIDS; i++) {
 		int32_t t = LOAD(&ep.hdr->filter_tid[i]);
-		if (t == tid)
-			return 1;
+		if (t == tid || (!t && i == 0)) { /* listed, or no list */
+			lim = LOAD(&ep.hdr->filter_depth);
+			if (!lim)
+				lim = ~0u;
+			break;
+		}
 		if (!t)
 			break;
 	}
-	return 0;
+	if (((uint32_t)cg & (EP_CTL_SLOWPATH | EP_CTL_FILTER)) == (EP_CTL_TRACE | EP_CTL_FILTER)) {
+		if (!lim) {
+			STORE(&th->filter_out_cg, cg);
+		} else {
+			STORE(&th->filter_lim, lim);
+			SIGFENCE();
+			STORE(&th->filter_lim_cg, cg);
+		}
+	}
+	return lim;
 }
 
 /* CLOCK_MONOTONIC ns of a hook clock reading (TSC ticks, or ns already). */

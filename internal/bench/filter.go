@@ -129,7 +129,7 @@ func (h *Harness) reportFilter(vs []filterVariant, perCall map[string][]float64,
 		}
 	}
 	sec.Foot = "`filter_excess.*`: the filtered-out call minus the counted one, round by round (issue 12's goal: <= 0 within noise). " +
-		"A cyg hook that finds tracing on with filters checks them before anything else and, when they leave its call out, takes the counting fast path (edgeprobe_cyg.S, D33); an fentry hook counts first and then drops the event at the filter. " +
-		"What is left is the filters' own loads and compares."
+		"A hook that finds tracing on with filters asks the thread's own verdict on them, made once per capture (D58): a thread the `--tid` list leaves out costs one compare (cyg: then the counting fast path, edgeprobe_cyg.S; fentry: no event), " +
+		"a call `--max-depth` leaves out two (the verdict's word, then the depth against its limit)."
 	h.Rep.Add(sec)
 }

@@ -138,9 +138,64 @@ func TestTraceTid(t *testing.T) { traceTids(t, 1, 3000) }
 
 // TestTraceTwoTids: with --tid naming two of mt.c's four workers, every call
 // in the trace is one of theirs and both are in it (a second listed thread
-// takes the hooks' list walk, edgeprobe_cyg.S FILTER_LIST; the unlisted two
-// walk it to its end).
-func TestTraceTwoTids(t *testing.T) { traceTids(t, 2, 6000) }
+// takes the hooks' list walk, edgeprobe_cyg.S FILTER_VERDICT; the unlisted
+// two walk it to its end). 60,000 calls: a capture long enough that both listed
+// threads run in it on a loaded machine (at 6,000 one scheduler slice of
+// the first could fill it).
+func TestTraceTwoTids(t *testing.T) { traceTids(t, 2, 60000) }
+
+// TestTraceFilterVerdictRenewed: a thread keeps its verdict on a capture's
+// filters (D58) only while the filters it was made from stand. With work and
+// leaf left on between captures (so that no capture turns a probe on), three
+// captures in a row in one process: --tid of one worker, then --tid of
+// another (the worker the first left out must now be in the trace, and the
+// first must not), then --max-depth 1 (every worker, work only: leaf runs
+// one call deeper). Both providers: the cyg hooks make the verdict in
+// assembly, the fentry hooks in C (ep_filter_verdict).
+func TestTraceFilterVerdictRenewed(t *testing.T) {
+	for _, spec := range []testutil.Spec{
+		{Sources: []string{"mt.c"}},
+		{Sources: []string{"mt.c"}, NoInstr: true, Profile: testutil.ProfileFentry},
+	} {
+		t.Run(spec.String(), func(t *testing.T) { filterVerdictRenewed(t, startColdSpec(t, spec, nil)) })
+	}
+}
+
+// filterVerdictRenewed is TestTraceFilterVerdictRenewed on one build of mt.c.
+func filterVerdictRenewed(t *testing.T, p *testutil.Process) {
+	w := workerTids(t, p.Pid)
+	if len(w) < 2 {
+		t.Fatalf("want two workers, found %v", w)
+	}
+	pid := fmt.Sprint(p.Pid)
+	run(t, "--pid", pid, "--enable", "work", "--enable", "leaf")
+	dir := t.TempDir()
+	for i, tid := range w[:2] {
+		out := filepath.Join(dir, fmt.Sprintf("tid%d.json", i))
+		run(t, "trace", "--pid", pid, "--tid", strconv.Itoa(tid), "--duration", "60s", "--max-calls", "2000", "-o", out)
+		per := map[int]int{}
+		for _, c := range chromeCalls(t, out) {
+			per[c.Tid]++
+		}
+		if per[tid] < 2000 || len(per) != 1 {
+			t.Errorf("capture %d with --tid %d: calls by thread %v; want at least 2000, all of thread %d", i+1, tid, per, tid)
+		}
+	}
+	out := filepath.Join(dir, "depth.json")
+	run(t, "trace", "--pid", pid, "--max-depth", "1", "--duration", "60s", "--max-calls", "4000", "-o", out)
+	per := map[int]int{}
+	for _, c := range chromeCalls(t, out) {
+		if c.Name != "work" {
+			t.Fatalf("--max-depth 1 traced %q", c.Name)
+		}
+		per[c.Tid]++
+	}
+	if len(per) < 2 {
+		t.Errorf("--max-depth 1: calls by thread %v; want the workers' work calls", per)
+	}
+	run(t, "--pid", pid, "--disable", "work", "--disable", "leaf")
+	allOff(t, p)
+}
 
 // traceTids traces mt.c's work and leaf with --tid naming its first n
 // workers until minCalls calls: every call must be one of those threads',

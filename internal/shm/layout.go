@@ -7,11 +7,14 @@ package shm
 const Magic uint64 = 0x3142525045474445
 
 // Version is the layout version this package reads.
-const Version uint32 = 5
+const Version uint32 = 6
 
 // MinVersion is the oldest layout version this package still reads. Version
 // 5 made the function table a chain of segments with its keys in an array of
-// their own, after the rings, so older regions are not read.
+// their own, after the rings, so older regions are not read. Version 6 only
+// named padding of the thread slot (D58: the verdict a thread keeps on the
+// trace filters, which this package's SetFilter renews and a reader of
+// version 5 would not), so a version-5 region reads the same.
 const MinVersion uint32 = 5
 
 // The function table's hash (runtime/edgeprobe_shm.h: EP_HASH_MUL,
@@ -264,7 +267,10 @@ type threadSlot struct {
 	HookSamples    uint64
 	SampleLeft     uint32
 	_              uint32
-	_              [3]uint64
+	FilterOutCg    uint64 // the owner's own verdict on the trace filters (D58): out under this control|gen word
+	FilterLimCg    uint64 // under this word, calls at depth FilterLim or deeper are out
+	FilterLim      uint32
+	_              uint32
 	RingSize       uint32 // version 5: events the slot's ring holds now (0: unused)
 	_              uint32
 }

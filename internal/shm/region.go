@@ -318,7 +318,8 @@ var ErrFilter = errors.New("trace filter")
 // in tids (none: every thread; at most FilterTids), and only of calls that
 // lasted at least minNs (0: any; the calls' enter events are written at
 // their exit). Set it before turning CtlFilter on; clear it
-// (SetFilter(0, nil, 0)) after turning it off.
+// (SetFilter(0, nil, 0)) after turning it off. Each call starts a new
+// process-wide generation (Gen).
 func (r *Region) SetFilter(maxDepth uint32, tids []int32, minNs uint32) error {
 	if !r.writable {
 		return fmt.Errorf("shm: %s: %w", r.path, ErrReadOnly)
@@ -344,6 +345,12 @@ func (r *Region) SetFilter(maxDepth uint32, tids []int32, minNs uint32) error {
 		atomic.AddUint32((*uint32)(unsafe.Pointer(&r.mem[hdrFEpoch])), 1)
 	}
 	atomic.StoreUint32((*uint32)(unsafe.Pointer(&r.mem[hdrFMin])), minNs)
+	// Last, a new process-wide generation: the verdict a thread keeps on
+	// the filters is valid only under the control|gen word it was made
+	// under (ep_thread.filter_cg, D58), so none made before this call
+	// outlives the filters it set. (Live frames keep matching their
+	// functions: only a function's own generation makes a frame stale.)
+	atomic.AddUint32((*uint32)(unsafe.Pointer(&r.mem[hdrGen])), 1)
 	return nil
 }
 
