@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"debug/elf"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -128,6 +130,26 @@ func TestParseObjectLikeDebugElf(t *testing.T) {
 		testutil.Build(t, testutil.Spec{Sources: []string{"basic.c"}, PIE: testutil.Bool(false)}).Path,
 		testutil.Runtime(t, "gcc"),
 	}
+	// A PIE whose .rela.dyn (a RELATIVE entry per function pointer, 3,000
+	// of them) spans several of parseObject's chunks, with its hook slots.
+	var src strings.Builder
+	for i := 0; i < 3000; i++ {
+		fmt.Fprintf(&src, "int f%d(void) { return %d; }\n", i, i)
+	}
+	src.WriteString("int (*table[])(void) = {")
+	for i := 0; i < 3000; i++ {
+		fmt.Fprintf(&src, "f%d,", i)
+	}
+	src.WriteString("};\nint main(int argc, char **argv) { return table[argc](); }\n")
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "many.c"), []byte(src.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	many := filepath.Join(dir, "many")
+	if out, err := exec.Command("gcc", "-O1", "-fPIE", "-pie", "-finstrument-functions", "-o", many, filepath.Join(dir, "many.c")).CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	paths = append(paths, many)
 	for _, glob := range []string{"/lib/x86_64-linux-gnu/libc.so.*", "/lib64/ld-linux-x86-64.so.*", "/lib/x86_64-linux-gnu/libstdc++.so.*", "/usr/bin/ls", "/usr/bin/gdb"} {
 		m, _ := filepath.Glob(glob)
 		paths = append(paths, m...)
@@ -149,10 +171,13 @@ func TestParseObjectLikeDebugElf(t *testing.T) {
 		if strings.Contains(p, "libc.so") && len(defs) < len(libcFuncs)-3 {
 			t.Fatalf("%s: only %v defined", p, defs)
 		}
-		if strings.Contains(p, "libfix") && len(slots) == 0 {
+		if (strings.Contains(p, "libfix") || p == many) && len(slots) == 0 {
 			t.Fatalf("%s: no hook slot", p)
 		}
 		seen++
+	}
+	if ef, err := elf.Open(many); err != nil || ef.Section(".rela.dyn") == nil || ef.Section(".rela.dyn").Size <= relaChunk {
+		t.Fatalf("%s: no .rela.dyn of two chunks or more (%v)", many, err)
 	}
 	if seen < 6 {
 		t.Fatalf("only %d objects read", seen)

@@ -346,36 +346,85 @@ func parseObject(r io.ReaderAt, name string, bias uint64) (map[string]uint64, []
 		}
 	}
 	var slots []Slot
+	var buf []byte
 	for _, sec := range ef.Sections {
 		if sec.Type != elf.SHT_RELA {
 			continue
 		}
-		data, err := sec.Data()
-		if err != nil {
-			continue
-		}
-		for off := 0; off+24 <= len(data); off += 24 {
-			roff, rinfo := le.Uint64(data[off:]), le.Uint64(data[off+8:])
+		// A section is used whole or not at all (as sec.Data() would
+		// give it), read a chunk at a time: a PIE's .rela.dyn holds a
+		// RELATIVE entry per function pointer, 480 KB for 20,000
+		// functions, which need not be copied into fresh memory on every
+		// --enable (D67).
+		var ok bool
+		var found []Slot
+		found, buf, ok = relaSlots(sec, buf, func(roff, rinfo uint64) (Slot, bool) {
 			typ := elf.R_X86_64(elf.R_TYPE64(rinfo))
 			if typ != elf.R_X86_64_JMP_SLOT && typ != elf.R_X86_64_GLOB_DAT {
-				continue
+				return Slot{}, false
 			}
 			si := uint64(elf.R_SYM64(rinfo))
 			if si == 0 || si >= uint64(nsyms) {
-				continue
+				return Slot{}, false
 			}
 			h := hookIndex(string(symName(strs, le.Uint32(syms[si*symSize:]))))
 			if h < 0 {
-				continue
+				return Slot{}, false
 			}
 			kind := "JUMP_SLOT"
 			if typ == elf.R_X86_64_GLOB_DAT {
 				kind = "GLOB_DAT"
 			}
-			slots = append(slots, Slot{Object: name, Hook: Hooks[h], Reloc: kind, Addr: roff + bias})
+			return Slot{Object: name, Hook: Hooks[h], Reloc: kind, Addr: roff + bias}, true
+		})
+		if ok {
+			slots = append(slots, found...)
 		}
 	}
 	return defs, slots, interp, nil
+}
+
+// relaChunk is how much of a relocation section is read at a time: whole
+// entries.
+const relaChunk = 24 * 2048
+
+// relaSlots calls slot for each whole 24-byte JUMP_SLOT or GLOB_DAT entry
+// of sec (offset, info) and returns the slots it made; ok is false, and the slots are not to be
+// used, where sec.Data() would fail (the section runs past the file). buf
+// is a buffer to reuse, returned grown.
+func relaSlots(sec *elf.Section, buf []byte, slot func(roff, rinfo uint64) (Slot, bool)) ([]Slot, []byte, bool) {
+	var out []Slot
+	visit := func(data []byte) {
+		for off := 0; off+24 <= len(data); off += 24 {
+			info := binary.LittleEndian.Uint64(data[off+8:])
+			if t := elf.R_X86_64(elf.R_TYPE64(info)); t != elf.R_X86_64_JMP_SLOT && t != elf.R_X86_64_GLOB_DAT {
+				continue // most entries: no call per entry for them
+			}
+			if s, ok := slot(binary.LittleEndian.Uint64(data[off:]), info); ok {
+				out = append(out, s)
+			}
+		}
+	}
+	if sec.Flags&elf.SHF_COMPRESSED != 0 || sec.Size > 1<<40 {
+		data, err := sec.Data()
+		if err != nil {
+			return nil, buf, false
+		}
+		visit(data)
+		return out, buf, true
+	}
+	if cap(buf) < relaChunk {
+		buf = make([]byte, relaChunk)
+	}
+	for off := uint64(0); off < sec.Size; {
+		n := min(sec.Size-off, relaChunk)
+		if _, err := sec.ReadAt(buf[:n], int64(off)); err != nil {
+			return nil, buf, false
+		}
+		visit(buf[:n])
+		off += n
+	}
+	return out, buf, true
 }
 
 // symSize is an ELF64 symbol's size.
