@@ -84,9 +84,13 @@ func BenchmarkSessionApply(b *testing.B) {
 		b.ReportMetric(float64(r1.Stime.Nano()-r0.Stime.Nano())/per, "sys-ns/probe")
 		b.ReportMetric(float64(r1.Utime.Nano()-r0.Utime.Nano())/per, "user-ns/probe")
 	})
-	for _, spans := range []bool{false, true} {
-		b.Run(fmt.Sprintf("spans=%v", spans), func(b *testing.B) {
-			set := h.sessionSet(ctx, s, all, spans)
+	for _, v := range []struct{ spans, first bool }{{false, false}, {true, true}, {true, false}} {
+		name := fmt.Sprintf("spans=%v", v.spans)
+		if v.first {
+			name += ",first" // each batch a selection's first (D61)
+		}
+		b.Run(name, func(b *testing.B) {
+			set := h.sessionSet(ctx, s, all, v.spans, v.first)
 			for _, on := range []bool{true, false} { // warm: verified, both selections prepared
 				if err := set(on); err != nil {
 					b.Fatal(err)

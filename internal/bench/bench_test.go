@@ -160,7 +160,7 @@ func TestInvokeRow(t *testing.T) {
 
 func TestBatchRow(t *testing.T) {
 	h := harness(t, "batch")
-	requireKeys(t, h, "batch20k.flip_per_probe", "batch20k.flip_spans_per_probe", "batch20k.session_spans_per_probe")
+	requireKeys(t, h, "batch20k.flip_per_probe", "batch20k.flip_spans_per_probe", "batch20k.session_spans_per_probe", "batch20k.session_spans_first_per_probe")
 	if p := h.Rep.Values["batch20k.probes"]; p != float64(2*h.Cfg.BatchFuncs) {
 		t.Errorf("batch program has %v probes, want %d (an entry and an exit per function)", p, 2*h.Cfg.BatchFuncs)
 	}

@@ -73,6 +73,7 @@ func (h *Harness) startCLI(ctx context.Context) (*cliRun, error) {
 	r.hotpatch = filepath.Join(h.B.Dir, "hotpatch")
 	cmd := exec.Command("go", "build", "-o", r.hotpatch, "./cmd/hotpatch")
 	cmd.Dir = h.B.Root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // as make builds it (D67)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("go build ./cmd/hotpatch: %v\n%s", err, out)
 	}
@@ -96,8 +97,9 @@ func (r *cliRun) close() {
 }
 
 // run execs hotpatch once with args and returns its wall time, exec to
-// exit, in ns; cache is EDGEPROBE_CACHE ("off" for none).
-func (r *cliRun) run(ctx context.Context, cache string, args ...string) (float64, error) {
+// exit, in ns; cache is EDGEPROBE_CACHE ("off" for none). The process's
+// CPU time (user+sys, ns) is appended to cpu when cpu is not nil.
+func (r *cliRun) run(ctx context.Context, cpu *[]float64, cache string, args ...string) (float64, error) {
 	cmd := exec.CommandContext(ctx, r.hotpatch, args...)
 	cmd.Env = append(os.Environ(), probecache.EnvDir+"="+cache)
 	t0 := time.Now()
@@ -106,12 +108,18 @@ func (r *cliRun) run(ctx context.Context, cache string, args ...string) (float64
 	if err != nil {
 		return 0, fmt.Errorf("hotpatch %v: %v: %s", args, err, firstLine(string(out)))
 	}
+	if cpu != nil {
+		ps := cmd.ProcessState
+		*cpu = append(*cpu, float64((ps.UserTime() + ps.SystemTime()).Nanoseconds()))
+	}
 	return float64(d.Nanoseconds()), nil
 }
 
-// cliSamples are the exec-to-exit times, ns.
+// cliSamples are the exec-to-exit times, ns, and for the cached kinds
+// each call's CPU time (user+sys), ns.
 type cliSamples struct {
 	help, list, scan, listOff, scanOff []float64
+	helpCPU, listCPU, scanCPU          []float64
 }
 
 // measure times `--help`, then toggles with the list and without it (the
@@ -126,16 +134,21 @@ func (r *cliRun) measure(ctx context.Context) (*cliSamples, error) {
 		return "--disable"
 	}
 	m := &cliSamples{}
+	var scratch []float64
 	for i := -1; i < r.h.Cfg.Reps*3; i++ { // i = -1 fills the cache
-		d, err := r.run(ctx, r.cache, "--help")
+		helpCPU, listCPU, scanCPU := &m.helpCPU, &m.listCPU, &m.scanCPU
+		if i < 0 {
+			helpCPU, listCPU, scanCPU = &scratch, &scratch, &scratch
+		}
+		d, err := r.run(ctx, helpCPU, r.cache, "--help")
 		if err != nil {
 			return nil, err
 		}
-		l, err := r.run(ctx, r.cache, "--pid", pid, "--probes", r.list, toggle(i%2 == 0), r.fn)
+		l, err := r.run(ctx, listCPU, r.cache, "--pid", pid, "--probes", r.list, toggle(i%2 == 0), r.fn)
 		if err != nil {
 			return nil, err
 		}
-		s, err := r.run(ctx, r.cache, "--pid", pid, toggle(i%2 != 0), r.fn)
+		s, err := r.run(ctx, scanCPU, r.cache, "--pid", pid, toggle(i%2 != 0), r.fn)
 		if err != nil {
 			return nil, err
 		}
@@ -144,23 +157,23 @@ func (r *cliRun) measure(ctx context.Context) (*cliSamples, error) {
 		}
 	}
 	for i := 0; i < min(r.h.Cfg.Reps, 3); i++ {
-		l, err := r.run(ctx, "off", "--pid", pid, "--probes", r.list, toggle(i%2 == 0), r.fn)
+		l, err := r.run(ctx, nil, "off", "--pid", pid, "--probes", r.list, toggle(i%2 == 0), r.fn)
 		if err != nil {
 			return nil, err
 		}
-		s, err := r.run(ctx, "off", "--pid", pid, toggle(i%2 != 0), r.fn)
+		s, err := r.run(ctx, nil, "off", "--pid", pid, toggle(i%2 != 0), r.fn)
 		if err != nil {
 			return nil, err
 		}
 		m.listOff, m.scanOff = append(m.listOff, l), append(m.scanOff, s)
 	}
-	_, err := r.run(ctx, r.cache, "--pid", pid, "--disable", r.fn)
+	_, err := r.run(ctx, nil, r.cache, "--pid", pid, "--disable", r.fn)
 	return m, err
 }
 
 // cliPhases are one toggle's steps as hotpatch takes them, each timed
 // in this process over the same library calls, ns per sample.
-var cliPhaseNames = []string{"lock", "maps", "list", "scan", "attach", "verify", "write", "readback", "detach"}
+var cliPhaseNames = []string{"runtime", "lock", "maps", "list", "scan", "attach", "verify", "write", "readback", "detach"}
 
 // phases times each step of a toggle with the list (and the scan that
 // replaces the list without one), from a warm cache, Reps*3 times after a
@@ -189,6 +202,16 @@ func (r *cliRun) phases(ctx context.Context) (map[string][]float64, error) {
 
 // phaseRound is one toggle, lap called after each phase.
 func (r *cliRun) phaseRound(ctx context.Context, sel probelist.Selector, on bool, lap func(string)) error {
+	// What an --enable checks first (hotpatch.EnsureRuntime), after the
+	// first call did what there was to do: nothing left to load or route.
+	st, err := hotpatch.EnsureRuntime(ctx, r.t.Pid, hotpatch.RuntimeOptions{NoInject: true})
+	if err != nil {
+		return err
+	}
+	if st.Loaded || st.Routed != 0 {
+		return fmt.Errorf("runtime phase: %+v, want nothing done", st)
+	}
+	lap("runtime")
 	lock, err := hotpatch.AcquireLock(r.t.Pid, false)
 	if err != nil {
 		return err
@@ -264,11 +287,11 @@ func (h *Harness) reportCLI(r *cliRun, m *cliSamples, ph map[string][]float64, p
 	sec := Section{Title: "6. One CLI toggle, exec to exit",
 		Text: fmt.Sprintf("`hotpatch` run as a script runs it, timed from exec to exit, on the batch row's generated program (%d probes) while its executor runs, toggling `%s` (2 probes) with the flip protocol; enable and disable alternate. "+
 			"With the probe list (`--probes`, coldpatch's JSON) and without it (the scan of every mapped object), each from the per-user probe cache after a first call filled it; then the same with the cache off (`EDGEPROBE_CACHE=off`: the JSON parsed, every object scanned, as before the cache). "+
-			"Next to it, a bare `hotpatch --help`: the same process's start-up and exit doing nothing. %d calls of each cached kind, interleaved. "+
+			"Next to it, a bare `hotpatch --help`: the same process's start-up and exit doing nothing. %d calls of each cached kind, interleaved; their CPU time (user+sys of the process, from its rusage) is the last column, which a loaded machine disturbs less than the wall time. "+
 			"Then the peers on the same program and function, as whole commands (exec to exit, a first run untimed): perf probe, bpftrace, gdb; their ratio is to `--help` and to our cached toggle with the list.",
 			r.probes, r.fn, len(m.help)),
-		Head: []string{"command", "exec to exit", "x `hotpatch --help`"}}
-	add := func(key, name string, s []float64) {
+		Head: []string{"command", "exec to exit", "x `hotpatch --help`", "CPU (user+sys), median"}}
+	add := func(key, name string, s, cpu []float64) {
 		sum := Summarize(s, h.TSC)
 		h.Rep.SetStat("cli."+key, sum)
 		ratio := ""
@@ -278,20 +301,26 @@ func (h *Harness) reportCLI(r *cliRun, m *cliSamples, ph map[string][]float64, p
 				h.Rep.Set("cli_ratio."+key, sum.MedianNs/help.MedianNs)
 			}
 		}
-		sec.Rows = append(sec.Rows, []string{name, Cell(sum), ratio})
+		cpuCell := ""
+		if len(cpu) > 0 {
+			c := Summarize(cpu, h.TSC)
+			h.Rep.SetStat("cli_cpu."+key, c)
+			cpuCell = fmtNs(c.MedianNs)
+		}
+		sec.Rows = append(sec.Rows, []string{name, Cell(sum), ratio, cpuCell})
 	}
-	add("help", "`hotpatch --help`", m.help)
-	add("toggle_list", "toggle with `--probes` (cached)", m.list)
-	add("toggle_scan", "toggle without `--probes`, second call (scans cached)", m.scan)
-	add("toggle_list_uncached", "toggle with `--probes`, cache off (JSON parsed)", m.listOff)
-	add("toggle_scan_uncached", "toggle without `--probes`, cache off (every object scanned)", m.scanOff)
+	add("help", "`hotpatch --help`", m.help, m.helpCPU)
+	add("toggle_list", "toggle with `--probes` (cached)", m.list, m.listCPU)
+	add("toggle_scan", "toggle without `--probes`, second call (scans cached)", m.scan, m.scanCPU)
+	add("toggle_list_uncached", "toggle with `--probes`, cache off (JSON parsed)", m.listOff, nil)
+	add("toggle_scan_uncached", "toggle without `--probes`, cache off (every object scanned)", m.scanOff, nil)
 	h.reportPeers(r, &sec, m, peers, skipped)
 	h.Rep.Set("cli.probes", float64(r.probes))
 	h.Rep.Add(sec)
 
 	ps := Section{Title: "6b. Where one toggle's time goes",
 		Text: fmt.Sprintf("The steps of the cached toggle with `--probes`, taken in this process with the library calls hotpatch makes, %d times each: "+
-			"lock (seize the leader thread: the attach is the lock), maps (/proc/PID/maps, each object's ELF headers and build-id), list (open the cache, the list's entry, select and decode the 2 probes), "+
+			"runtime (what every --enable checks first, with nothing left to load or route: the process's objects and their hook slots read; inject.Inspect), lock (seize the leader thread: the attach is the lock), maps (/proc/PID/maps, each object's ELF headers and build-id), list (open the cache, the list's entry, select and decode the 2 probes), "+
 			"scan (instead of the list: every mapped object's cached scan), attach (nothing left since the lock attached), verify (read and classify the sites before writing), write (the flip), readback (classify after), detach. "+
 			"Process start-up and exit are the `--help` row above.", len(ph["lock"])),
 		Head: []string{"phase", "time"}}

@@ -78,7 +78,7 @@ func (h *Harness) reportPeers(r *cliRun, sec *Section, m *cliSamples, peers map[
 	for _, p := range r.peers() {
 		if why, ok := skipped[p.key]; ok {
 			h.Rep.Skip("cli."+p.key, why)
-			sec.Rows = append(sec.Rows, []string{p.name, "not run: " + why, ""})
+			sec.Rows = append(sec.Rows, []string{p.name, "not run: " + why, "", ""})
 			continue
 		}
 		s := Summarize(peers[p.key], h.TSC)
@@ -88,6 +88,6 @@ func (h *Harness) reportPeers(r *cliRun, sec *Section, m *cliSamples, peers map[
 			ratio = fmt.Sprintf("%.2fx (%.2fx our toggle)", s.MedianNs/help.MedianNs, s.MedianNs/toggle.MedianNs)
 			h.Rep.Set("cli_ratio."+p.key+"_vs_toggle", s.MedianNs/toggle.MedianNs)
 		}
-		sec.Rows = append(sec.Rows, []string{p.name + ": " + p.note, Cell(s), ratio})
+		sec.Rows = append(sec.Rows, []string{p.name + ": " + p.note, Cell(s), ratio, ""})
 	}
 }

@@ -19,7 +19,7 @@ var ErrReadmeMarkers = errors.New("README: no figures block between the markers"
 
 // readmeKeys are the results the paragraph quotes.
 var readmeKeys = []string{"invoke.runtime_count_only", "invoke.runtime", "invoke.glibc", "toggle.flip", "toggle.int3",
-	"batch20k.session_spans_per_probe", "batch20k.probes", "throughput_ratio.10k", "throughput_ratio.100k"}
+	"batch20k.session_spans_per_probe", "batch20k.session_spans_first_per_probe", "batch20k.probes", "throughput_ratio.10k", "throughput_ratio.100k"}
 
 // ReadmeFigures is the README's paragraph of headline figures, from r.
 func ReadmeFigures(r *Report) (string, error) {
@@ -39,12 +39,13 @@ func ReadmeFigures(r *Report) (string, error) {
 	return fmt.Sprintf("A probe that is off costs one `cmp` where a call stood. One that is on costs a call into the\n"+
 		"runtime: %.1f ns per hook counting, %.1f ns counting and timing (glibc's empty hook: %.1f ns).\n"+
 		"Toggling one from a separate process costs %.1f µs (flip: one 1-byte `pwrite` plus\n"+
-		"verification), %.0f ns per probe in a %s-probe batch of a session; a multi-byte site's int3\n"+
+		"verification), %.0f ns per probe in a %s-probe batch a session toggles back and forth (%.0f ns\n"+
+		"in one call's batch); a multi-byte site's int3\n"+
 		"protocol %.0f µs. A probe toggled\n"+
 		"10,000 times a second leaves the target's throughput at %.2f of untoggled, 100,000 times a\n"+
 		"second at %.2f. Figures, the machine and how to reproduce them: [BENCHMARKS.md](BENCHMARKS.md).",
 		v["invoke.runtime_count_only"], v["invoke.runtime"], v["invoke.glibc"], v["toggle.flip"]/1000,
-		v["batch20k.session_spans_per_probe"], thousands(int64(v["batch20k.probes"])), v["toggle.int3"]/1000,
+		v["batch20k.session_spans_per_probe"], thousands(int64(v["batch20k.probes"])), v["batch20k.session_spans_first_per_probe"], v["toggle.int3"]/1000,
 		v["throughput_ratio.10k"], v["throughput_ratio.100k"]), nil
 }
 

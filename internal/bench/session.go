@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -44,25 +45,27 @@ func (h *Harness) RunSession(ctx context.Context) error {
 	// thread's affinity), as the harness's own toggler runs in row 3: the
 	// executors keep their core.
 	unpin := h.pinHarness()
-	s, err := startScript(ctx, hp, h.B.Dir, "--pid", strconv.Itoa(t.Pid), "--probes", list)
+	s, err := startScriptPinned(ctx, hp, h.B.Dir, h.pinHarness, "--pid", strconv.Itoa(t.Pid), "--probes", list)
 	unpin()
 	if err != nil {
 		return err
 	}
 	defer s.close()
 	h.logf("session pid %d, CPUs %s", s.cmd.Process.Pid, cpusAllowed(s.cmd.Process.Pid))
-	r := &throughputRun{h: h, t: t, set: s.set, async: s.sendN}
+	r := &throughputRun{h: h, t: t, set: s.set, async: s.sendN, completed: s.completed, toggler: s.cpuNs}
 	if err := checkLive(ctx, t, r.set); err != nil {
 		return err
 	}
-	// (a) streamed toggles.
-	var rates []float64
+	// (a) streamed toggles, and the session's CPU time per toggle.
+	var rates, cpu []float64
 	for i := 0; i < h.Cfg.Reps; i++ {
+		c0 := s.cpuNs()
 		rate, err := s.stream(h.Cfg.SessionToggles)
 		if err != nil {
 			return err
 		}
 		rates = append(rates, rate)
+		cpu = append(cpu, float64(s.cpuNs()-c0)/float64(h.Cfg.SessionToggles))
 	}
 	// (b) throughput under toggling through the session.
 	cfg := h.Cfg
@@ -78,7 +81,7 @@ func (h *Harness) RunSession(ctx context.Context) error {
 	if _, err := t.Quit(ctx); err != nil {
 		return err
 	}
-	h.reportSession(rates, m)
+	h.reportSession(rates, cpu, m)
 	return nil
 }
 
@@ -105,12 +108,23 @@ type script struct {
 	cond    *sync.Cond
 	sent    int
 	got     int
+	waitFor int // sync waits for this many results: read wakes it then
 	failure error
 	on      bool // what the next async toggle does
 	done    chan struct{}
 }
 
+// startScript starts `hotpatch session` with args.
 func startScript(ctx context.Context, hotpatch, dir string, args ...string) (*script, error) {
+	return startScriptPinned(ctx, hotpatch, dir, nil, args...)
+}
+
+// startScriptPinned is startScript whose result reader's goroutine runs
+// pin first (which pins it and returns the undo; nil: not pinned).
+func startScriptPinned(ctx context.Context, hotpatch, dir string, pin func() func(), args ...string) (*script, error) {
+	if pin == nil {
+		pin = func() func() { return func() {} }
+	}
 	cache, err := os.MkdirTemp(dir, "cache-")
 	if err != nil {
 		return nil, err
@@ -130,25 +144,41 @@ func startScript(ctx context.Context, hotpatch, dir string, args ...string) (*sc
 	}
 	s := &script{cmd: cmd, in: in, w: bufio.NewWriterSize(in, 64<<10), cache: cache, done: make(chan struct{})}
 	s.cond = sync.NewCond(&s.mu)
-	go s.read(out)
+	go s.read(out, pin)
 	return s, nil
 }
 
-func (s *script) read(out io.Reader) {
+// okPrefix and okInfix are what a successful toggle's result line holds
+// (the session writes it by hand: TestSessionResultJSON): such a line is
+// counted without a JSON decode, every other line is decoded.
+var okPrefix, okInfix = []byte(`{"line":`), []byte(`,"ok":true,"command":"`)
+
+func (s *script) read(out io.Reader, pin func() func()) {
 	defer close(s.done)
+	// The reader is part of the toggler: it runs where the harness's
+	// toggling runs (row 3's toggler thread), not on the executors' CPU.
+	defer pin()()
 	sc := bufio.NewScanner(out)
 	for sc.Scan() {
-		var r struct {
-			OK    bool   `json:"ok"`
-			Error string `json:"error"`
+		b := sc.Bytes()
+		var err error
+		ok := bytes.HasPrefix(b, okPrefix) && bytes.Contains(b[len(okPrefix):], okInfix) && b[len(b)-1] == '}'
+		if !ok {
+			var r struct {
+				OK    bool   `json:"ok"`
+				Error string `json:"error"`
+			}
+			err = json.Unmarshal(b, &r)
+			ok = err == nil && r.OK
 		}
-		err := json.Unmarshal(sc.Bytes(), &r)
 		s.mu.Lock()
 		s.got++
-		if s.failure == nil && (err != nil || !r.OK) {
+		if s.failure == nil && !ok {
 			s.failure = fmt.Errorf("session result %d: %s %v", s.got, sc.Text(), err)
 		}
-		s.cond.Broadcast()
+		if s.got >= s.waitFor {
+			s.cond.Broadcast()
+		}
 		s.mu.Unlock()
 	}
 	s.mu.Lock()
@@ -189,10 +219,18 @@ func (s *script) sendN(on bool, n int) error {
 func (s *script) sync() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.waitFor = s.sent
 	for s.got < s.sent {
 		s.cond.Wait()
 	}
 	return s.failure
+}
+
+// completed is how many results have come back.
+func (s *script) completed() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return int64(s.got)
 }
 
 // set toggles and waits for the result.
@@ -244,17 +282,41 @@ func (s *script) close() {
 	os.RemoveAll(s.cache)
 }
 
-func (h *Harness) reportSession(rates []float64, m *throughputSamples) {
+// cpuNs is the session process's CPU time so far, every thread's
+// (/proc/PID/task/*/schedstat), in ns.
+func (s *script) cpuNs() int64 { return procCPUNs(s.cmd.Process.Pid) }
+
+func procCPUNs(pid int) int64 {
+	stats, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var sum int64
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // a thread that just exited
+		}
+		if fs := strings.Fields(string(b)); len(fs) > 0 {
+			v, _ := strconv.ParseInt(fs[0], 10, 64)
+			sum += v
+		}
+	}
+	return sum
+}
+
+func (h *Harness) reportSession(rates, cpu []float64, m *throughputSamples) {
 	med := func(s []float64) float64 { return Summarize(s, h.TSC).MedianNs }
 	sec := Section{Title: "7. Session mode: toggles from a script over one attach",
 		Text: fmt.Sprintf("`hotpatch session --pid N --probes LIST` on bench/toggle.c (row 3's target, %d executor thread(s)). "+
 			"Streamed: the harness writes %d commands (`enable probed` / `disable probed`, 2 probes each) to the session's stdin as fast as the pipe takes them and reads every JSON result; toggles/s = commands / (first write to last result), %d runs. "+
-			"Under toggling: row 3's method, with the command lines the rate asks for written (and flushed) to the session each %v in one write, the harness sleeping in between, and the session started on the harness's CPU (the executors keep theirs); %d rounds of %v windows.",
+			"Under toggling: row 3's method and ratios, but the toggler writes (and flushes) each %v, in one write, the command lines the rate asks for by then (a late tick made up in the next, two ticks' worth at most) and sleeps in between instead of spinning; the session and the harness's result reader run on the harness's CPU (the executors keep theirs), and the achieved rate counts the results that came back in the window, not the lines sent; %d rounds of %v windows.",
 			h.Cfg.Executors, h.Cfg.SessionToggles, len(rates), burstTick, h.Cfg.Reps, h.Cfg.Window),
 		Head: []string{"measure", "value"}}
 	rs := Summarize(rates, h.TSC)
 	h.Rep.Set("session.toggles_per_s", rs.MedianNs)
 	sec.Rows = append(sec.Rows, []string{"streamed toggles/s (median, p10-p90)", fmt.Sprintf("%.3g (%.3g-%.3g)", rs.MedianNs, rs.P10Ns, rs.P90Ns)})
+	cs := Summarize(cpu, h.TSC)
+	h.Rep.Set("session_detail.cpu_ns_per_toggle", cs.MedianNs)
+	sec.Rows = append(sec.Rows, []string{"session CPU time per streamed toggle (every thread; at 1e5 toggles/s, the share of one CPU)",
+		fmt.Sprintf("%s (%s-%s); %.0f%%", fmtNs(cs.MedianNs), fmtNs(cs.P10Ns), fmtNs(cs.P90Ns), cs.MedianNs*1e5/1e9*100)})
 	for _, r := range h.Cfg.SessionRates {
 		cl := m.cell(r)
 		name := rateName(r)
@@ -272,7 +334,7 @@ func (h *Harness) reportSession(rates []float64, m *throughputSamples) {
 		if cl.starved > 0 {
 			dropped = fmt.Sprintf("; %d of %d rounds set aside: executors on CPU < 50%% of the window", cl.starved, cl.starved+len(cl.wallRatio))
 		}
-		sec.Rows = append(sec.Rows, []string{fmt.Sprintf("target throughput at %s/s, x untoggled (wall; achieved %.3g toggles/s; executors on CPU %.0f%%%s)", name, med(cl.achieved), 100*med(cl.share), dropped),
+		sec.Rows = append(sec.Rows, []string{fmt.Sprintf("target throughput at %s/s, x untoggled (wall; achieved %.3g toggles/s; executors on CPU %.0f%%, session %.0f%%%s)", name, med(cl.achieved), 100*med(cl.share), 100*med(cl.toggler), dropped),
 			fmt.Sprintf("%.3f (%.3f-%.3f)", ws.MedianNs, ws.P10Ns, ws.P90Ns)},
 			[]string{fmt.Sprintf("the same per executor CPU-second (what toggling costs the executors while they run; row 3's `ratio (CPU)`) at %s/s", name),
 				fmt.Sprintf("%.3f (%.3f-%.3f)", cs.MedianNs, cs.P10Ns, cs.P90Ns)})

@@ -51,8 +51,14 @@ type throughputRun struct {
 	set func(on bool) error
 	// async, when set, is what the paced toggler calls (set waits for the
 	// toggle to be done; async only sends n alternating toggles, the first
-	// turning the probes on if on: row 7's session).
-	async func(on bool, n int) error
+	// turning the probes on if on: row 7's session); completed counts the
+	// toggles async sent that are done (their results came back), which
+	// is what the achieved rate counts.
+	async     func(on bool, n int) error
+	completed func() int64
+	// toggler, when set, is the toggling process's CPU time so far (ns):
+	// the session's share of a CPU in each window is reported with it.
+	toggler func() int64
 }
 
 func (h *Harness) startThroughput(ctx context.Context) (*throughputRun, error) {
@@ -90,8 +96,9 @@ func (r *throughputRun) close() {
 }
 
 // win is one window's calls, hook entries, executor CPU time (s), wall
-// time (s) and context switches of the executors.
-type win struct{ calls, enters, cpu, wall, vol, invol float64 }
+// time (s) and context switches of the executors; toggler: the toggling
+// process's CPU time (s) when throughputRun.toggler is set.
+type win struct{ calls, enters, cpu, wall, vol, invol, toggler float64 }
 
 // window measures one window.
 func (r *throughputRun) window(ctx context.Context) (win, error) {
@@ -168,12 +175,23 @@ func (r *throughputRun) toggled(ctx context.Context, rate int) (w win, achieved 
 	}()
 	<-started
 	time.Sleep(r.h.Cfg.Window / 10)
-	n0, t0 := atomic.LoadInt64(&n), time.Now()
+	count := func() int64 { return atomic.LoadInt64(&n) }
+	if r.completed != nil {
+		count = r.completed // sent is not done: count the results
+	}
+	var c0 int64
+	if r.toggler != nil {
+		c0 = r.toggler()
+	}
+	n0, t0 := count(), time.Now()
 	w, err = r.window(ctx)
 	if err == errNoProgress {
 		err = nil // counted as a starved round below
 	}
-	achieved = float64(atomic.LoadInt64(&n)-n0) / time.Since(t0).Seconds()
+	achieved = float64(count()-n0) / time.Since(t0).Seconds()
+	if r.toggler != nil {
+		w.toggler = float64(r.toggler()-c0) / 1e9
+	}
 	stop.Store(true)
 	if terr := <-done; err == nil {
 		err = terr
@@ -185,33 +203,42 @@ func (r *throughputRun) toggled(ctx context.Context, rate int) (w win, achieved 
 const burstTick = time.Millisecond
 
 // burst is the paced toggler for a session (async): each burstTick it sends
-// the lines the rate asks for in one write and sleeps, instead of spinning
-// until each toggle is due as the synchronous toggler does: a spinning
-// harness would take the very core the session runs on (the harness's),
-// and what is measured is the target's slowdown, not the harness's. The
-// session reads whatever is waiting as one batch either way. Rate 0: as
-// fast as the pipe takes them.
+// in one write the lines the rate asks for by then (rate x time since it
+// started, less what it sent) and sleeps, instead of spinning until each
+// toggle is due as the synchronous toggler does: a spinning harness would
+// take the very core the session runs on (the harness's), and what is
+// measured is the target's slowdown, not the harness's. A late wake-up is
+// made up in the next write, two ticks' worth at most (a longer stall is
+// not caught up in one burst). The session reads whatever is waiting as
+// one batch either way. Rate 0: as fast as the pipe takes them.
 func (r *throughputRun) burst(rate int, stop *atomic.Bool, n *int64) error {
-	per := 1000
-	if rate > 0 {
-		per = max(1, int(int64(rate)*int64(burstTick)/int64(time.Second)))
-	}
-	next := time.Now()
+	start := time.Now()
+	var sent int64
 	v := false
-	for !stop.Load() {
-		if err := r.async(v, per); err != nil {
-			return err
-		}
-		if per%2 == 1 {
-			v = !v
-		}
-		atomic.AddInt64(n, int64(per))
+	for tick := 1; !stop.Load(); tick++ {
+		per := int64(1000)
 		if rate > 0 {
-			next = next.Add(burstTick)
-			if d := time.Until(next); d > 0 {
+			due := int64(rate) * int64(time.Since(start)) / int64(time.Second)
+			per = min(due-sent, 2*int64(rate)*int64(burstTick)/int64(time.Second))
+			if due-sent > per {
+				sent = due - per // the rest is dropped, not caught up
+			}
+		}
+		if per > 0 {
+			if err := r.async(v, int(per)); err != nil {
+				return err
+			}
+			if per%2 == 1 {
+				v = !v
+			}
+			sent += per
+			atomic.AddInt64(n, per)
+		}
+		if rate > 0 {
+			if d := time.Until(start.Add(time.Duration(tick) * burstTick)); d > 0 {
 				time.Sleep(d)
 			} else if -d > burstTick {
-				next = time.Now() // fell behind: no catch-up burst
+				tick = int(time.Since(start) / burstTick) // fell behind: restart the ticks from now
 			}
 		}
 	}
@@ -221,6 +248,7 @@ func (r *throughputRun) burst(rate int, stop *atomic.Bool, n *int64) error {
 // rateCell is what the rounds measured at one toggle rate.
 type rateCell struct {
 	calls, enters, achieved, ratio, wallRatio, share, vol, invol []float64
+	toggler                                                      []float64 // the toggling process's share of a CPU
 	starved                                                      int
 }
 
@@ -300,8 +328,8 @@ func (r *throughputRun) measure(ctx context.Context) (*throughputSamples, error)
 			// cost of a toggle: counted and reported, not used. (Other load
 			// is the usual cause; see the report for a stall seen here.)
 			if starved(w) {
-				r.h.logf("toggling at %s/s: executors on CPU %.0f%% of the %.0f ms window (%.0f calls, %.0f voluntary / %.0f involuntary switches): set aside as starved",
-					rateName(rate), 100*w.cpu/w.wall/float64(cfg.Executors), 1e3*w.wall, w.calls, w.vol, w.invol)
+				r.h.logf("toggling at %s/s (achieved %.3g/s): executors on CPU %.0f%% of the %.0f ms window (%.0f calls, %.0f voluntary / %.0f involuntary switches): set aside as starved",
+					rateName(rate), ach, 100*w.cpu/w.wall/float64(cfg.Executors), 1e3*w.wall, w.calls, w.vol, w.invol)
 				cl.starved++
 				continue
 			}
@@ -318,6 +346,7 @@ func (r *throughputRun) measure(ctx context.Context) (*throughputSamples, error)
 			cl.wallRatio = append(cl.wallRatio, idealWall/w.wall)
 			cl.vol, cl.invol = append(cl.vol, w.vol/w.wall), append(cl.invol, w.invol/w.wall)
 			cl.share = append(cl.share, w.cpu/w.wall/float64(cfg.Executors))
+			cl.toggler = append(cl.toggler, w.toggler/w.wall)
 		}
 	}
 	return m, nil

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -44,9 +45,11 @@ SEL is what hotpatch --enable takes (a name, a glob, id:N). Blank lines and line
 with # are skipped; a line longer than 1 MiB is not run (its result says so, exit 2). A result is {"line":N,"ok":true,"command":"enable","changed":C,
 "unchanged":U,"elapsed_ns":T}; a bad or failed command gives {"line":N,"ok":false,
 "error":"...","exit":E} (E as hotpatch's exit status would be) and the session goes on.
-Commands already waiting on stdin are carried out together, each exactly as a separate
-hotpatch call would (the same checks, all or nothing per command), and their results
-written together: stream commands for throughput, or wait for each result.
+Commands already waiting on stdin are carried out together, each as a separate hotpatch
+call would (the same checks, all or nothing per command; a command right after one on the
+same probes checks its sites against that command's read-back instead of reading them
+again: docs/protocols.md), and their results written together: stream commands for
+throughput, or wait for each result.
 
 The session holds the process (its attach is the per-process lock) from start to end, so
 no other hotpatch interleaves. Before its first enable, as an enabling hotpatch call does,
@@ -123,8 +126,10 @@ type scriptSession struct {
 	// parsed remembers the actions of each enable/disable line seen (a
 	// script repeats the same few lines), so a repeated line is not split
 	// and parsed again.
-	parsed map[string]parsedLine
-	enc    []byte // a result line being encoded
+	parsed  map[string]parsedLine
+	enc     []byte          // a result line being encoded
+	results []sessionResult // a batch's results, reused by the next batch
+	cur     sessionResult   // the result of a repeated line, until run copies it
 	// The runtime is made sure of (loaded if need be) before the first
 	// enable, as an enabling hotpatch call does; a session that only
 	// disables never loads it (D48).
@@ -200,14 +205,30 @@ const maxSkip = 64 << 20
 // errNotCommands: the input holds a "line" longer than maxSkip.
 var errNotCommands = fmt.Errorf("a line longer than %d MiB: not a stream of commands", maxSkip>>20)
 
-// readLines sends each line of in (without its "\n" or "\r\n"; the last
-// one may lack its newline) to out, until end of input or a read error.
-func readLines(in io.Reader, out chan<- inputLine) error {
+// readLines sends the lines of in (each without its "\n" or "\r\n"; the
+// last one may lack its newline) to out, until end of input or a read
+// error: every complete line that one read of in brought is sent together
+// (sessionBatch at most), so a script that streams costs one channel send
+// and one wake-up per read, not per line.
+func readLines(in io.Reader, out chan<- []inputLine) error {
 	r := bufio.NewReaderSize(in, 64<<10)
 	var buf []byte
+	var pending []inputLine
+	send := func() {
+		if len(pending) > 0 {
+			out <- pending
+			pending = nil
+		}
+	}
+	defer send()
 	tooLong := false
 	skipped := 0
 	for {
+		// The lines read so far go before a read that may wait for more
+		// input: what is buffered holds no complete line.
+		if n := r.Buffered(); len(pending) > 0 && (n == 0 || !hasNewline(r, n)) || len(pending) >= sessionBatch {
+			send()
+		}
 		chunk, err := r.ReadSlice('\n')
 		if tooLong {
 			if skipped += len(chunk); skipped > maxSkip {
@@ -226,7 +247,7 @@ func readLines(in io.Reader, out chan<- inputLine) error {
 		case nil:
 		case io.EOF:
 			if len(buf) > 0 || tooLong {
-				out <- inputLine{text: strings.TrimSuffix(string(buf), "\r"), tooLong: tooLong}
+				pending = append(pending, inputLine{text: strings.TrimSuffix(string(buf), "\r"), tooLong: tooLong})
 			}
 			return nil
 		default:
@@ -239,50 +260,62 @@ func readLines(in io.Reader, out chan<- inputLine) error {
 		if tooLong {
 			l = ""
 		}
-		out <- inputLine{text: l, tooLong: tooLong}
+		pending = append(pending, inputLine{text: l, tooLong: tooLong})
 		buf, tooLong, skipped = buf[:0], false, 0
 	}
 }
 
+// hasNewline reports whether the n bytes r has buffered hold a newline.
+func hasNewline(r *bufio.Reader, n int) bool {
+	b, _ := r.Peek(n) // buffered already: no read
+	return bytes.IndexByte(b, '\n') >= 0
+}
+
 // serve reads lines until EOF, quit or ctx, runs each batch of waiting lines
-// and writes their results.
+// (sessionBatch at most) and writes their results.
 func (ss *scriptSession) serve(ctx context.Context, in io.Reader, out io.Writer) error {
-	lines := make(chan inputLine, sessionBatch)
+	lines := make(chan []inputLine, 4)
 	readErr := make(chan error, 1)
 	go func() {
 		readErr <- readLines(in, lines)
 		close(lines)
 	}()
 	w := bufio.NewWriterSize(out, 64<<10)
-	batch := make([]inputLine, 0, sessionBatch)
+	var waiting []inputLine // read, not yet run
+	eof := false
 	for !ss.quit && ctx.Err() == nil {
-		batch = batch[:0]
-		select {
-		case <-ctx.Done():
-			return w.Flush()
-		case l, ok := <-lines:
-			if !ok {
-				if err := <-readErr; err != nil {
-					w.Flush()
-					return fmt.Errorf("reading commands: %w", err)
-				}
-				return w.Flush()
+		if len(waiting) == 0 {
+			if eof {
+				break
 			}
-			batch = append(batch, l)
-		}
-	more:
-		for len(batch) < sessionBatch {
 			select {
-			case l, ok := <-lines:
+			case <-ctx.Done():
+				return w.Flush()
+			case ls, ok := <-lines:
 				if !ok {
+					eof = true
+					continue
+				}
+				waiting = ls
+			}
+		}
+		// Whatever else is already read joins the batch.
+	more:
+		for !eof && len(waiting) < sessionBatch {
+			select {
+			case ls, ok := <-lines:
+				if !ok {
+					eof = true
 					break more
 				}
-				batch = append(batch, l)
+				waiting = append(waiting, ls...)
 			default:
 				break more
 			}
 		}
-		results := ss.run(ctx, batch)
+		n := min(len(waiting), sessionBatch)
+		results := ss.run(ctx, waiting[:n])
+		waiting = waiting[n:]
 		for i := range results {
 			b, err := results[i].appendJSON(ss.enc[:0])
 			if err != nil {
@@ -296,6 +329,12 @@ func (ss *scriptSession) serve(ctx context.Context, in io.Reader, out io.Writer)
 			return fmt.Errorf("writing results: %w", err)
 		}
 	}
+	if eof && !ss.quit && ctx.Err() == nil {
+		if err := <-readErr; err != nil {
+			w.Flush()
+			return fmt.Errorf("reading commands: %w", err)
+		}
+	}
 	return w.Flush()
 }
 
@@ -303,7 +342,8 @@ func (ss *scriptSession) serve(ctx context.Context, in io.Reader, out io.Writer)
 // Session.Batch (no tracer hand-off), a command that needs every thread
 // traced outside it, then the rest in a new Batch.
 func (ss *scriptSession) run(ctx context.Context, batch []inputLine) []sessionResult {
-	results := make([]sessionResult, 0, len(batch))
+	results := ss.results[:0] // serve has written the last batch's
+	defer func() { ss.results = results[:0] }()
 	for len(batch) > 0 && !ss.quit {
 		var retry *inputLine
 		err := ss.s.Batch(func() error {
@@ -354,7 +394,10 @@ func (ss *scriptSession) one(ctx context.Context, in inputLine, inBatch bool) (r
 	line := in.text
 	if p, ok := ss.parsed[line]; ok {
 		ss.commands++
-		return ss.apply(ctx, &sessionResult{Line: ss.line, Command: p.verb}, p.actions, inBatch)
+		// The result in the session's scratch (run copies it): a repeated
+		// line, a streaming script's every line, allocates nothing here.
+		ss.cur = sessionResult{Line: ss.line, Command: p.verb}
+		return ss.apply(ctx, &ss.cur, p.actions, inBatch)
 	}
 	f := strings.Fields(line)
 	if len(f) == 0 || strings.HasPrefix(f[0], "#") {
@@ -427,7 +470,13 @@ func (ss *scriptSession) apply(ctx context.Context, res *sessionResult, actions 
 		ss.commands--
 		return nil, true
 	}
-	res.ElapsedNS = time.Since(t0).Nanoseconds()
+	// Apply's own time (its start to its read after) when it has one: a
+	// clock read a command fewer on the path a streaming script takes.
+	if ar != nil && ar.ElapsedNS > 0 {
+		res.ElapsedNS = ar.ElapsedNS
+	} else {
+		res.ElapsedNS = time.Since(t0).Nanoseconds()
+	}
 	if ar != nil {
 		res.Changed, res.Unchanged, res.Warnings, res.Repaired = ar.Changed, ar.Unchanged, ar.Warnings, ar.Repaired
 		ss.toggles += ar.Changed

@@ -131,14 +131,9 @@ func TestReadLines(t *testing.T) {
 	long := strings.Repeat("x", 2*maxLine+12345)
 	exact := "enable " + strings.Repeat("y", maxLine-7)
 	in := "enable a\r\n\ndisable b\n" + long + "\nstats\n" + exact + "\n" + long + "\r\n" + long + "\x00\nquit"
-	out := make(chan inputLine, 100)
-	if err := readLines(strings.NewReader(in), out); err != nil {
+	got, err := readAll(strings.NewReader(in))
+	if err != nil {
 		t.Fatal(err)
-	}
-	close(out)
-	var got []inputLine
-	for l := range out {
-		got = append(got, l)
 	}
 	want := []inputLine{{text: "enable a"}, {text: ""}, {text: "disable b"}, {tooLong: true}, {text: "stats"}, {text: exact},
 		{tooLong: true}, {tooLong: true}, {text: "quit"}}
@@ -151,12 +146,66 @@ func TestReadLines(t *testing.T) {
 		}
 	}
 	// A last line that is too long and lacks its newline.
-	out = make(chan inputLine, 2)
-	if err := readLines(strings.NewReader("stats\n"+long), out); err != nil {
+	got, err = readAll(strings.NewReader("stats\n" + long))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if a, b := <-out, <-out; a.text != "stats" || !b.tooLong {
-		t.Fatalf("got %.20q then %.20q (too long %v)", a.text, b.text, b.tooLong)
+	if len(got) != 2 || got[0].text != "stats" || !got[1].tooLong {
+		t.Fatalf("got %d lines: %+.20v", len(got), got)
+	}
+}
+
+// readAll is every line readLines sends, in order, and its error.
+func readAll(in io.Reader) ([]inputLine, error) {
+	out := make(chan []inputLine)
+	done := make(chan error, 1)
+	go func() {
+		done <- readLines(in, out)
+		close(out)
+	}()
+	var got []inputLine
+	for ls := range out {
+		got = append(got, ls...)
+	}
+	return got, <-done
+}
+
+// TestReadLinesBatches: lines a single read brings arrive together (one
+// send), sessionBatch at most, and a line is never held back waiting for
+// more input: each write of a script is one batch, sent before the next
+// write is read.
+func TestReadLinesBatches(t *testing.T) {
+	pr, pw := io.Pipe()
+	out := make(chan []inputLine)
+	done := make(chan error, 1)
+	go func() {
+		done <- readLines(pr, out)
+		close(out)
+	}()
+	// One write of three lines and the start of a fourth: the three come
+	// as one batch while the fourth is incomplete.
+	go pw.Write([]byte("enable a\ndisable a\nstats\nena"))
+	if b := <-out; len(b) != 3 || b[0].text != "enable a" || b[2].text != "stats" {
+		t.Fatalf("first batch %+v, want the three complete lines", b)
+	}
+	go pw.Write([]byte("ble b\n"))
+	if b := <-out; len(b) != 1 || b[0].text != "enable b" {
+		t.Fatalf("second batch %+v, want enable b", b)
+	}
+	// More lines in one write than a batch holds: split at sessionBatch.
+	go func() {
+		pw.Write([]byte(strings.Repeat("stats\n", sessionBatch+5)))
+		pw.Close()
+	}()
+	n := 0
+	for b := range out {
+		if len(b) > sessionBatch {
+			t.Fatalf("a batch of %d lines, more than %d", len(b), sessionBatch)
+		}
+		n += len(b)
+	}
+	if err := <-done; err != nil || n != sessionBatch+5 {
+		t.Fatalf("%d lines (%v), want %d", n, err, sessionBatch+5)
 	}
 }
 
@@ -168,11 +217,11 @@ func TestReadLinesEndless(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	out := make(chan inputLine, 10)
-	if err := readLines(io.MultiReader(strings.NewReader("stats\n"), f), out); !errors.Is(err, errNotCommands) {
+	got, err := readAll(io.MultiReader(strings.NewReader("stats\n"), f))
+	if !errors.Is(err, errNotCommands) {
 		t.Fatalf("reading stats then /dev/zero: %v, want %v", err, errNotCommands)
 	}
-	if l := <-out; l.text != "stats" || len(out) != 0 {
-		t.Fatalf("got %q and %d more lines, want stats alone", l.text, len(out))
+	if len(got) != 1 || got[0].text != "stats" {
+		t.Fatalf("got %+v, want stats alone", got)
 	}
 }

@@ -52,3 +52,22 @@ func FuzzBuildID(f *testing.F) {
 		_ = BuildID(b, binary.BigEndian)
 	})
 }
+
+// TestFind: a note is found by name and type, after notes of other
+// names or types; an empty descriptor or a note cut short is no match.
+func TestFind(t *testing.T) {
+	goID := []byte("actionID/contentID")
+	notes := append(append(note("GNU", 3, []byte{1, 2, 3}), note("Go", 5, []byte("x"))...), note("Go", 4, goID)...)
+	if got := Find(notes, binary.LittleEndian, "Go", 4); string(got) != string(goID) {
+		t.Fatalf("Go build ID %q, want %q", got, goID)
+	}
+	if got := Find(notes, binary.LittleEndian, "GNU", 3); string(got) != "\x01\x02\x03" {
+		t.Fatalf("GNU build-id %x", got)
+	}
+	if got := Find(note("Go", 4, nil), binary.LittleEndian, "Go", 4); got != nil {
+		t.Fatalf("empty descriptor: %q", got)
+	}
+	if got := Find(notes[:len(notes)-4], binary.LittleEndian, "Go", 4); got != nil {
+		t.Fatalf("cut short: %q", got)
+	}
+}

@@ -134,7 +134,13 @@ type Session struct {
 	// threadMem: inside Batch, the target's memory as the tracer thread
 	// reaches it (ptrace.ThreadMem), lent for the Batch; nil outside.
 	threadMem *ptrace.ThreadMem
-	brief     bool // Result.Sites only when something failed (SetBrief)
+	// last: the previous Apply's read after, for the next Apply of the
+	// same sites in the same Batch (readBefore, D64); reuseWithin
+	// overrides ReuseWithin (tests; negative: never); reused counts.
+	last        lastRead
+	reuseWithin time.Duration
+	reused      int
+	brief       bool // Result.Sites only when something failed (SetBrief)
 	// prepared remembers what lists of actions selected, ready to apply
 	// (prepare); preparedSites counts their sites, to bound the memory.
 	prepared      map[string]*prepared
@@ -143,8 +149,13 @@ type Session struct {
 	// Scratch of large flip batches, kept from one batch to the next:
 	// a span's three copies, and the file's bytes of a span.
 	spanScratch, fileScratch []byte
-	// verified: probes from list files already checked against a scan.
-	verified map[verifiedKey]bool
+	// imaged: the prepared selections holding span images, oldest first
+	// (boundImages).
+	imaged []*prepared
+	// verified: probes from list files already checked against a scan;
+	// verifiedAll: targets whose whole list was.
+	verified    map[verifiedKey]bool
+	verifiedAll map[*Target]bool
 }
 
 // Open locks pid and loads its targets. The lock is a leader-only attach
@@ -241,6 +252,8 @@ func (s *Session) attach(full bool) error {
 // in their new form: docs/decisions.md, D50).
 func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, int3Wait time.Duration) (*Result, error) {
 	start := time.Now()
+	last := s.last // the previous Apply's read, used at most once (readBefore)
+	s.last = lastRead{}
 	if protocol == "" {
 		protocol = ProtoAuto
 	}
@@ -248,6 +261,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	if err != nil {
 		return nil, err
 	}
+	defer s.boundImages(p) // whatever this Apply kept (D61), however it ends
 	if !p.verified {
 		if err := s.verify(p.sel); err != nil {
 			return nil, err
@@ -260,7 +274,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	if err := s.attach(!p.onlyFlip); err != nil {
 		return nil, err
 	}
-	before, err := p.batch.Classify(s.reader(), p.before)
+	before, err := s.readBefore(p, last, start)
 	if err != nil {
 		if Gone(err) && !processGone(s.pid) && procfs.HasMemory(s.pid) {
 			// The memory we opened is gone but the process is not: it ran
@@ -272,11 +286,16 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	p.before = before
 	res := &Result{PID: s.pid}
 	// A site a killed hotpatch left mid-patch is ours: make it whole first
-	// (and say so), rather than refusing it as foreign forever.
+	// (and say so), rather than refusing it as foreign forever. (One pass
+	// finds whether any site is in neither form; only then are they sorted
+	// out.)
 	var torn []selected
-	for i, st := range before {
-		if st == xmod.StateTorn {
-			torn = append(torn, p.sel[i])
+	whole := allForms(before)
+	if !whole {
+		for i, st := range before {
+			if st == xmod.StateTorn {
+				torn = append(torn, p.sel[i])
+			}
 		}
 	}
 	if len(torn) > 0 {
@@ -289,13 +308,16 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 			return res, err
 		}
 		p.before = before
+		whole = allForms(before)
 	}
 	// Refuse the whole request if any site is foreign, so that no protocol's
 	// batch is written before another's is refused: all or nothing.
-	for i, st := range before {
-		if st == xmod.StateInvalid || st == xmod.StateTorn {
-			return nil, fmt.Errorf("%v in %s holds neither its active nor its inert bytes: %w (nothing was written)",
-				p.sites[i], p.sel[i].target.Object.Path, ErrStale)
+	if !whole {
+		for i, st := range before {
+			if st == xmod.StateInvalid || st == xmod.StateTorn {
+				return nil, fmt.Errorf("%v in %s holds neither its active nor its inert bytes: %w (nothing was written)",
+					p.sites[i], p.sel[i].target.Object.Path, ErrStale)
+			}
 		}
 	}
 	s.newGeneration(p, before)
@@ -327,6 +349,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	// just shown in their new form (D50).
 	var after []xmod.State
 	var afterErr error
+	afterAt := time.Now()
 	if p.onlyFlip && runErr == nil {
 		after, afterErr = p.batch.ClassifyAfterFlip(s.reader(), p.after)
 	} else {
@@ -339,6 +362,9 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	res.OK = runErr == nil && afterErr == nil
 	if res.OK {
 		res.OK = slices.Equal(after, p.want)
+	}
+	if res.OK && s.inBatch {
+		s.keepAfter(p, afterAt)
 	}
 	if !s.brief || !res.OK || runErr != nil {
 		res.Sites = p.results(before, after, afterErr)
@@ -356,6 +382,16 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 		runErr = fmt.Errorf("%w (sites now: %s)", runErr, Tally(res.Sites))
 	}
 	return res, runErr
+}
+
+// allForms reports whether every state is active or inert.
+func allForms(st []xmod.State) bool {
+	for _, s := range st {
+		if s != xmod.StateActive && s != xmod.StateInert {
+			return false
+		}
+	}
+	return true
 }
 
 func stateOf(on bool) xmod.State {
@@ -432,6 +468,13 @@ func resolve(targets []*Target, actions []Action) ([]selected, error) {
 	if len(actions) == 0 {
 		return nil, errors.New("nothing to do: give --enable or --disable")
 	}
+	if len(actions) == 1 {
+		// One action (`--enable '*'`): what it selects is the answer, each
+		// probe once; no map of 40,000 keys to merge later actions into.
+		if sel, ok, err := resolveOne(targets, actions[0]); ok || err != nil {
+			return sel, err
+		}
+	}
 	type key struct{ t, p int }
 	want := map[key]bool{}
 	var order []key
@@ -470,6 +513,44 @@ func resolve(targets []*Target, actions []Action) ([]selected, error) {
 		sel[i] = selected{target: targets[k.t], probe: p, on: want[k]}
 	}
 	return sel, nil
+}
+
+// resolveOne is resolve for one action; ok is false when a target's
+// selection is not strictly ascending (the general path then merges it).
+func resolveOne(targets []*Target, a Action) (sel []selected, ok bool, err error) {
+	matched := false
+	for _, t := range targets {
+		if a.Object != "" && a.Object != t.Object.Path {
+			continue
+		}
+		idx, err := t.List.Select(a.Selector)
+		if errors.Is(err, probelist.ErrNoMatch) {
+			continue
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("%s: %w", t.Object.Path, err)
+		}
+		matched = true
+		for k := 1; k < len(idx); k++ {
+			if idx[k] <= idx[k-1] {
+				return nil, false, nil
+			}
+		}
+		if sel == nil {
+			sel = make([]selected, 0, len(idx))
+		}
+		for _, pi := range idx {
+			p, err := t.Probe(pi)
+			if err != nil {
+				return nil, false, err
+			}
+			sel = append(sel, selected{target: t, probe: p, on: a.Enable})
+		}
+	}
+	if !matched {
+		return nil, false, fmt.Errorf("%w %q (kind %s%s)", probelist.ErrNoMatch, a.Selector.Pattern, kindOrBoth(a.Selector.Kind), providerNote(a.Selector.Provider))
+	}
+	return sel, true, nil
 }
 
 func protocolFor(proto string, p *probelist.Probe) string {

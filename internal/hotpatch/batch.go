@@ -106,6 +106,8 @@ func (s *Session) prepare(actions []Action, protocol string) (*prepared, error) 
 	p := &prepared{sel: sel, sites: make([]xmod.Site, len(sel)), protoOf: make([]string, len(sel)), byProto: map[string][]xmod.Change{},
 		genKey: make([]uint64, len(sel)), want: make([]xmod.State, len(sel))}
 	all := make([]xmod.Change, len(sel))
+	var curProto string
+	var cur []xmod.Change
 	for i, c := range sel {
 		if c.on && c.probe.Resolved && c.probe.FunctionAddress != 0 {
 			p.genKey[i] = c.target.Object.Runtime(uint64(c.probe.FunctionAddress))
@@ -119,17 +121,31 @@ func (s *Session) prepare(actions []Action, protocol string) (*prepared, error) 
 				c.probe.ID, c.probe.Kind, c.probe.Function, c.probe.Placeholder, ErrNotFlippable)
 		}
 		p.protoOf[i] = pr
-		if p.byProto[pr] == nil {
-			p.byProto[pr] = make([]xmod.Change, 0, len(sel))
+		// Sites of one protocol come in runs: the map is touched when the
+		// protocol changes, not per site.
+		if pr != curProto {
+			if curProto != "" {
+				p.byProto[curProto] = cur
+			}
+			curProto, cur = pr, p.byProto[pr]
+			if cur == nil {
+				cur = make([]xmod.Change, 0, len(sel))
+			}
 		}
-		p.byProto[pr] = append(p.byProto[pr], all[i])
+		cur = append(cur, all[i])
+	}
+	if curProto != "" {
+		p.byProto[curProto] = cur
 	}
 	p.onlyFlip = len(p.byProto) == 1 && p.byProto[ProtoFlip] != nil
 	if p.batch, err = xmod.Prepare(all); err != nil {
 		return nil, err
 	}
+	// A large selection keeps what it read and checked, from its second
+	// use on (D61); boundImages bounds the session's total.
+	p.batch.KeepImages(len(sel) >= spanMin)
 	if s.prepared == nil || s.preparedSites+len(sel) > maxPreparedSites || len(s.prepared) >= 4096 {
-		s.prepared, s.preparedSites = map[string]*prepared{}, 0
+		s.prepared, s.preparedSites, s.imaged = map[string]*prepared{}, 0, nil
 	}
 	s.prepared[key] = p
 	s.preparedSites += len(sel)

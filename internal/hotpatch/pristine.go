@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"slices"
+	"strconv"
 
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
@@ -28,6 +30,8 @@ type pristine struct {
 	files map[*Target]*os.File
 	// scratch holds the file's bytes of one span (Check).
 	scratch []byte
+	// id names maps (Identity): the mappings, where, of which files.
+	id string
 }
 
 type span struct {
@@ -36,7 +40,9 @@ type span struct {
 }
 
 func newPristine(pid int, targets []*Target) (*pristine, error) {
-	ms, err := procmaps.ReadExec(pid) // only r-xp mappings may hold a span
+	// Only r-xp file mappings may hold a span: one ioctl per executable
+	// file mapping, not the whole maps text (D62).
+	ms, err := procmaps.ExecFiles(pid)
 	if err != nil {
 		return nil, err
 	}
@@ -52,8 +58,30 @@ func newPristine(pid int, targets []*Target) (*pristine, error) {
 			}
 		}
 	}
+	var b []byte
+	for _, s := range p.maps {
+		b = strconv.AppendUint(b, s.m.Start, 16)
+		b = append(b, '-')
+		b = strconv.AppendUint(b, s.m.End, 16)
+		b = append(b, ' ')
+		b = append(b, s.m.Perms...)
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, s.m.Offset, 16)
+		b = append(b, ' ')
+		b = append(b, s.m.Dev...)
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, s.m.Inode, 10)
+		b = append(b, '\n')
+	}
+	p.id = string(b)
 	return p, nil
 }
+
+// Identity implements xmod.PristineIdentity: the span-writable mappings as
+// the batch's start found them (address range, permissions, file offset,
+// device and inode). A prepared selection keeps the images of its checked
+// spans only while this stays the same (D61).
+func (p *pristine) Identity() string { return p.id }
 
 func (p *pristine) find(addr uint64) (span, bool) {
 	for _, s := range p.maps {
@@ -77,21 +105,14 @@ func (p *pristine) Extent(addr uint64) (uint64, bool) {
 // memequal), and byte by byte only when it differs: a 40,000-site text is
 // a megabyte of such stretches per batch.
 func (p *pristine) Check(addr uint64, cur []byte, ours []xmod.Extent) error {
-	s, ok := p.find(addr)
-	if !ok || addr+uint64(len(cur)) > s.m.End {
-		return fmt.Errorf("%#x-%#x: not in one r-x file mapping", addr, addr+uint64(len(cur)))
-	}
-	f, err := p.file(s.t)
-	if err != nil {
-		return err
-	}
 	if cap(p.scratch) < len(cur) {
 		p.scratch = make([]byte, len(cur))
 	}
 	file := p.scratch[:len(cur)]
-	if _, err := f.ReadAt(file, int64(s.m.Offset+(addr-s.m.Start))); err != nil {
-		return fmt.Errorf("%s: reading its text: %v", s.t.Object.Path, err)
+	if err := p.File(addr, file); err != nil {
+		return err
 	}
+	s, _ := p.find(addr)
 	// The usual case first: with the batch's own sites' bytes put into the
 	// file's copy, the span equals it whole (one memequal of the span).
 	// The gaps keep the file's bytes, so a difference is then looked for
@@ -127,6 +148,23 @@ func (p *pristine) Check(addr uint64, cur []byte, ours []xmod.Extent) error {
 	}
 	if k < len(cur) {
 		return p.checkGap(s, addr, cur, file, k, len(cur))
+	}
+	return nil
+}
+
+// File implements xmod.PristineFile: the file's bytes of a span in one of
+// the r-x file mappings.
+func (p *pristine) File(addr uint64, b []byte) error {
+	s, ok := p.find(addr)
+	if !ok || addr+uint64(len(b)) > s.m.End {
+		return fmt.Errorf("%#x-%#x: not in one r-x file mapping", addr, addr+uint64(len(b)))
+	}
+	f, err := p.file(s.t)
+	if err != nil {
+		return err
+	}
+	if _, err := f.ReadAt(b, int64(s.m.Offset+(addr-s.m.Start))); err != nil {
+		return fmt.Errorf("%s: reading its text: %v", s.t.Object.Path, err)
 	}
 	return nil
 }
@@ -176,7 +214,7 @@ func (p *pristine) file(t *Target) (*os.File, error) {
 // /proc/PID/maps no longer shows as they were at the batch's start: a
 // writer in the target (mprotect to make the text writable) at work.
 func (p *pristine) changed() []string {
-	ms, err := procmaps.ReadExec(p.pid) // a span mapping made non-executable is then missing: reported
+	ms, err := procmaps.ExecFiles(p.pid) // a span mapping made non-executable is then missing: reported
 	if err != nil {
 		return nil
 	}
@@ -265,6 +303,44 @@ func (s *Session) flipPrepared(ctx context.Context, p *prepared, states []xmod.S
 	}
 	res.Warnings = append(res.Warnings, pr.changed()...)
 	return r, err
+}
+
+// maxImageBytes bounds the memory a session's prepared selections hold in
+// span images (xmod.Prepared.ImageBytes): two copies of the text their
+// spans cover, 2.2 MB for the 40,000-probe benchmark program.
+const maxImageBytes = 64 << 20
+
+// boundImages keeps the images (xmod.Prepared.KeepImages) of the
+// selections applied most recently within maxImageBytes, p's always.
+func (s *Session) boundImages(p *prepared) {
+	if p.batch.ImageBytes() == 0 {
+		return
+	}
+	// Most recent last.
+	if i := slices.Index(s.imaged, p); i >= 0 {
+		s.imaged = slices.Delete(s.imaged, i, i+1)
+	}
+	s.imaged = append(s.imaged, p)
+	total := 0
+	for _, q := range s.imaged {
+		total += q.batch.ImageBytes()
+	}
+	for total > maxImageBytes && len(s.imaged) > 1 {
+		total -= s.imaged[0].batch.ImageBytes()
+		s.imaged[0].batch.DropImages()
+		s.imaged = s.imaged[1:]
+	}
+}
+
+// DropImages forgets what every prepared selection keeps of its last reads
+// and writes (xmod.Prepared.KeepImages, D61): the next Apply of each is
+// as its first, the way one hotpatch call applies its selection (the
+// benchmarks' first-batch rows).
+func (s *Session) DropImages() {
+	for _, p := range s.prepared {
+		p.batch.DropImages()
+	}
+	s.imaged = nil
 }
 
 // SetSpanWrites turns checked span writes for large flip batches off (every

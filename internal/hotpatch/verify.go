@@ -36,27 +36,67 @@ var ErrUnverified = errors.New("probe list disagrees with a scan of the object")
 func (s *Session) verify(sel []selected) error {
 	byTarget := map[*Target][]*probelist.Probe{}
 	var order []*Target
+	var last *Target // sel comes target by target: one map access per run
+	var probes []*probelist.Probe
 	for _, c := range sel {
-		if c.target.Origin == "scan" || s.verified[verifiedKey{c.target, c.probe.ID}] {
+		if c.target.Origin == "scan" || s.verifiedAll[c.target] || s.verified[verifiedKey{c.target, c.probe.ID}] {
 			continue // the list is the scan, or checked already
 		}
-		if _, ok := byTarget[c.target]; !ok {
-			order = append(order, c.target)
+		if c.target != last {
+			if last != nil {
+				byTarget[last] = probes
+			}
+			if _, ok := byTarget[c.target]; !ok {
+				order = append(order, c.target)
+			}
+			last, probes = c.target, byTarget[c.target]
 		}
-		byTarget[c.target] = append(byTarget[c.target], c.probe)
+		probes = append(probes, c.probe)
+	}
+	if last != nil {
+		byTarget[last] = probes
 	}
 	for _, t := range order {
-		if err := verifyTargetCached(s.pid, t, byTarget[t]); err != nil {
+		ps := byTarget[t]
+		if err := verifyTargetCached(s.pid, t, ps); err != nil {
 			return err
 		}
-		if s.verified == nil {
-			s.verified = make(map[verifiedKey]bool, len(byTarget[t]))
+		if len(ps) == t.List.Len() && distinct(ps) {
+			// The whole list: one entry, not one per probe (a
+			// `--enable '*'` of 40,000 probes).
+			if s.verifiedAll == nil {
+				s.verifiedAll = map[*Target]bool{}
+			}
+			s.verifiedAll[t] = true
+			continue
 		}
-		for _, p := range byTarget[t] {
+		if s.verified == nil {
+			s.verified = make(map[verifiedKey]bool, len(ps))
+		}
+		for _, p := range ps {
 			s.verified[verifiedKey{t, p.ID}] = true
 		}
 	}
 	return nil
+}
+
+// distinct reports whether the probes' ids are all different (then as
+// many probes as the list holds are the whole list).
+func distinct(ps []*probelist.Probe) bool {
+	for i := 1; i < len(ps); i++ {
+		if ps[i].ID <= ps[i-1].ID {
+			// Not ascending: the general check.
+			seen := make(map[int]bool, len(ps))
+			for _, p := range ps {
+				if seen[p.ID] {
+					return false
+				}
+				seen[p.ID] = true
+			}
+			return true
+		}
+	}
+	return true
 }
 
 type verifiedKey struct {

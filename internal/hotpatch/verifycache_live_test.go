@@ -60,7 +60,7 @@ func TestVerifiedListCache(t *testing.T) {
 		ents, _ := os.ReadDir(cache)
 		for _, e := range ents {
 			data, err := os.ReadFile(filepath.Join(cache, e.Name()))
-			if err == nil && len(data) > 8 && string(data[:8]) == "EPCACHE1" && data[8] == 3 {
+			if err == nil && len(data) > 8 && string(data[:8]) == "EPCACHE2" && data[8] == 3 {
 				out = append(out, filepath.Join(cache, e.Name()))
 			}
 		}

@@ -2,7 +2,13 @@ package inject
 
 import (
 	"bytes"
+	"debug/elf"
+	"encoding/binary"
+	"io"
 	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
@@ -22,7 +28,7 @@ func FuzzParseObject(f *testing.F) {
 	}
 	f.Add([]byte("\x7fELF\x02\x01\x01"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		_, slots, _, err := parseObject(bytes.NewReader(data), "fuzz", 0x1000)
+		defs, slots, interp, err := parseObject(bytes.NewReader(data), "fuzz", 0x1000)
 		if err != nil {
 			return
 		}
@@ -31,7 +37,126 @@ func FuzzParseObject(f *testing.F) {
 				t.Fatalf("slot for %q, which is not a hook", s.Hook)
 			}
 		}
+		sameAsDebugElf(t, data, defs, slots, interp)
 	})
+}
+
+// parseObjectDebugElf is parseObject as it was written on
+// elf.File.DynamicSymbols: the reference the raw reader must agree with.
+// ok is false where DynamicSymbols refuses the file for its symbol-version
+// tables, or the file is not 64-bit little-endian: parseObject differs
+// there on purpose.
+func parseObjectDebugElf(r io.ReaderAt, name string, bias uint64) (defs map[string]uint64, slots []Slot, interp, ok bool) {
+	ef, err := elf.NewFile(r)
+	if err != nil || ef.Class != elf.ELFCLASS64 || ef.Data != elf.ELFDATA2LSB {
+		return nil, nil, false, false
+	}
+	for _, prog := range ef.Progs {
+		if prog.Type == elf.PT_INTERP {
+			interp = true
+		}
+	}
+	syms, err := ef.DynamicSymbols()
+	if err != nil {
+		if _, _, serr := dynsyms(ef); serr {
+			return nil, nil, interp, false // refused for its version tables
+		}
+		return map[string]uint64{}, nil, interp, true
+	}
+	defs = map[string]uint64{}
+	for _, s := range syms {
+		if !wanted[s.Name] || s.Section == elf.SHN_UNDEF || s.Value == 0 || elf.ST_TYPE(s.Info) != elf.STT_FUNC && elf.ST_TYPE(s.Info) != elf.STT_GNU_IFUNC {
+			continue
+		}
+		if _, ok := defs[s.Name]; !ok {
+			defs[s.Name] = s.Value + bias
+		}
+	}
+	for _, sec := range ef.Sections {
+		if sec.Type != elf.SHT_RELA {
+			continue
+		}
+		data, err := sec.Data()
+		if err != nil {
+			continue
+		}
+		for off := 0; off+24 <= len(data); off += 24 {
+			info := binary.LittleEndian.Uint64(data[off+8:])
+			typ := elf.R_X86_64(elf.R_TYPE64(info))
+			if typ != elf.R_X86_64_JMP_SLOT && typ != elf.R_X86_64_GLOB_DAT {
+				continue
+			}
+			si := int(elf.R_SYM64(info))
+			if si == 0 || si > len(syms) {
+				continue
+			}
+			hname := syms[si-1].Name
+			if hookIndex(hname) < 0 {
+				continue
+			}
+			kind := "JUMP_SLOT"
+			if typ == elf.R_X86_64_GLOB_DAT {
+				kind = "GLOB_DAT"
+			}
+			slots = append(slots, Slot{Object: name, Hook: hname, Reloc: kind, Addr: binary.LittleEndian.Uint64(data[off:]) + bias})
+		}
+	}
+	return defs, slots, interp, true
+}
+
+// sameAsDebugElf fails t unless parseObject's results on data are the
+// reference's (where the reference reads the file).
+func sameAsDebugElf(t *testing.T, data []byte, defs map[string]uint64, slots []Slot, interp bool) {
+	t.Helper()
+	wdefs, wslots, winterp, ok := parseObjectDebugElf(bytes.NewReader(data), "fuzz", 0x1000)
+	if !ok {
+		return
+	}
+	if !reflect.DeepEqual(defs, wdefs) || !reflect.DeepEqual(slots, wslots) || interp != winterp {
+		t.Fatalf("parseObject differs from DynamicSymbols:\n defs %v, want %v\n slots %+v, want %+v\n interp %v, want %v", defs, wdefs, slots, wslots, interp, winterp)
+	}
+}
+
+// TestParseObjectLikeDebugElf: on real objects (this machine's libc, ld.so
+// and programs, the runtime, instrumented fixtures), the raw reader finds
+// exactly the definitions, slots and interpreter the reference finds.
+func TestParseObjectLikeDebugElf(t *testing.T) {
+	paths := []string{
+		testutil.Build(t, testutil.Spec{Sources: []string{"lib.c"}, Shared: true, Name: "libfix.so"}).Path,
+		testutil.Build(t, testutil.Spec{Sources: []string{"lib.c"}, Shared: true, NoPLT: true, Name: "libfix-noplt.so"}).Path,
+		testutil.Build(t, testutil.Spec{Sources: []string{"basic.c"}}).Path,
+		testutil.Build(t, testutil.Spec{Sources: []string{"basic.c"}, PIE: testutil.Bool(false)}).Path,
+		testutil.Runtime(t, "gcc"),
+	}
+	for _, glob := range []string{"/lib/x86_64-linux-gnu/libc.so.*", "/lib64/ld-linux-x86-64.so.*", "/lib/x86_64-linux-gnu/libstdc++.so.*", "/usr/bin/ls", "/usr/bin/gdb"} {
+		m, _ := filepath.Glob(glob)
+		paths = append(paths, m...)
+	}
+	seen := 0
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		defs, slots, interp, err := parseObject(bytes.NewReader(data), "fuzz", 0x1000)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		if _, _, _, ok := parseObjectDebugElf(bytes.NewReader(data), "fuzz", 0x1000); !ok {
+			t.Fatalf("%s: the reference does not read it", p)
+		}
+		sameAsDebugElf(t, data, defs, slots, interp)
+		if strings.Contains(p, "libc.so") && len(defs) < len(libcFuncs)-3 {
+			t.Fatalf("%s: only %v defined", p, defs)
+		}
+		if strings.Contains(p, "libfix") && len(slots) == 0 {
+			t.Fatalf("%s: no hook slot", p)
+		}
+		seen++
+	}
+	if seen < 6 {
+		t.Fatalf("only %d objects read", seen)
+	}
 }
 
 // TestParseObjectSlots: a -finstrument-functions library reaches its hooks

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 )
@@ -462,6 +463,9 @@ func (p *Process) pickThread(states []ptrace.ThreadState, rng *rand.Rand, prefer
 // Preflight returns the refusal that applies to p, if any: nothing is
 // changed by it.
 func (p *Process) Preflight() error {
+	if !p.threadsCounted {
+		p.SeccompThreads, p.threadsCounted = procfs.SeccompThreads(p.Pid), true
+	}
 	switch {
 	case p.Seccomp != 0:
 		return fmt.Errorf("pid %d runs under seccomp (mode %d): loading the runtime could get it killed; start it with LD_PRELOAD=libedgeprobe.so instead: %w", p.Pid, p.Seccomp, ErrSeccomp)

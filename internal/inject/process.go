@@ -1,6 +1,7 @@
 package inject
 
 import (
+	"bytes"
 	"debug/elf"
 	"encoding/binary"
 	"fmt"
@@ -55,8 +56,10 @@ type Process struct {
 	Seccomp int // the Seccomp: field of /proc/PID/status (0: none)
 	// SeccompThreads counts the threads under seccomp: a filter installed
 	// without TSYNC applies to its own thread only, and the main thread's
-	// status says nothing of it (D56)
+	// status says nothing of it (D56). Preflight counts them (reading every
+	// thread's status), not Inspect: only a load needs them.
 	SeccompThreads int
+	threadsCounted bool
 	Static         bool
 	Objects        []procmaps.Object
 	Libc           *procmaps.Object
@@ -101,14 +104,15 @@ func Inspect(pid int) (*Process, error) {
 		return nil, err
 	}
 	p.Seccomp = max(status.Int("Seccomp"), 0)
-	p.SeccompThreads = procfs.SeccompThreads(pid)
 	if uid := strings.Fields(status["Uid"]); len(uid) > 0 {
 		p.UID, _ = strconv.Atoi(uid[0]) // the real uid, the first of four
 	}
+	// One read of the maps for the objects, the main executable and the
+	// slots' page protections.
 	if p.maps, err = procmaps.Read(pid); err != nil {
 		return nil, err
 	}
-	if p.Objects, err = procmaps.Objects(pid); err != nil {
+	if p.Objects, err = procmaps.ObjectsOf(p.maps, procmaps.Opener(pid)); err != nil {
 		return nil, err
 	}
 	mem, err := ptrace.OpenMem(pid)
@@ -116,7 +120,7 @@ func Inspect(pid int) (*Process, error) {
 		return nil, err
 	}
 	defer mem.Close()
-	mainObj, _ := procmaps.Main(pid)
+	mainObj, _ := procmaps.MainOf(pid, p.Objects)
 	type info struct {
 		defs  map[string]uint64 // defined dynamic symbols (run-time addresses)
 		slots []Slot
@@ -297,6 +301,15 @@ func readObject(pid int, o *procmaps.Object) (map[string]uint64, []Slot, bool, e
 // parseObject is readObject on the object's file contents: every value
 // it reads comes from the file, so a hand-edited file must give an error or
 // fewer slots, never a panic (FuzzParseObject).
+//
+// It reads the dynamic symbols raw rather than through
+// elf.File.DynamicSymbols, which makes a string (and decodes the symbol
+// versions) of each of libc's thousands of symbols on every hotpatch
+// --enable: here a symbol's name is compared in place, and only the few
+// wanted ones become strings. Wherever DynamicSymbols reads a 64-bit
+// little-endian file, the results are the same (TestParseObjectLikeDebugElf,
+// FuzzParseObject); it refuses what DynamicSymbols refuses but for bad
+// symbol-version tables, which the slots do not depend on.
 func parseObject(r io.ReaderAt, name string, bias uint64) (map[string]uint64, []Slot, bool, error) {
 	ef, err := elf.NewFile(r)
 	if err != nil {
@@ -308,24 +321,28 @@ func parseObject(r io.ReaderAt, name string, bias uint64) (map[string]uint64, []
 			interp = true
 		}
 	}
-	syms, err := ef.DynamicSymbols()
-	if err != nil {
+	if ef.Class != elf.ELFCLASS64 || ef.Data != elf.ELFDATA2LSB {
+		return map[string]uint64{}, nil, interp, nil // no x86-64 process maps it
+	}
+	syms, strs, ok := dynsyms(ef)
+	if !ok {
 		return map[string]uint64{}, nil, interp, nil // no .dynsym: a static program
 	}
-	want := map[string]bool{}
-	for _, h := range Hooks {
-		want[h] = true
-	}
-	for _, n := range libcFuncs {
-		want[n] = true
-	}
+	nsyms := len(syms) / symSize // the null symbol included
 	defs := map[string]uint64{}
-	for _, s := range syms {
-		if !want[s.Name] || s.Section == elf.SHN_UNDEF || s.Value == 0 || elf.ST_TYPE(s.Info) != elf.STT_FUNC && elf.ST_TYPE(s.Info) != elf.STT_GNU_IFUNC {
+	le := binary.LittleEndian
+	for k := 1; k < nsyms; k++ {
+		sym := syms[k*symSize : (k+1)*symSize]
+		info, shndx, value := sym[4], elf.SectionIndex(le.Uint16(sym[6:])), le.Uint64(sym[8:])
+		if shndx == elf.SHN_UNDEF || value == 0 || elf.ST_TYPE(info) != elf.STT_FUNC && elf.ST_TYPE(info) != elf.STT_GNU_IFUNC {
 			continue
 		}
-		if _, ok := defs[s.Name]; !ok {
-			defs[s.Name] = s.Value + bias
+		n := symName(strs, le.Uint32(sym))
+		if len(n) == 0 || !wanted[string(n)] {
+			continue
+		}
+		if _, ok := defs[string(n)]; !ok {
+			defs[string(n)] = value + bias
 		}
 	}
 	var slots []Slot
@@ -338,28 +355,73 @@ func parseObject(r io.ReaderAt, name string, bias uint64) (map[string]uint64, []
 			continue
 		}
 		for off := 0; off+24 <= len(data); off += 24 {
-			r := elf.Rela64{
-				Off:  binary.LittleEndian.Uint64(data[off:]),
-				Info: binary.LittleEndian.Uint64(data[off+8:]),
-			}
-			typ := elf.R_X86_64(elf.R_TYPE64(r.Info))
+			roff, rinfo := le.Uint64(data[off:]), le.Uint64(data[off+8:])
+			typ := elf.R_X86_64(elf.R_TYPE64(rinfo))
 			if typ != elf.R_X86_64_JMP_SLOT && typ != elf.R_X86_64_GLOB_DAT {
 				continue
 			}
-			si := int(elf.R_SYM64(r.Info))
-			if si == 0 || si > len(syms) {
+			si := uint64(elf.R_SYM64(rinfo))
+			if si == 0 || si >= uint64(nsyms) {
 				continue
 			}
-			hname := syms[si-1].Name
-			if hookIndex(hname) < 0 {
+			h := hookIndex(string(symName(strs, le.Uint32(syms[si*symSize:]))))
+			if h < 0 {
 				continue
 			}
 			kind := "JUMP_SLOT"
 			if typ == elf.R_X86_64_GLOB_DAT {
 				kind = "GLOB_DAT"
 			}
-			slots = append(slots, Slot{Object: name, Hook: hname, Reloc: kind, Addr: r.Off + bias})
+			slots = append(slots, Slot{Object: name, Hook: Hooks[h], Reloc: kind, Addr: roff + bias})
 		}
 	}
 	return defs, slots, interp, nil
+}
+
+// symSize is an ELF64 symbol's size.
+const symSize = 24
+
+// wanted are the dynamic symbols Inspect keeps: the hooks and libc's entry
+// points the loader calls.
+var wanted = func() map[string]bool {
+	m := map[string]bool{}
+	for _, n := range append(append([]string(nil), Hooks...), libcFuncs...) {
+		m[n] = true
+	}
+	return m
+}()
+
+// dynsyms returns the raw .dynsym (null symbol included) and its string
+// table, refusing what elf.File.DynamicSymbols refuses: no such section, an
+// unreadable or empty one, a size not a multiple of a symbol, a string
+// table link out of range or unreadable.
+func dynsyms(ef *elf.File) (syms, strs []byte, ok bool) {
+	sec := ef.SectionByType(elf.SHT_DYNSYM)
+	if sec == nil {
+		return nil, nil, false
+	}
+	syms, err := sec.Data()
+	if err != nil || len(syms) == 0 || len(syms)%symSize != 0 {
+		return nil, nil, false
+	}
+	if sec.Link <= 0 || sec.Link >= uint32(len(ef.Sections)) {
+		return nil, nil, false
+	}
+	if strs, err = ef.Sections[sec.Link].Data(); err != nil {
+		return nil, nil, false
+	}
+	return syms, strs, true
+}
+
+// symName is the NUL-terminated name at off in strs, empty when it does
+// not lie (terminated) inside strs, as debug/elf reads it.
+func symName(strs []byte, off uint32) []byte {
+	if uint64(off) >= uint64(len(strs)) {
+		return nil
+	}
+	n := bytes.IndexByte(strs[off:], 0)
+	if n < 0 {
+		return nil
+	}
+	return strs[off : int(off)+n]
 }

@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/edgeprobe/edgeprobe/internal/elfnote"
 	"github.com/edgeprobe/edgeprobe/internal/elfscan"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
@@ -146,19 +147,55 @@ func (c *Cache) Path() string { return c.path }
 // Close closes the directory. Indexes from the cache stay usable.
 func (c *Cache) Close() error { return unix.Close(c.dir) }
 
-// toolID is this program's Go build ID (or GNU build-id) note: any change
-// to the program changes it, and with it every key.
+// Go's build ID note (name "Go", type 4) and the GNU build-id note.
+const (
+	noteGoBuildID  = 4
+	noteGNUBuildID = 3
+)
+
+// toolID is the SHA-256 of this program's Go build ID (or else its GNU
+// build-id): any change to the program changes it, and with it every key.
+// The note is read from the PT_NOTE segments in the executable's first
+// page, where Go's linker puts it, without reading the section headers of
+// the whole (megabytes) file on every start (D67); debug/elf finds it
+// where that fails.
 func toolID() ([]byte, error) {
-	f, err := elf.Open("/proc/self/exe")
+	f, err := os.Open("/proc/self/exe")
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	for _, name := range []string{".note.go.buildid", ".note.gnu.build-id"} {
-		if s := f.Section(name); s != nil {
-			if b, err := s.Data(); err == nil && len(b) > 0 {
-				sum := sha256.Sum256(b)
-				return sum[:], nil
+	var head [4096]byte
+	n, _ := f.ReadAt(head[:], 0)
+	if _, progs, ok := procmaps.ProgHeaders(head[:n]); ok {
+		for _, want := range []struct {
+			name string
+			typ  uint32
+		}{{"Go", noteGoBuildID}, {"GNU", noteGNUBuildID}} {
+			for _, p := range progs {
+				if p.Type == elf.PT_NOTE && p.Off <= uint64(n) && p.Filesz <= uint64(n)-p.Off {
+					if id := elfnote.Find(head[p.Off:p.Off+p.Filesz], binary.LittleEndian, want.name, want.typ); id != nil {
+						sum := sha256.Sum256(id)
+						return sum[:], nil
+					}
+				}
+			}
+		}
+	}
+	ef, err := elf.NewFile(f)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range []struct {
+		section, name string
+		typ           uint32
+	}{{".note.go.buildid", "Go", noteGoBuildID}, {".note.gnu.build-id", "GNU", noteGNUBuildID}} {
+		if sec := ef.Section(s.section); sec != nil {
+			if b, err := sec.Data(); err == nil {
+				if id := elfnote.Find(b, ef.ByteOrder, s.name, s.typ); id != nil {
+					sum := sha256.Sum256(id)
+					return sum[:], nil
+				}
 			}
 		}
 	}
@@ -339,7 +376,7 @@ func (c *Cache) Scan(pid int, o *procmaps.Object) (*probelist.Index, error) {
 
 // The entry file: a fixed header, then the compact list.
 const (
-	entryMagic      = "EPCACHE1"
+	entryMagic      = "EPCACHE2" // 2: the CRC is CRC-32 (IEEE) over the header (D67)
 	entryHeaderSize = 144
 )
 
@@ -372,15 +409,25 @@ func encodeEntry(key [32]byte, kind byte, src *source, payload []byte, noSites b
 	return b
 }
 
-// entryCRC covers the whole entry but the CRC itself: a corrupt entry is
-// found before anything is used, and rebuilt (the compact form's own
-// checks stay, for entries forged with a fitting CRC).
+// entryCRC covers the entry's header but the CRC itself and, for a
+// verification record, its payload (the two digests, which nothing else
+// checks). A list or scan entry's payload is a compact list, which checks
+// itself where it is used: its header, header strings and name index when
+// opened, each record with its strings when first decoded
+// (probelist.OpenCompact, Index.Probe). Checking all of it here would read
+// every byte of an entry of megabytes on every call, a cost that grows with
+// the program for a toggle that decodes two records (D67). A corrupt record
+// is refused when decoded, and its entry removed (lookup).
 func entryCRC(b []byte) uint32 {
-	c := crc32.Update(0, castagnoli, b[:136])
-	return crc32.Update(c, castagnoli, b[140:])
+	c := crc32.Update(0, crcTable, b[:136])
+	if b[8] == kindVerified {
+		return crc32.Update(c, crcTable, b[140:])
+	}
+	return crc32.Update(c, crcTable, b[140:entryHeaderSize])
 }
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+// crcTable is CRC-32 (IEEE): see probelist's, and D67.
+var crcTable = crc32.IEEETable
 
 // lookup returns the entry for key if it is there, sound, and made from the
 // file f is now (src). A racy entry is used only if f's content hashes as it
@@ -400,7 +447,27 @@ func (c *Cache) lookup(key [32]byte, kind byte, f *os.File, src *source) (entry,
 		return entry{}, false
 	}
 	c.hits.Add(1)
+	if e.index != nil {
+		name := entryName(key)
+		e.index.OnCorrupt("probe cache entry "+filepath.Join(c.path, name)+" (removed: the next call rebuilds it)", func() {
+			c.remove(name, data)
+		})
+	}
 	return e, true
+}
+
+// remove unlinks entry name if it still holds the bytes data were mapped
+// from (another hotpatch may have rebuilt it meanwhile).
+func (c *Cache) remove(name string, data []byte) {
+	now, err := c.read(name)
+	if err != nil {
+		return
+	}
+	same := bytes.Equal(now[:entryHeaderSize], data[:entryHeaderSize])
+	unix.Munmap(now)
+	if same {
+		unix.Unlinkat(c.dir, name, 0)
+	}
 }
 
 var errStale = errors.New("stale entry")
@@ -472,7 +539,9 @@ func (c *Cache) read(name string) ([]byte, error) {
 	if st.Size < entryHeaderSize || st.Size > maxBytes {
 		return nil, errors.New("entry size")
 	}
-	return unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_POPULATE)
+	// Not MAP_POPULATE: a toggle touches the header, the name index's
+	// bisection and the records it selects, a few pages of megabytes.
+	return unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_PRIVATE)
 }
 
 // store writes an entry for what was read from f, unless f changed while

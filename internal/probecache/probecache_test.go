@@ -1,9 +1,12 @@
 package probecache
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -137,9 +140,16 @@ func changeHash(t *testing.T, e string) {
 func TestRejectedEntries(t *testing.T) {
 	path, want := probeList(t)
 	cases := map[string]func(t *testing.T, e string){
-		"corrupt": func(t *testing.T, e string) {
+		"corrupt header": func(t *testing.T, e string) {
 			b, _ := os.ReadFile(e)
-			b[len(b)-3] ^= 0xff
+			b[60] ^= 0xff // the file's inode as recorded, the CRC left as it was
+			os.WriteFile(e, b, 0o600)
+		},
+		"corrupt name index": func(t *testing.T, e string) {
+			b, _ := os.ReadFile(e)
+			le := binary.LittleEndian
+			indexOff := entryHeaderSize + int(le.Uint32(b[entryHeaderSize+20:]))
+			b[indexOff] ^= 0x01 // the compact form's header checksum covers it
 			os.WriteFile(e, b, 0o600)
 		},
 		"truncated": func(t *testing.T, e string) { os.Truncate(e, 100) },
@@ -177,6 +187,68 @@ func TestRejectedEntries(t *testing.T) {
 			}
 			mustList(t, c, path, want)
 			expectStats(t, c, 1, 2)
+		})
+	}
+}
+
+// TestCorruptRecord: an entry's records are checked when decoded, not
+// when it is looked up (D67). One corrupt byte in a record, or in the
+// strings of one, is refused when that probe is decoded, with an error that
+// names the entry; nothing of the probe is used; the entry is removed, so
+// the next call is a miss that rebuilds it from the JSON.
+func TestCorruptRecord(t *testing.T) {
+	path, want := probeList(t)
+	le := binary.LittleEndian
+	spoil := map[string]func(b []byte) int{ // returns the probe spoiled
+		"record": func(b []byte) int {
+			k := len(want.Probes) / 2
+			b[entryHeaderSize+80+72*k+50] ^= 0x01 // its active bytes
+			return k
+		},
+		"string": func(b []byte) int {
+			strOff := entryHeaderSize + int(le.Uint32(b[entryHeaderSize+24:]))
+			k := len(want.Probes) - 1
+			rec := b[entryHeaderSize+80+72*k:]
+			fn := strOff + int(le.Uint32(rec[24:])) // its function's name
+			b[fn] ^= 0x01
+			return k
+		},
+	}
+	for name, f := range spoil {
+		t.Run(name, func(t *testing.T) {
+			c := openCache(t)
+			later(c)
+			mustList(t, c, path, want)
+			e := entryPath(t, c)
+			b, err := os.ReadFile(e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := f(b)
+			if err := os.WriteFile(e, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			x, err := c.List(path)
+			if err != nil {
+				t.Fatalf("the lookup checks the entry's header only: %v", err)
+			}
+			expectStats(t, c, 1, 1)
+			if k > 0 {
+				if _, err := x.Probe(0); err != nil {
+					t.Fatalf("an intact probe of the spoiled entry: %v", err)
+				}
+			}
+			p, err := x.Probe(k)
+			if !errors.Is(err, probelist.ErrCompact) || p != nil || !strings.Contains(err.Error(), filepath.Base(e)) {
+				t.Fatalf("the spoiled probe %d: %v, %v; want an ErrCompact naming %s and no probe", k, p, err, filepath.Base(e))
+			}
+			if _, err := os.Lstat(e); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("the spoiled entry is still there: %v", err)
+			}
+			mustList(t, c, path, want) // rebuilt from the JSON
+			expectStats(t, c, 1, 2)
+			mustList(t, c, path, want)
+			expectStats(t, c, 2, 2)
 		})
 	}
 }
@@ -372,5 +444,27 @@ func TestVerifiedRecords(t *testing.T) {
 				t.Fatal("no record after it was made anew")
 			}
 		})
+	}
+}
+
+// TestToolID: the program's identity in every key is the hash of its Go
+// build ID, as `go tool buildid` prints it, read from the executable's
+// first page.
+func TestToolID(t *testing.T) {
+	id, err := toolID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("go", "tool", "buildid", exe).Output()
+	if err != nil {
+		t.Fatalf("go tool buildid: %v", err)
+	}
+	want := sha256.Sum256(bytes.TrimSpace(out))
+	if !bytes.Equal(id, want[:]) {
+		t.Fatalf("tool id %x, want the SHA-256 of the build ID %q", id, bytes.TrimSpace(out))
 	}
 }

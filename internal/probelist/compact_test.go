@@ -119,7 +119,8 @@ func TestCompactRejects(t *testing.T) {
 	}{
 		{"empty", func(b []byte) []byte { return nil }, "no EPPROBES header"},
 		{"magic", func(b []byte) []byte { b[0] = 'X'; return b }, "no EPPROBES header"},
-		{"version", func(b []byte) []byte { b[8] = 2; return b }, "version 2"},
+		{"version", func(b []byte) []byte { b[8] = 1; return b }, "version 1"}, // CRC-32C, before D67
+		{"future version", func(b []byte) []byte { b[8] = 3; return b }, "version 3"},
 		{"truncated", func(b []byte) []byte { return b[:len(b)-1] }, "do not add up"},
 		{"longer", func(b []byte) []byte { return append(b, 0) }, "do not add up"},
 		{"count", func(b []byte) []byte { le.PutUint32(b[12:], 1<<30); return b }, "do not add up"},

@@ -7,4 +7,8 @@
 // it was deleted or replaced on disk since, or lives in another mount
 // namespace), falling back to /proc/PID/root/<path>. A probe list must only be
 // applied to an object whose build-id (or, lacking one, size) matches.
+//
+// ExecFiles gives only the executable file mappings, asking the kernel for
+// each (the PROCMAP_QUERY ioctl) instead of parsing every line: a flip
+// batch's pristine check reads them twice (D62).
 package procmaps

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"debug/elf"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -183,7 +184,7 @@ func Objects(pid int) ([]Object, error) {
 	if err != nil {
 		return nil, err
 	}
-	return ObjectsOf(maps, func(m Mapping) (*os.File, error) { return openMapped(pid, m) })
+	return ObjectsOf(maps, Opener(pid))
 }
 
 // ObjectsOf returns the ELF objects of a maps listing, opening each object's
@@ -256,13 +257,27 @@ func Find(pid int, path string) (*Object, error) {
 	return nil, fmt.Errorf("%s in pid %d: %w", path, pid, ErrNoObject)
 }
 
+// Opener opens the file behind a mapping of the live process pid, for
+// ObjectsOf: map_files first (the mapped inode itself), then the path as the
+// process sees it. Objects(pid) is ObjectsOf(Read(pid), Opener(pid)).
+func Opener(pid int) func(Mapping) (*os.File, error) {
+	return func(m Mapping) (*os.File, error) { return openMapped(pid, m) }
+}
+
 // Main returns the main executable's object (the one /proc/PID/exe names).
 func Main(pid int) (*Object, error) {
 	objs, err := Objects(pid)
 	if err != nil {
 		return nil, err
 	}
+	return MainOf(pid, objs)
+}
+
+// MainOf is Main among objs, objects of pid read already (Objects): one
+// read of the maps for a caller that needs both.
+func MainOf(pid int, objs []Object) (*Object, error) {
 	var st os.FileInfo
+	var err error
 	if st, err = os.Stat(fmt.Sprintf("/proc/%d/exe", pid)); err == nil {
 		for i := range objs {
 			if inodeOf(st) == objs[i].Inode {
@@ -323,29 +338,73 @@ func inspect(open func(Mapping) (*os.File, error), ms []Mapping) (Object, error)
 	if st, err := f.Stat(); err == nil {
 		o.Size = st.Size()
 	}
-	var magic [4]byte
-	if _, err := f.ReadAt(magic[:], 0); err != nil || string(magic[:]) != elf.ELFMAG {
+	var head [4096]byte
+	n, _ := f.ReadAt(head[:], 0)
+	if n < 4 || string(head[:4]) != elf.ELFMAG {
 		return o, fmt.Errorf("%s: %w", o.Path, ErrNotELF)
 	}
-	ef, err := elf.NewFile(f)
-	if err != nil {
-		return o, fmt.Errorf("%s: %v: %w", o.Path, err, ErrNotELF)
+	typ, progs, ok := ProgHeaders(head[:n])
+	var ef *elf.File
+	if !ok {
+		// Not the common case (ELF64 little-endian, program headers in
+		// the first page): debug/elf reads it.
+		if ef, err = elf.NewFile(f); err != nil {
+			return o, fmt.Errorf("%s: %v: %w", o.Path, err, ErrNotELF)
+		}
+		typ, progs = ef.Type, ef.Progs
 	}
-	o.Type = ef.Type
-	bias, err := loadBias(ef, ms)
+	o.Type = typ
+	bias, err := loadBias(typ, progs, ms)
 	if err != nil {
 		return o, fmt.Errorf("%s: %w", o.Path, err)
 	}
 	o.Bias = bias
-	o.BuildID = buildID(ef)
+	order := binary.ByteOrder(binary.LittleEndian)
+	if ef != nil {
+		order = ef.ByteOrder
+	}
+	o.BuildID = buildID(f, progs, order)
 	return o, nil
+}
+
+// ProgHeaders reads an ELF64 little-endian file's type and program
+// headers from its first bytes (head), as debug/elf would: only those, so
+// that listing a process's objects on every hotpatch call does not read
+// and allocate each object's section headers and their names (D67). ok is
+// false for anything else (another class or byte order, program headers
+// past head, PN_XNUM, malformed sizes): the caller then uses debug/elf.
+func ProgHeaders(head []byte) (elf.Type, []*elf.Prog, bool) {
+	const ehdrSize, phdrSize = 64, 56
+	if len(head) < ehdrSize || head[elf.EI_CLASS] != byte(elf.ELFCLASS64) || head[elf.EI_DATA] != byte(elf.ELFDATA2LSB) ||
+		head[elf.EI_VERSION] != byte(elf.EV_CURRENT) {
+		return 0, nil, false
+	}
+	le := binary.LittleEndian
+	typ := elf.Type(le.Uint16(head[16:]))
+	phoff, phentsize, phnum := le.Uint64(head[32:]), int(le.Uint16(head[54:])), int(le.Uint16(head[56:]))
+	if phnum == 0xffff || phnum > 0 && phentsize < phdrSize || phoff > uint64(len(head)) || uint64(phnum)*uint64(phentsize) > uint64(len(head))-phoff {
+		return 0, nil, false
+	}
+	progs := make([]*elf.Prog, phnum)
+	for i := range progs {
+		ph := head[phoff+uint64(i*phentsize):]
+		progs[i] = &elf.Prog{ProgHeader: elf.ProgHeader{
+			Type: elf.ProgType(le.Uint32(ph)), Flags: elf.ProgFlag(le.Uint32(ph[4:])),
+			Off: le.Uint64(ph[8:]), Vaddr: le.Uint64(ph[16:]), Paddr: le.Uint64(ph[24:]),
+			Filesz: le.Uint64(ph[32:]), Memsz: le.Uint64(ph[40:]), Align: le.Uint64(ph[48:]),
+		}}
+		if int64(progs[i].Off) < 0 || int64(progs[i].Filesz) < 0 {
+			return 0, nil, false // debug/elf refuses these
+		}
+	}
+	return typ, progs, true
 }
 
 // loadBias computes the bias from each executable mapping: the mapping at
 // file offset O starting at S belongs to the PT_LOAD p with
 // p.Off&^(page-1) <= O < p.Off+p.Filesz, and S = p.Vaddr - (p.Off - O) + bias.
 // Every executable mapping must agree.
-func loadBias(ef *elf.File, ms []Mapping) (uint64, error) {
+func loadBias(typ elf.Type, progs []*elf.Prog, ms []Mapping) (uint64, error) {
 	const pageMask = 4096 - 1
 	found := false
 	var bias uint64
@@ -354,7 +413,7 @@ func loadBias(ef *elf.File, ms []Mapping) (uint64, error) {
 			continue
 		}
 		var seg *elf.Prog
-		for _, p := range ef.Progs {
+		for _, p := range progs {
 			if p.Type == elf.PT_LOAD && p.Flags&elf.PF_X != 0 && p.Off&^pageMask <= m.Offset && m.Offset < p.Off+p.Filesz {
 				seg = p
 				break
@@ -372,7 +431,7 @@ func loadBias(ef *elf.File, ms []Mapping) (uint64, error) {
 	if !found {
 		return 0, fmt.Errorf("no executable mapping")
 	}
-	if ef.Type == elf.ET_EXEC && bias != 0 {
+	if typ == elf.ET_EXEC && bias != 0 {
 		return 0, fmt.Errorf("ET_EXEC object loaded with bias %#x", bias)
 	}
 	return bias, nil
@@ -380,16 +439,16 @@ func loadBias(ef *elf.File, ms []Mapping) (uint64, error) {
 
 // buildID returns the GNU build-id from the PT_NOTE segments (present even in
 // stripped objects), or "".
-func buildID(ef *elf.File) string {
-	for _, p := range ef.Progs {
+func buildID(f io.ReaderAt, progs []*elf.Prog, order binary.ByteOrder) string {
+	for _, p := range progs {
 		if p.Type != elf.PT_NOTE {
 			continue
 		}
-		data, err := io.ReadAll(io.LimitReader(p.Open(), 1<<20))
+		data, err := io.ReadAll(io.LimitReader(io.NewSectionReader(f, int64(p.Off), int64(p.Filesz)), 1<<20))
 		if err != nil {
 			continue
 		}
-		if id := elfnote.BuildID(data, ef.ByteOrder); id != "" {
+		if id := elfnote.BuildID(data, order); id != "" {
 			return id
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/dwarfargs"
@@ -158,7 +159,7 @@ func fromArg(a perfetto.Arg) calltrace.Value {
 		default:
 			v.Kind, v.Uint, v.Str = calltrace.String, 1, a.Str
 			// an unreadable char *: "0x10 (unreadable)"
-			if m := unreadableArg.FindStringSubmatch(a.Str); m != nil {
+			if m := unreadableArg().FindStringSubmatch(a.Str); m != nil {
 				if p, err := strconv.ParseUint(m[1], 16, 64); err == nil && p != 0 {
 					v.Uint, v.Str, v.Note = p, "", m[2]
 				}
@@ -168,7 +169,8 @@ func fromArg(a perfetto.Arg) calltrace.Value {
 	return v
 }
 
-var unreadableArg = regexp.MustCompile(`^0x([0-9a-f]+) \((unreadable)\)$`)
+// unreadableArg is compiled on first use, not when hotpatch starts (D68).
+var unreadableArg = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^0x([0-9a-f]+) \((unreadable)\)$`) })
 
 // ReplayPerfetto reads a Perfetto trace (one this package wrote, or any of
 // thread-track slices) and passes its calls to sink, in the file's order.

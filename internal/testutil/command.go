@@ -45,6 +45,7 @@ func Command(t testing.TB, name string) string {
 		tmp := fmt.Sprintf("%s.%d.tmp", c.path, os.Getpid())
 		cmd := exec.Command("go", "build", "-o", tmp, "./cmd/"+name)
 		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // as make builds it (D67)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			os.Remove(tmp)
 			c.err = errors.New("go build ./cmd/" + name + ": " + err.Error() + "\n" + string(out))

@@ -10,6 +10,9 @@
 //     Prepared (prepared.go) is a batch checked and sorted once, for
 //     callers that apply it again and again: its Classify reads it, and
 //     its Flip writes from the states the caller's Classify just found.
+//     Asked to (KeepImages), it keeps its last read with the states found
+//     in it and its spans as checked and as written, and uses them when
+//     the bytes read are the same (spanimage.go, D61).
 //   - Int3: any sites; the text_poke_bp order (int3 on byte 0, barrier,
 //     bytes 1..n-1, barrier, byte 0), threads that trap are held by the
 //     tracer. Each barrier is a time wait plus a per-thread serialisation

@@ -36,8 +36,22 @@ type Prepared struct {
 	asked []State
 	// flippable: every site's forms differ in exactly one byte.
 	flippable bool
+	// leave[i]: the state change i (caller's order) leaves, the opposite
+	// of the one it asks for; all: 0..len(cs)-1 (every).
+	leave []State
+	all   []int
 	// ours: scratch of a span's sites (spanWriter), kept between Flips.
 	ours []Extent
+	// What KeepImages keeps (D61), from the second use on (a selection
+	// applied once, as by one hotpatch call, makes none): images, the
+	// spans as checked and as written by the last Flips; memo, the last
+	// grouped read of Classify and its states.
+	keep       bool // KeepImages
+	images     *spanImages
+	spanFlips  int
+	memo       *classifyMemo
+	classifies int
+	imageBytes int // in images and memo
 }
 
 type siteWord struct {
@@ -62,7 +76,18 @@ func Prepare(changes []Change) (*Prepared, error) {
 	for i := range p.pos {
 		p.pos[i] = i
 	}
-	sort.SliceStable(p.pos, func(a, b int) bool { return changes[p.pos[a]].Site.Addr < changes[p.pos[b]].Site.Addr })
+	// A selection usually comes in address order (a list's order): then
+	// the sort is a check.
+	sorted := true
+	for i := 1; i < len(changes); i++ {
+		if changes[i].Site.Addr < changes[i-1].Site.Addr {
+			sorted = false
+			break
+		}
+	}
+	if !sorted {
+		sort.SliceStable(p.pos, func(a, b int) bool { return changes[p.pos[a]].Site.Addr < changes[p.pos[b]].Site.Addr })
+	}
 	for k, i := range p.pos {
 		p.cs[k] = changes[i]
 	}
@@ -94,6 +119,11 @@ func Prepare(changes []Change) (*Prepared, error) {
 			w.active, w.inert, w.mask = wordOf(s.Active), wordOf(s.Inert), ^uint64(0)>>(64-8*uint(l))
 		}
 	}
+	p.leave, p.all = make([]State, len(p.cs)), make([]int, len(p.cs))
+	for k := range p.cs {
+		p.leave[p.pos[k]] = stateOf(!p.cs[k].On)
+		p.all[k] = k
+	}
 	p.flippable = true
 	for _, d := range p.at {
 		if d < 0 {
@@ -120,6 +150,13 @@ const MaxRead = 256 << 10
 // the order of the changes given to Prepare, in out's storage when it is
 // long enough.
 func (p *Prepared) Classify(m Mem, out []State) ([]State, error) {
+	if p.keep {
+		if p.classifies++; p.classifies > 1 {
+			if st, ok, err := p.classifyMemo(m, out); ok || err != nil {
+				return st, err
+			}
+		}
+	}
 	return p.classify(m, out, nil)
 }
 
@@ -216,22 +253,25 @@ func (p *Prepared) classify(m Mem, out []State, skip []bool) ([]State, error) {
 				out[w.pos] = stateOf(w.on)
 				continue
 			}
-			off := w.addr - start
-			if w.mask != 0 && off+8 <= uint64(len(buf)) {
-				switch v := binary.LittleEndian.Uint64(buf[off:]) & w.mask; v {
-				case w.active:
-					out[w.pos] = StateActive
-					continue
-				case w.inert:
-					out[w.pos] = StateInert
-					continue
-				}
-			}
-			out[w.pos] = classify(p.cs[k].Site, buf[off:off+uint64(w.len)])
+			out[w.pos] = p.classifyAt(k, buf, w.addr-start)
 		}
 		i = j
 	}
 	return out, nil
+}
+
+// classifyAt is the state of site k, which buf holds at off.
+func (p *Prepared) classifyAt(k int, buf []byte, off uint64) State {
+	w := &p.word[k]
+	if w.mask != 0 && off+8 <= uint64(len(buf)) {
+		switch v := binary.LittleEndian.Uint64(buf[off:]) & w.mask; v {
+		case w.active:
+			return StateActive
+		case w.inert:
+			return StateInert
+		}
+	}
+	return classify(p.cs[k].Site, buf[off:off+uint64(w.len)])
 }
 
 func stateOf(on bool) State {
@@ -239,6 +279,18 @@ func stateOf(on bool) State {
 		return StateActive
 	}
 	return StateInert
+}
+
+// every reports whether every state (caller's order) is the one its
+// change leaves: one pass over a byte per site.
+func (p *Prepared) every(states []State) bool {
+	leave := p.leave[:len(states)]
+	for i, st := range states {
+		if st != leave[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // ErrNotClassified means Prepared.Flip was given a state other than active
@@ -297,27 +349,26 @@ func (p *Prepared) flip(ctx context.Context, m Mem, states []State, opts FlipOpt
 		clear(p.confirmed)
 	}
 	p.nconfirmed = 0
-	defer func() {
-		p.confirmedOK = err == nil
-		if p.confirmedOK {
-			for _, c := range p.confirmed {
-				if c {
-					p.nconfirmed++
-				}
+	defer func() { p.confirmedOK = err == nil }()
+	var todo []int
+	if p.every(states) {
+		// Every site leaves its state: all of them, in order (the usual
+		// batch of a session toggling a selection back and forth). p.all
+		// is only read.
+		todo = p.all
+	} else {
+		todo = p.todo[:0]
+		for k := range p.word {
+			if w := &p.word[k]; (states[w.pos] == StateActive) == w.on {
+				res.Unchanged++
+				continue
 			}
+			todo = append(todo, k)
 		}
-	}()
-	todo := p.todo[:0]
-	defer func() { p.todo = todo[:0] }()
-	for k := range p.word {
-		if w := &p.word[k]; (states[w.pos] == StateActive) == w.on {
-			res.Unchanged++
-			continue
-		}
-		todo = append(todo, k)
+		p.todo = todo[:0]
 	}
 	if opts.Pristine != nil {
-		return writeSpans(ctx, m, p.cs, p.at, p.word, todo, opts, res, nil, p.confirmed, &p.ours)
+		return writeSpans(ctx, m, p.cs, p.at, todo, opts, res, p)
 	}
 	for _, k := range todo {
 		if err := ctx.Err(); err != nil {

@@ -19,6 +19,14 @@ func (p *overlayPristine) Extent(addr uint64) (uint64, bool) {
 	return p.base + uint64(len(p.file)), true
 }
 
+// File and Identity: as hotpatch's (PristineFile, PristineIdentity).
+func (p *overlayPristine) File(addr uint64, b []byte) error {
+	copy(b, p.file[addr-p.base:])
+	return nil
+}
+
+func (p *overlayPristine) Identity() string { return "one mapping" }
+
 func (p *overlayPristine) Check(addr uint64, cur []byte, ours []Extent) error {
 	f := append(p.scratch[:0], p.file[addr-p.base:addr-p.base+uint64(len(cur))]...)
 	p.scratch = f
@@ -36,7 +44,19 @@ func (p *overlayPristine) Check(addr uint64, cur []byte, ours []Extent) error {
 // (row 2b) without the kernel: memory is a byte slice. Each op is what
 // hotpatch.Session.Apply does to a flip-only selection: the grouped read,
 // the flip as checked spans, the read after. ns/site is per site per op.
+// first: each op a selection's first (its images dropped: one hotpatch
+// call); kept: toggled back and forth, the images kept (D61).
 func BenchmarkPreparedBatch(b *testing.B) {
+	for _, first := range []bool{true, false} {
+		name := "kept"
+		if first {
+			name = "first"
+		}
+		b.Run(name, func(b *testing.B) { benchPreparedBatch(b, first) })
+	}
+}
+
+func benchPreparedBatch(b *testing.B, first bool) {
 	const n, gap, base = 40_000, 27, 0x100000
 	mem := bytes.Repeat([]byte{0x90}, n*gap+64)
 	var sites []Site
@@ -55,6 +75,8 @@ func BenchmarkPreparedBatch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	on.KeepImages(true)
+	off.KeepImages(true)
 	scratch := make([]byte, 3*(DefaultMaxSpan+16))
 	var before, after []State
 	ctx := context.Background()
@@ -65,6 +87,9 @@ func BenchmarkPreparedBatch(b *testing.B) {
 		p := on
 		if i%2 == 1 {
 			p = off
+		}
+		if first {
+			p.DropImages()
 		}
 		if before, err = p.Classify(m, before); err != nil {
 			b.Fatal(err)

@@ -35,6 +35,17 @@ type Pristine interface {
 	Check(addr uint64, cur []byte, ours []Extent) error
 }
 
+// PristineFile is a Pristine that can read the file's bytes of a span: a
+// Prepared's span is then checked in one pass over its sites (buildFile),
+// and Check is asked only about a span that differs from the file outside
+// the batch's own sites.
+type PristineFile interface {
+	Pristine
+	// File reads into b the mapped file's bytes for [addr, addr+len(b)),
+	// or fails when that range does not lie in one mapping Extent allows.
+	File(addr uint64, b []byte) error
+}
+
 // Extent is a site's place: what Pristine.Check needs of the batch's own
 // sites (no pointers, so a 40,000-site batch copies no heap references).
 type Extent struct {
@@ -179,20 +190,21 @@ func flipSpans(ctx context.Context, m Mem, cs []Change, at []int, opts FlipOptio
 	if len(bad) > 0 {
 		return res, errors.Join(bad...)
 	}
-	return writeSpans(ctx, m, cs, at, nil, todo, opts, res, nil, nil, nil)
+	return writeSpans(ctx, m, cs, at, todo, opts, res, nil)
 }
 
 // writeSpans writes the sites todo (indices into cs, sorted; each known to
-// hold the form it is leaving) as flipSpans does, adding to res. buf, if
-// long enough, is the scratch for a span's three copies; confirmed, if not
-// nil, gets true for each site (index into cs) written by a span whose
-// read-back equalled what was written; ours, if not nil, keeps the scratch
-// of a span's sites from one call to the next.
-func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, word []siteWord, todo []int, opts FlipOptions, res Result, buf []byte, confirmed []bool, ours *[]Extent) (Result, error) {
-	w := &spanWriter{m: m, pr: opts.Pristine, st: opts.Stats, cs: cs, at: at, word: word, confirmed: confirmed}
-	if ours != nil {
-		w.ours = *ours
-		defer func() { *ours = w.ours }()
+// hold the form it is leaving) as flipSpans does, adding to res. p, if not
+// nil, is the Prepared whose batch this is: its words stand for the
+// changes, it gets which sites a clean read-back confirmed, and it keeps a
+// span's scratch of sites and (when kept) its images between calls.
+func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, todo []int, opts FlipOptions, res Result, p *Prepared) (Result, error) {
+	w := &spanWriter{m: m, pr: opts.Pristine, st: opts.Stats, cs: cs, at: at}
+	var word []siteWord
+	if p != nil {
+		word, w.word, w.confirmed, w.ours = p.word, p.word, p.confirmed, p.ours
+		w.img = p.spanImages(opts.Pristine)
+		defer func() { p.ours, p.nconfirmed = w.ours, p.nconfirmed+w.nconfirmed }()
 	}
 	if w.st == nil {
 		w.st = &SpanStats{}
@@ -201,9 +213,7 @@ func writeSpans(ctx context.Context, m Mem, cs []Change, at []int, word []siteWo
 	if maxSpan == 0 {
 		maxSpan = DefaultMaxSpan
 	}
-	if need := int(3 * (maxSpan + 16)); len(buf) >= need {
-		w.buf = buf[:need]
-	} else if len(opts.Scratch) >= need {
+	if need := int(3 * (maxSpan + 16)); len(opts.Scratch) >= need {
 		w.buf = opts.Scratch[:need]
 	} else {
 		w.buf = make([]byte, need)
@@ -266,9 +276,13 @@ type spanWriter struct {
 	ours []Extent   // scratch: a span's sites
 	// confirmed marks the sites a clean read-back showed in their new
 	// form (Prepared.ClassifyAfterFlip), or is nil.
-	confirmed []bool
-	buf       []byte // scratch: the span read, written and read back
-	changed   int
+	confirmed  []bool
+	nconfirmed int    // how many sites this batch marked in confirmed
+	buf        []byte // scratch: the span read, written and read back
+	changed    int
+	// img: the images of spans checked and written before, or nil
+	// (spanImages; only a Prepared keeps them).
+	img *spanImages
 }
 
 func (w *spanWriter) oneByte(i int) error {
@@ -292,9 +306,64 @@ func (w *spanWriter) span(run []int) error {
 	if err := w.m.ReadMem(start, cur); err != nil {
 		return err
 	}
-	// The sites must still hold the forms the plan saw (nothing else of
-	// ours writes them: the per-process lock), and the span must be the
-	// file's bytes but at probe sites.
+	// A span that reads back exactly as it was checked before its last
+	// write passes the same checks and is written as it was then
+	// (spanImages, D61).
+	keep := w.img != nil && contiguous(run)
+	var im *spanImage
+	if keep {
+		im = w.img.lookup(run[0], run[len(run)-1], start, n)
+	}
+	if im != nil && bytes.Equal(cur, im.old) {
+		want = im.new
+	} else {
+		im = nil
+		if done, err := w.build(run, start, cur, want, got); done || err != nil {
+			return err
+		}
+	}
+	if err := w.m.WriteMem(start, want); err != nil {
+		return err
+	}
+	if err := w.m.ReadMem(start, got); err != nil {
+		return err
+	}
+	w.st.Spans++
+	if bytes.Equal(got, want) {
+		w.st.SpanSites += len(run)
+		w.changed += len(run)
+		if w.confirmed != nil {
+			for _, i := range run {
+				w.confirmed[i] = true
+			}
+			w.nconfirmed += len(run)
+		}
+		if keep && im == nil {
+			w.img.keep(run[0], run[len(run)-1], start, cur, want)
+		}
+		return nil
+	}
+	if keep {
+		w.img.drop(run[0])
+	}
+	return w.raced(run, start, got, want)
+}
+
+// build checks a span just read (cur) and makes what to write (want): each
+// site must hold the form it is leaving (what the batch's read saw) and the
+// span must be the file's bytes but at probe sites (Pristine.Check). done
+// is true when the check failed and the run was written one byte per site
+// instead.
+func (w *spanWriter) build(run []int, start uint64, cur, want, scratch []byte) (done bool, err error) {
+	// Nothing else of ours writes the sites (the per-process lock).
+	if pf, ok := w.pr.(PristineFile); ok && w.word != nil {
+		return w.buildFile(pf, run, start, cur, want, scratch)
+	}
+	return w.buildCheck(run, start, cur, want)
+}
+
+// buildCheck is build through Pristine.Check, which is given the sites.
+func (w *spanWriter) buildCheck(run []int, start uint64, cur, want []byte) (done bool, err error) {
 	if cap(w.ours) < len(run) {
 		w.ours = make([]Extent, len(run))
 	}
@@ -325,36 +394,89 @@ func (w *spanWriter) span(run []int) error {
 		ours[k] = Extent{s.Addr, s.Len()}
 		off := s.Addr - start
 		if seen := cur[off : off+uint64(s.Len())]; !bytes.Equal(seen, s.form(!on)) {
-			return fmt.Errorf("%v changed under us (holds % x): %w", s, seen, ErrUnexpectedBytes)
+			return false, fmt.Errorf("%v changed under us (holds % x): %w", s, seen, ErrUnexpectedBytes)
 		}
 		want[off+uint64(d)] = s.form(on)[d]
 	}
 	if err := w.pr.Check(start, cur, ours); err != nil {
-		w.st.Fallbacks = append(w.st.Fallbacks, err.Error())
-		for _, i := range run {
-			if err := w.oneByte(i); err != nil {
-				return err
+		return w.fallback(run, err)
+	}
+	return false, nil
+}
+
+// buildFile is build for a Prepared's words and a PristineFile, in one pass
+// over the sites: each site's old form is checked, its new byte set in
+// want and its bytes laid over the file's (read into file), so that the
+// span passes when it then equals the file's bytes whole (one memequal);
+// only when it does not is Check asked, whether other probe sites explain
+// the difference. The same check as buildCheck's, without a second pass
+// over the sites.
+func (w *spanWriter) buildFile(pf PristineFile, run []int, start uint64, cur, want, file []byte) (done bool, err error) {
+	file = file[:len(cur)]
+	if err := pf.File(start, file); err != nil {
+		return w.fallback(run, err)
+	}
+	copy(want, cur)
+	n := uint64(len(cur))
+	for _, i := range run {
+		ww := &w.word[i]
+		d := uint64(w.at[i])
+		off := ww.addr - start
+		if ww.mask != 0 && off+8 <= n {
+			old, form := ww.inert, ww.active
+			if !ww.on {
+				old, form = ww.active, ww.inert
+			}
+			c := binary.LittleEndian.Uint64(cur[off:])
+			if c&ww.mask == old {
+				want[off+d] = byte(form >> (8 * d))
+				f := binary.LittleEndian.Uint64(file[off:])
+				binary.LittleEndian.PutUint64(file[off:], f&^ww.mask|c&ww.mask)
+				continue
 			}
 		}
-		return nil
-	}
-	if err := w.m.WriteMem(start, want); err != nil {
-		return err
-	}
-	if err := w.m.ReadMem(start, got); err != nil {
-		return err
-	}
-	w.st.Spans++
-	if bytes.Equal(got, want) {
-		w.st.SpanSites += len(run)
-		w.changed += len(run)
-		if w.confirmed != nil {
-			for _, i := range run {
-				w.confirmed[i] = true
-			}
+		s, on := &w.cs[i].Site, w.cs[i].On
+		seen := cur[off : off+uint64(s.Len())]
+		if !bytes.Equal(seen, s.form(!on)) {
+			return false, fmt.Errorf("%v changed under us (holds % x): %w", s, seen, ErrUnexpectedBytes)
 		}
-		return nil
+		want[off+d] = s.form(on)[d]
+		copy(file[off:off+uint64(s.Len())], seen)
 	}
+	if bytes.Equal(cur, file) {
+		return false, nil
+	}
+	// Something outside the batch's sites differs from the file: Check
+	// says whether other probe sites explain it.
+	if cap(w.ours) < len(run) {
+		w.ours = make([]Extent, len(run))
+	}
+	ours := w.ours[:len(run)]
+	for k, i := range run {
+		ours[k] = Extent{w.word[i].addr, int(w.word[i].len)}
+	}
+	if err := w.pr.Check(start, cur, ours); err != nil {
+		return w.fallback(run, err)
+	}
+	return false, nil
+}
+
+// fallback writes a run that failed its check one byte per site, noting
+// why.
+func (w *spanWriter) fallback(run []int, why error) (done bool, err error) {
+	w.st.Fallbacks = append(w.st.Fallbacks, why.Error())
+	for _, i := range run {
+		if err := w.oneByte(i); err != nil {
+			return true, err
+		}
+	}
+	return true, nil
+}
+
+// raced finishes a span whose read-back (got) differs from what was
+// written (want).
+func (w *spanWriter) raced(run []int, start uint64, got, want []byte) error {
+	n := len(want)
 	// Something wrote the span between our read and the read-back. Each of
 	// our sites now holds its new form (done), its old one (something undid
 	// our byte: write it alone) or neither (not ours to fix: report).
