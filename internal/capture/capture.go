@@ -69,13 +69,18 @@ type session struct {
 // execed reports whether the process ran exec since the capture began: its
 // old address space, which held the probes and the rings, is gone while
 // the process has one.
-func (s *session) execed() bool {
-	if s.maps == nil {
+func (s *session) execed() bool { return ranExec(s.maps, s.pid) }
+
+// ranExec reports whether pid ran exec since maps, its /proc/PID/maps, was
+// opened: that file stays bound to the address space of then and reads
+// nothing once the process has another (nil: not watched).
+func ranExec(maps *os.File, pid int) bool {
+	if maps == nil {
 		return false
 	}
 	var b [1]byte
-	n, _ := s.maps.ReadAt(b[:], 0)
-	return n == 0 && procfs.HasMemory(s.pid)
+	n, _ := maps.ReadAt(b[:], 0)
+	return n == 0 && procfs.HasMemory(pid)
 }
 
 // endedAs says how the process ended for the capture ("ended", "ran
