@@ -61,6 +61,38 @@ type session struct {
 	// when watchSeccomp last read the threads' seccomp state
 	seccompAt time.Time
 	start     uint64 // the process's start time (/proc/PID/stat): a reused pid is another process
+	// maps is /proc/PID/maps opened at the start: bound to the address
+	// space of that time, it reads nothing once the process ran exec.
+	maps *os.File
+}
+
+// execed reports whether the process ran exec since the capture began: its
+// old address space, which held the probes and the rings, is gone while
+// the process has one.
+func (s *session) execed() bool { return ranExec(s.maps, s.pid) }
+
+// ranExec reports whether pid ran exec since maps, its /proc/PID/maps, was
+// opened: that file stays bound to the address space of then and reads
+// nothing once the process has another (nil: not watched).
+func ranExec(maps *os.File, pid int) bool {
+	if maps == nil {
+		return false
+	}
+	var b [1]byte
+	n, _ := maps.ReadAt(b[:], 0)
+	return n == 0 && procfs.HasMemory(pid)
+}
+
+// endedAs says how the process ended for the capture ("ended", "ran
+// exec"), "" while it goes on.
+func (s *session) endedAs() string {
+	switch {
+	case s.region.Exited() || s.gone():
+		return "ended"
+	case s.execed():
+		return "ran exec"
+	}
+	return ""
 }
 
 // gone reports whether the captured process has ended (exiting, exited,
@@ -88,6 +120,7 @@ func open(ctx context.Context, o Options) (*session, error) {
 	if st, err := procfs.ReadStat(o.PID, 0); err == nil {
 		s.start = st.StartTime
 	}
+	s.maps, _ = os.Open(fmt.Sprintf("/proc/%d/maps", o.PID)) // nil: exec is not watched
 	if err := s.resetStale(); err != nil {
 		s.close(ctx)
 		return nil, err
@@ -205,6 +238,9 @@ func (s *session) close(context.Context) error {
 		err = cerr
 	}
 	s.region.Close()
+	if s.maps != nil {
+		s.maps.Close()
+	}
 	if err != nil && hotpatch.Gone(err) {
 		// The process ended during the capture, or ran exec (its memory
 		// is gone, not the process): its probes went with the image, and

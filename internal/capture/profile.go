@@ -126,7 +126,7 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 	// and failing on the next toggle.
 	limitCtx, stopEarly := context.WithCancel(ctx)
 	defer stopEarly()
-	ended := false
+	ended, endedHow := false, "ended"
 	lastLook := start
 	cpuLast := cpu0
 	toggle := func(q []*quota, on bool) {
@@ -145,9 +145,11 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 		if r != nil {
 			res.Toggles += uint64(r.Changed)
 		}
-		if err != nil && hotpatch.Gone(err) && s.gone() {
-			ended = true
-			return
+		if err != nil && hotpatch.Gone(err) {
+			if how := s.endedAs(); how != "" {
+				ended, endedHow = true, how
+				return
+			}
 		}
 		if err != nil && ctx.Err() == nil {
 			loopErr = err
@@ -156,14 +158,14 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 	ticker(limitCtx, o.Duration, poll, o.Progress, func(elapsed time.Duration) string {
 		if !ended && time.Since(lastLook) >= 50*time.Millisecond {
 			lastLook = time.Now()
-			if s.region.Exited() || s.gone() {
-				ended = true
+			if how := s.endedAs(); how != "" {
+				ended, endedHow = true, how
 			} else if c, err := cpuTime(o.PID); err == nil {
 				cpuLast = c
 			}
 		}
 		if ended {
-			res.Notes = append(res.Notes, fmt.Sprintf("the process ended %s into the profile; the profile ends there", elapsed.Round(time.Millisecond)))
+			res.Notes = append(res.Notes, fmt.Sprintf("the process %s %s into the profile; the profile ends there", endedHow, elapsed.Round(time.Millisecond)))
 			stopEarly()
 			return fmt.Sprintf("epoch %d, %d site toggles", res.Epochs, res.Toggles)
 		}

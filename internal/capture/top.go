@@ -57,16 +57,22 @@ func Top(ctx context.Context, o Options, interval time.Duration, count int, show
 			return err
 		}
 	}
-	// The process watched is this pid with this start time: a zombie (killed,
-	// not yet reaped by its parent) keeps its /proc entry, and a reused pid
-	// names another process.
+	// The process watched is this pid with this start time and this image:
+	// a zombie (killed, not yet reaped by its parent) keeps its /proc entry,
+	// a reused pid names another process.
 	st0, err := procfs.ReadStat(o.PID, 0)
 	if err != nil {
 		return err
 	}
+	// A process that ran exec is another program: the probes and counters
+	// watched went with its old image.
+	maps, _ := os.Open(fmt.Sprintf("/proc/%d/maps", o.PID))
+	if maps != nil {
+		defer maps.Close()
+	}
 	alive := func() bool {
 		st, err := procfs.ReadStat(o.PID, 0)
-		return err == nil && st.State != 'Z' && st.State != 'X' && st.StartTime == st0.StartTime
+		return err == nil && st.State != 'Z' && st.State != 'X' && st.StartTime == st0.StartTime && !ranExec(maps, o.PID)
 	}
 	sampler := report.NewTopSampler(o.PID, sym)
 	sampler.Sample(region.Functions(), time.Now())

@@ -89,3 +89,47 @@ func TestTopTargetDies(t *testing.T) {
 		})
 	}
 }
+
+// TestTopTargetExecs: `top` on a program that runs exec while it watches
+// ends with a last snapshot marked exited: the counters it watched went
+// with the old image (it used to print empty snapshots until --count, or
+// for ever without one).
+func TestTopTargetExecs(t *testing.T) {
+	p := startColdSpec(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", PIE: testutil.Bool(false), Sources: []string{"reexec.c"}}, nil)
+	top := exec.Command(testutil.Command(t, "hotpatch"), "top", "--pid", fmt.Sprint(p.Pid), "--interval", "50ms", "--count", "1000", "--json")
+	var stderr strings.Builder
+	top.Stderr = &stderr
+	tout, err := top.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := top.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { top.Process.Kill(); top.Wait() })
+	lines := bufio.NewScanner(tout)
+	lines.Buffer(nil, 1<<20)
+	if !lines.Scan() {
+		t.Fatalf("top printed nothing: %q", stderr.String())
+	}
+	if err := syscall.Kill(p.Pid, syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	var last struct {
+		Exited bool `json:"exited"`
+	}
+	n := 1
+	for lines.Scan() {
+		n++
+		if err := json.Unmarshal(lines.Bytes(), &last); err != nil {
+			t.Fatalf("snapshot %d: %v", n, err)
+		}
+	}
+	err = top.Wait()
+	if !last.Exited || n >= 1000 {
+		t.Fatalf("top printed %d of its 1000 snapshots, the last with exited=%v, after the program ran exec (top: %v, %q)", n, last.Exited, err, stderr.String())
+	}
+	if o, _ := p.Finish(); !strings.Contains(o, "done 1") {
+		t.Fatalf("program output %q, want done 1 (the new image ended)", o)
+	}
+}

@@ -318,9 +318,9 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		// mapping), instead of waiting out --duration.
 		if time.Since(lastLook) >= 50*time.Millisecond {
 			lastLook = time.Now()
-			if s.region.Exited() || s.gone() {
+			if how := s.endedAs(); how != "" {
 				drain(true)
-				res.Notes = append(res.Notes, fmt.Sprintf("the process ended %s into the trace; the trace ends there", elapsed.Round(time.Millisecond)))
+				res.Notes = append(res.Notes, fmt.Sprintf("the process %s %s into the trace; the trace ends there", how, elapsed.Round(time.Millisecond)))
 				stopEarly()
 				return fmt.Sprintf("%d calls", m.Calls)
 			}

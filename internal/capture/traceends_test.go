@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -114,5 +115,57 @@ func TestProfileUntilProcessEnds(t *testing.T) {
 	}
 	if st, err := os.Stat(out); err != nil || st.Size() == 0 {
 		t.Fatalf("profile file: %v", err)
+	}
+}
+
+// TestTraceUntilProcessExecs: a program that runs exec during a trace ends
+// the trace there too (its probes and rings went with the old image;
+// nothing more can be recorded): exit 0, one note that it ran exec, the
+// file with what it recorded. It used to run on for the whole --duration.
+func TestTraceUntilProcessExecs(t *testing.T) {
+	fx := testutil.Spec{Compiler: "gcc", Opt: "-O2", PIE: testutil.Bool(false), Sources: []string{"reexec.c"}}
+	p := startColdSpec(t, fx, nil)
+	region, err := shm.OpenPID(p.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer region.Close()
+	out := filepath.Join(t.TempDir(), "t.pftrace")
+	tr := exec.Command(testutil.Command(t, "hotpatch"), "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "work",
+		"--duration", "10m", "-o", out)
+	var stderr strings.Builder
+	tr.Stderr = &stderr
+	if err := tr.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- tr.Wait() }()
+	t.Cleanup(func() {
+		if tr.ProcessState == nil {
+			tr.Process.Kill()
+			<-done
+		}
+	})
+	waitFor(t, "the trace to start", func() bool { return region.Control()&shm.CtlTrace != 0 })
+	// work runs (traced) before the exec: sink is the sum of its arguments
+	p.AwaitProgress(p.Symbol(p.Cmd.Path, "sink"), 1<<30)
+	if err := syscall.Kill(p.Pid, syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err = <-done:
+	case <-time.After(2 * time.Minute):
+		// A watchdog, not a measure: the trace asked for 10 minutes.
+		t.Fatalf("the trace was still running 2 minutes after the program ran exec (stderr %q)", stderr.String())
+	}
+	if err != nil || !strings.Contains(stderr.String(), "ran exec") {
+		t.Fatalf("trace: %v, stderr %q; want exit 0 and a note that the process ran exec", err, stderr.String())
+	}
+	r := run(t, "replay", out)
+	if n := strings.Count(r.Stdout, "work("); n == 0 {
+		t.Fatalf("the trace holds no call of work (trace stderr %q):\n%.2000s", stderr.String(), r.Stdout)
+	}
+	if o, _ := p.Finish(); !strings.Contains(o, "done 1") {
+		t.Fatalf("program output %q, want done 1 (the new image ended)", o)
 	}
 }

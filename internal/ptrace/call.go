@@ -410,10 +410,12 @@ func (b *Borrowed) Park(ctx context.Context, syscallFn uint64) error {
 			_ = unix.PtraceInterrupt(tid)
 		default:
 			// A signal the mask lets through: kept for after the restore,
-			// as during a call.
+			// as during a call. Its stop may have cleared our interrupt
+			// (a trap clears a pending one): queued again.
 			if si, err := getSiginfo(tid); err == nil {
 				b.deferred = append(b.deferred, si)
 			}
+			_ = unix.PtraceInterrupt(tid)
 			_ = unix.PtraceCont(tid, 0)
 		}
 	}

@@ -284,11 +284,12 @@ func (b *Borrowed) parkAfterCall(fn uint64) error {
 			_ = unix.PtraceCont(tid, 0)
 		default:
 			// A signal the mask lets through, on the way out: kept for
-			// after the restore. (No user instruction ran: the interrupt
-			// traps first on this same way out or the next.)
+			// after the restore. Its stop cleared our pending interrupt
+			// (a trap does), which is queued again.
 			if si, err := getSiginfo(tid); err == nil {
 				b.deferred = append(b.deferred, si)
 			}
+			_ = unix.PtraceInterrupt(tid)
 			_ = unix.PtraceCont(tid, 0)
 		}
 	}
