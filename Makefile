@@ -75,6 +75,7 @@ fuzz:
 	$(FUZZ) '^FuzzParseObject$$' ./internal/inject
 	$(FUZZ) '^FuzzSessionLine$$' ./internal/cli
 	$(FUZZ) '^FuzzSessionResultJSON$$' ./internal/cli
+	$(FUZZ) '^FuzzReadLines$$' ./internal/cli
 	$(FUZZ) '^FuzzRecords$$' ./internal/capture
 	$(FUZZ) '^FuzzBuildID$$' ./internal/elfnote
 	$(FUZZ) '^FuzzParseExec$$' ./internal/procmaps

@@ -223,6 +223,7 @@ func readLines(in io.Reader, out chan<- []inputLine) error {
 	defer send()
 	tooLong := false
 	skipped := 0
+	var seen lineTexts
 	for {
 		// The lines read so far go before a read that may wait for more
 		// input: what is buffered holds no complete line.
@@ -253,16 +254,39 @@ func readLines(in io.Reader, out chan<- []inputLine) error {
 		default:
 			return err
 		}
-		l := strings.TrimSuffix(strings.TrimSuffix(string(buf), "\n"), "\r")
-		if len(l) > maxLine {
+		b := bytes.TrimSuffix(bytes.TrimSuffix(buf, []byte("\n")), []byte("\r"))
+		if len(b) > maxLine {
 			tooLong = true
 		}
-		if tooLong {
-			l = ""
+		l := ""
+		if !tooLong {
+			l = seen.text(b)
 		}
 		pending = append(pending, inputLine{text: l, tooLong: tooLong})
 		buf, tooLong, skipped = buf[:0], false, 0
 	}
+}
+
+// lineTexts hands out a line's text, the same string for a line seen
+// before (a script repeats the same few lines): no allocation per line.
+type lineTexts map[string]string
+
+// maxLineTexts bounds the lines remembered (a script of distinct lines
+// gets a new string each, as without it).
+const maxLineTexts = 256
+
+func (m *lineTexts) text(b []byte) string {
+	if s, ok := (*m)[string(b)]; ok { // a lookup with string(b) does not allocate
+		return s
+	}
+	s := string(b)
+	if *m == nil {
+		*m = lineTexts{}
+	}
+	if len(*m) < maxLineTexts && len(s) <= 256 {
+		(*m)[s] = s
+	}
+	return s
 }
 
 // hasNewline reports whether the n bytes r has buffered hold a newline.

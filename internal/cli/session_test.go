@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"testing/iotest"
 )
 
 // TestSessionUsage: a session that cannot start says why in one line, with
@@ -224,4 +225,53 @@ func TestReadLinesEndless(t *testing.T) {
 	if len(got) != 1 || got[0].text != "stats" {
 		t.Fatalf("got %+v, want stats alone", got)
 	}
+}
+
+// FuzzReadLines: readLines splits any input as a plain split on "\n" does
+// (one "\r" before it dropped; a last line without "\n" kept unless
+// empty), whatever the reads' sizes, and repeated lines keep their text.
+func FuzzReadLines(f *testing.F) {
+	f.Add("enable a\ndisable a\r\nenable a\n\nstats", uint8(3))
+	f.Add("\r\n\r\r\nx\r", uint8(1))
+	f.Add("", uint8(0))
+	f.Fuzz(func(t *testing.T, in string, chunk uint8) {
+		var want []string
+		parts := strings.Split(in, "\n")
+		for i, p := range parts {
+			if i == len(parts)-1 && p == "" {
+				break
+			}
+			want = append(want, strings.TrimSuffix(p, "\r"))
+		}
+		got, err := readAll(iotest.OneByteReader(strings.NewReader(in)))
+		if chunk > 0 {
+			got, err = readAll(&chunked{s: in, n: int(chunk)})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%d lines, want %d: %q", len(got), len(want), want)
+		}
+		for i := range want {
+			if got[i].tooLong || got[i].text != want[i] {
+				t.Fatalf("line %d: %+v, want %q", i+1, got[i], want[i])
+			}
+		}
+	})
+}
+
+// chunked reads s n bytes at a time.
+type chunked struct {
+	s string
+	n int
+}
+
+func (c *chunked) Read(b []byte) (int, error) {
+	if c.s == "" {
+		return 0, io.EOF
+	}
+	k := copy(b[:min(len(b), c.n)], c.s)
+	c.s = c.s[k:]
+	return k, nil
 }
