@@ -479,7 +479,7 @@ the call into the hook itself is not included), unless --hit-cost gives one.`,
 				fmt.Fprintf(stderr, "hotpatch: profile: %s\n", n)
 			}
 			var buf bytes.Buffer
-			if err := report.WriteProfile(&buf, res.Functions, start, res.Duration); err != nil {
+			if err := report.WriteProfile(&buf, report.Profile(res.Functions, start, res.Duration)); err != nil {
 				return err
 			}
 			if err := probelist.WriteFileAtomic(output, buf.Bytes(), 0o644); err != nil {
