@@ -10,6 +10,7 @@
 #define EPA_TLS_SLOT 0
 #define EPA_TLS_BUSY 8
 #define EPA_TLS_BUSY_RET 16
+#define EPA_TLS_FRAMES 24
 
 /* struct ep_proc (the process's copy of the region's geometry, "edgeprobe_proc") */
 #define EPA_PROC_HDR 0
@@ -41,6 +42,7 @@
 #define EPA_LOCAL_ENTRIES 16
 #define EPA_LOCAL_EXITS 24
 #define EPA_LOCAL_SUM_NS 32
+#define EPA_LOCAL_FRAME_IDS 40
 
 /* struct ep_frame */
 #define EPA_FR_SIZE 48

@@ -48,37 +48,33 @@
 	jae	.Lenter_decline				/* full stack, or no fast path at all */
 	cmpq	%rdi, EPA_LOCAL_ADDR(%rdx)
 	jne	.Lenter_decline				/* not cached at its home */
-	/* fr = th + stack_off + d * 48 */
+	/* fr = frames + d * 48 (ep_tls.frames: th + stack_off) */
 	leaq	(%rcx,%rcx,2), %rsi
 	shlq	$4, %rsi
-	addq	%r9, %rsi
-	movl	edgeprobe_proc+EPA_PROC_STACK_OFF(%rip), %r10d
-	addq	%r10, %rsi				/* fr */
-	leaq	-8(%rsp), %r10				/* here again */
-	testl	%ecx, %ecx
-	jz	1f
+	addq	%fs:EPA_TLS_FRAMES(%r8), %rsi		/* fr */
 	cmpq	%r10, EPA_FR_SP-EPA_FR_SIZE(%rsi)
-	jbe	.Lenter_decline				/* a frame to heal: at or below us */
-1:	addq	$1, EPA_LOCAL_ENTRIES(%rdx)		/* the owner's counter: no lock */
+	jbe	.Lenter_decline				/* a frame to heal: at or below us (below frame 0: a sentinel above every stack) */
+	addq	$1, EPA_LOCAL_ENTRIES(%rdx)		/* the owner's counter: no lock */
 	movq	%rdi, EPA_FR_FN(%rsi)
 	movq	%r10, EPA_FR_SP(%rsi)
 	movq	(%rsp), %rdi
 	movq	%rdi, EPA_FR_SITE(%rsi)
-	movl	EPA_LOCAL_GIDX(%rdx), %edi
-	addl	$1, %eax				/* lidx = i + 1 */
-	shlq	$32, %rax
-	orq	%rax, %rdi
-	movq	%rdi, EPA_FR_GIDX(%rsi)			/* gidx, lidx */
+	movq	EPA_LOCAL_FRAME_IDS(%rdx), %rdi
+	movq	%rdi, EPA_FR_GIDX(%rsi)			/* gidx, lidx = i + 1 */
 	movq	%r11, %rax
 	shrq	$32, %rax
 	movq	%rax, EPA_FR_GEN(%rsi)			/* gen, flags 0 */
-	xorl	%eax, %eax
 	testb	$EPA_CTL_NOTIME, %r11b
-	jnz	2f
-	rdtsc
+	jz	2f					/* timed: its clock read below */
+	movq	$0, EPA_FR_TS(%rsi)			/* counted only: untimed */
+	addl	$1, %ecx
+	movl	%ecx, EPA_TH_DEPTH(%r9)			/* publishes the frame */
+	movq	$0, %fs:EPA_TLS_BUSY(%r8)
+	ret
+2:	rdtsc
 	shlq	$32, %rdx
 	orq	%rdx, %rax
-2:	movq	%rax, EPA_FR_TS(%rsi)
+	movq	%rax, EPA_FR_TS(%rsi)
 	addl	$1, %ecx
 	movl	%ecx, EPA_TH_DEPTH(%r9)			/* publishes the frame */
 	movq	$0, %fs:EPA_TLS_BUSY(%r8)
@@ -90,16 +86,14 @@
 	movq	%rax, %fs:EPA_TLS_BUSY_RET(%r8)
 	leaq	-8(%rsp), %rax
 	movq	%rax, %fs:EPA_TLS_BUSY(%r8)
-	/* the top frame: fr = th + stack_off + (d - 1) * 48 */
+	/* the top frame: fr = frames + (d - 1) * 48 */
 	movl	EPA_TH_DEPTH(%r9), %ecx
 	subl	$1, %ecx				/* d - 1 */
 	cmpl	edgeprobe_proc+EPA_PROC_FAST_DEPTH(%rip), %ecx
 	jae	.Lexit_decline				/* empty, beyond the stack, or no fast path */
 	leaq	(%rcx,%rcx,2), %rsi
 	shlq	$4, %rsi
-	addq	%r9, %rsi
-	movl	edgeprobe_proc+EPA_PROC_STACK_OFF(%rip), %eax
-	addq	%rax, %rsi				/* fr */
+	addq	%fs:EPA_TLS_FRAMES(%r8), %rsi		/* fr */
 	cmpq	%rdi, EPA_FR_FN(%rsi)
 	jne	.Lexit_decline				/* not this function's frame */
 	movq	%r11, %rax
@@ -116,8 +110,10 @@
 	movl	%ecx, EPA_TH_DEPTH(%r9)			/* pop */
 	addq	$1, EPA_LOCAL_EXITS(%rdi)
 	testb	$EPA_CTL_NOTIME, %r11b
-	jnz	7f
-	movq	EPA_FR_TS(%rsi), %r9
+	jz	16f					/* timed: its latency below */
+	movq	$0, %fs:EPA_TLS_BUSY(%r8)		/* counted only */
+	ret
+16:	movq	EPA_FR_TS(%rsi), %r9
 	testq	%r9, %r9
 	jz	7f					/* entered untimed */
 	/* ns = (now - ts) * tsc_mult >> 32, 0 if the clock went back */

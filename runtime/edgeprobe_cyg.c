@@ -114,7 +114,7 @@ EP_SHARED void ep_cyg_minmax_tail(struct ep_func *f, uint64_t ns) {
 /* edgeprobe_asm.h's constants are the C layout's (edgeprobe_cyg.S uses them). */
 #define EPA_CHECK(c, what) _Static_assert(c, "edgeprobe_asm.h: " what)
 EPA_CHECK(offsetof(struct ep_tls, slot) == EPA_TLS_SLOT && offsetof(struct ep_tls, busy) == EPA_TLS_BUSY &&
-              offsetof(struct ep_tls, busy_ret) == EPA_TLS_BUSY_RET,
+              offsetof(struct ep_tls, busy_ret) == EPA_TLS_BUSY_RET && offsetof(struct ep_tls, frames) == EPA_TLS_FRAMES,
           "ep_tls");
 EPA_CHECK(offsetof(struct ep_proc, hdr) == EPA_PROC_HDR && offsetof(struct ep_proc, funcs) == EPA_PROC_FUNCS &&
               offsetof(struct ep_proc, tsc_mult) == EPA_PROC_TSC_MULT &&
@@ -136,7 +136,9 @@ EPA_CHECK(sizeof(struct ep_local) == EPA_LOCAL_SIZE && offsetof(struct ep_local,
               offsetof(struct ep_local, gidx) == EPA_LOCAL_GIDX && offsetof(struct ep_local, hint) == EPA_LOCAL_HINT &&
               offsetof(struct ep_local, entries) == EPA_LOCAL_ENTRIES &&
               offsetof(struct ep_local, exits) == EPA_LOCAL_EXITS &&
-              offsetof(struct ep_local, sum_ns) == EPA_LOCAL_SUM_NS,
+              offsetof(struct ep_local, sum_ns) == EPA_LOCAL_SUM_NS &&
+              offsetof(struct ep_local, frame_ids) == EPA_LOCAL_FRAME_IDS &&
+              offsetof(struct ep_frame, lidx) == offsetof(struct ep_frame, gidx) + 4,
           "ep_local");
 EPA_CHECK(sizeof(struct ep_frame) == EPA_FR_SIZE && offsetof(struct ep_frame, fn) == EPA_FR_FN &&
               offsetof(struct ep_frame, ts) == EPA_FR_TS && offsetof(struct ep_frame, sp) == EPA_FR_SP &&

@@ -204,6 +204,9 @@ struct ep_tls {
 	 * found at busy + 8 as long as that hook runs (ep_busy_live). */
 	uint64_t busy;
 	uint64_t busy_ret;
+	/* ep_frames(slot) while slot is a claimed slot (set before it): the
+	 * cyg hooks' assembly finds a frame from it in one add */
+	uint64_t frames;
 	uint64_t saved_busy, saved_ret; /* across fork */
 	/* fentry return-address stack (edgeprobe_fentry.c) */
 	struct ep_rframe *rs;
@@ -379,7 +382,8 @@ EP_INLINE struct ep_local *ep_lookup(struct ep_thread *th, uint64_t key, uint32_
 		struct ep_local *loc = ep_locals(th);
 		uint32_t i = (uint32_t)(h >> 40);
 		for (uint32_t p = 0; p < EP_LOCAL_PROBES; p++) {
-			struct ep_local *l = &loc[(i + p) & ep.lmask];
+			uint32_t li = (i + p) & ep.lmask;
+			struct ep_local *l = &loc[li];
 			uint64_t a = l->addr;
 			if (likely(a == key)) {
 				*gidx = l->gidx;
@@ -391,6 +395,7 @@ EP_INLINE struct ep_local *ep_lookup(struct ep_thread *th, uint64_t key, uint32_
 				if (g == EP_NONE)
 					return NULL;
 				STORE(&l->gidx, g);
+				STORE(&l->frame_ids, (uint64_t)g | (uint64_t)(li + 1) << 32);
 				__atomic_store_n(&l->addr, key, __ATOMIC_RELEASE);
 				return l;
 			}

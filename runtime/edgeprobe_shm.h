@@ -63,7 +63,8 @@
                         *    ep_func.quota in place of histogram bucket 60,
                         *    ep_thread.quota_skips, hook_ticks, hook_samples; trace filters:
                         *    header.filter_depth, filter_tid, filter_min_ns, ep_frame.flags;
-                        * 6: ep_thread.filter_out_cg, filter_lim_cg, filter_lim (D58): a thread's
+                        * 6: ep_local.frame_ids (padding before); ep_thread.filter_out_cg,
+                        *    filter_lim_cg, filter_lim (D58): a thread's
                         *    verdict on the trace filters, valid only because every reader that
                         *    sets filters starts a new generation (a version-5 reader does not,
                         *    so it must not drive this runtime) */
@@ -351,7 +352,8 @@ struct ep_local {
 	uint64_t entries; /* 16 */
 	uint64_t exits;   /* 24 */
 	uint64_t sum_ns;  /* 32 */
-	uint64_t _pad1;   /* 40 */
+	uint64_t frame_ids; /* 40: gidx | (this entry's index + 1) << 32: a frame's gidx and lidx, one word
+	                     * (set with gidx, before addr; the cyg hooks' assembly copies it) */
 };
 
 /* Shadow-stack frame: 48 bytes. */

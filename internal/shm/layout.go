@@ -277,13 +277,13 @@ type threadSlot struct {
 
 // localEntry is struct ep_local.
 type localEntry struct {
-	Addr    uint64
-	Gidx    uint32
-	Hint    uint32 // the owner's own (histogram bucket of its last latency)
-	Entries uint64
-	Exits   uint64
-	SumNs   uint64
-	_       uint64
+	Addr     uint64
+	Gidx     uint32
+	Hint     uint32 // the owner's own (histogram bucket of its last latency)
+	Entries  uint64
+	Exits    uint64
+	SumNs    uint64
+	FrameIds uint64 // version 6: Gidx | (the entry's index + 1) << 32, what a frame stores (the owner's)
 }
 
 // frame is struct ep_frame.
