@@ -146,10 +146,13 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 			res.Toggles += uint64(r.Changed)
 		}
 		if err != nil && hotpatch.Gone(err) {
+			// The write found the process's memory gone: it is ending,
+			// whether or not /proc shows it yet.
 			if how := s.endedAs(); how != "" {
-				ended, endedHow = true, how
-				return
+				endedHow = how
 			}
+			ended = true
+			return
 		}
 		if err != nil && ctx.Err() == nil {
 			loopErr = err
