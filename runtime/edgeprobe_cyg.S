@@ -52,9 +52,11 @@
 	leaq	(%rcx,%rcx,2), %rsi
 	shlq	$4, %rsi
 	addq	%fs:EPA_TLS_FRAMES(%r8), %rsi		/* fr */
+	testl	%ecx, %ecx
+	jz	1f
 	cmpq	%r10, EPA_FR_SP-EPA_FR_SIZE(%rsi)
-	jbe	.Lenter_decline				/* a frame to heal: at or below us (below frame 0: a sentinel above every stack) */
-	addq	$1, EPA_LOCAL_ENTRIES(%rdx)		/* the owner's counter: no lock */
+	jbe	.Lenter_decline
+1:	addq	$1, EPA_LOCAL_ENTRIES(%rdx)		/* the owner's counter: no lock */
 	movq	%rdi, EPA_FR_FN(%rsi)
 	movq	%r10, EPA_FR_SP(%rsi)
 	movq	(%rsp), %rdi

@@ -260,10 +260,7 @@ EP_STATIC int ep_make_region(void) {
 		nf0 = nf;
 
 	uint64_t local_bytes = (uint64_t)nl * sizeof(struct ep_local);
-	/* room for one frame below frame 0: its stack position is the highest
-	 * (set at each claim), so the hooks' check of the frame below a new one
-	 * needs no test of depth 0 (edgeprobe_cyg.S) */
-	uint64_t stack_off = (sizeof(struct ep_thread) + local_bytes + sizeof(struct ep_frame) + 63) & ~63ull;
+	uint64_t stack_off = (sizeof(struct ep_thread) + local_bytes + 63) & ~63ull;
 	uint64_t tsize = (stack_off + (uint64_t)sd * sizeof(struct ep_frame) + 63) & ~63ull;
 	uint64_t rstride = ((uint64_t)nr * sizeof(struct ep_event) + 63) & ~63ull;
 	struct ep_geom g = ep_geometry(nf, nt, tsize, rstride);

@@ -135,7 +135,6 @@ EP_SHARED_COLD struct ep_thread *ep_claim(void) {
 	ADD(&ep.hdr->threads_active, 1);
 	if (ep_key_ok)
 		pthread_setspecific(ep_key, got);
-	STORE(&ep_frames(got)[-1].sp, ~0ull); /* the sentinel below frame 0 (edgeprobe_region.c) */
 	ep_tls.frames = (uint64_t)(uintptr_t)ep_frames(got);
 	SIGFENCE();
 	ep_tls.slot = got;
