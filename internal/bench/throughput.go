@@ -202,14 +202,19 @@ func (r *throughputRun) toggled(ctx context.Context, rate int) (w win, achieved 
 // burstTick is how often the session's toggler sends its lines.
 const burstTick = time.Millisecond
 
+// maxCatchUp is how many ticks' worth of lines one write may carry when
+// the toggler woke late (the session shares its CPU, so a wake-up can wait
+// for the session's batch); beyond it the backlog is dropped.
+const maxCatchUp = 10
+
 // burst is the paced toggler for a session (async): each burstTick it sends
 // in one write the lines the rate asks for by then (rate x time since it
 // started, less what it sent) and sleeps, instead of spinning until each
 // toggle is due as the synchronous toggler does: a spinning harness would
 // take the very core the session runs on (the harness's), and what is
 // measured is the target's slowdown, not the harness's. A late wake-up is
-// made up in the next write, two ticks' worth at most (a longer stall is
-// not caught up in one burst). The session reads whatever is waiting as
+// made up in the next write, maxCatchUp ticks' worth at most (a longer
+// stall is not caught up in one burst). The session reads whatever is waiting as
 // one batch either way. Rate 0: as fast as the pipe takes them.
 func (r *throughputRun) burst(rate int, stop *atomic.Bool, n *int64) error {
 	start := time.Now()
@@ -219,7 +224,7 @@ func (r *throughputRun) burst(rate int, stop *atomic.Bool, n *int64) error {
 		per := int64(1000)
 		if rate > 0 {
 			due := int64(rate) * int64(time.Since(start)) / int64(time.Second)
-			per = min(due-sent, 2*int64(rate)*int64(burstTick)/int64(time.Second))
+			per = min(due-sent, maxCatchUp*int64(rate)*int64(burstTick)/int64(time.Second))
 			if due-sent > per {
 				sent = due - per // the rest is dropped, not caught up
 			}
