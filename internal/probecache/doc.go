@@ -19,8 +19,9 @@
 //
 // Safety. The directory (DefaultDir) is created 0700 and used only if it
 // is a real directory (opened O_NOFOLLOW) owned by the effective user with
-// no group or other access; otherwise nothing is cached and the caller is
-// told why. Entries are opened O_NOFOLLOW relative to that directory and
+// no group or other access, reached through directories and symlinks no
+// other user can change (openPrivatePath walks the path one component at
+// a time); otherwise nothing is cached and the caller is told why. Entries are opened O_NOFOLLOW relative to that directory and
 // used only if they are regular files owned by the user, not writable by
 // others; they are written to a temporary file (O_EXCL) and renamed into
 // place. An entry that is not all of this, or that does not decode, is

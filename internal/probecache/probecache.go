@@ -118,27 +118,112 @@ func Open(path string) (*Cache, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrDisabled, err)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrDisabled, err)
-	}
-	if err := unix.Mkdir(path, 0o700); err != nil && err != unix.EEXIST {
-		return nil, fmt.Errorf("%w: mkdir %s: %v", ErrDisabled, path, err)
-	}
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	uid := os.Geteuid()
+	fd, err := openPrivatePath(path, uid)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %v (a symlink is refused)", ErrUnsafe, path, err)
+		return nil, err
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("%w: %s: %v", ErrDisabled, path, err)
 	}
-	uid := os.Geteuid()
 	if int(st.Uid) != uid || st.Mode&0o077 != 0 {
 		unix.Close(fd)
 		return nil, fmt.Errorf("%w: %s is owned by uid %d with mode %#o; want uid %d and mode 0700", ErrUnsafe, path, st.Uid, st.Mode&0o7777, uid)
 	}
 	return &Cache{dir: fd, path: path, tool: tool, now: time.Now, uid: uid}, nil
+}
+
+// maxLinks bounds the symlinks openPrivatePath follows (the kernel's own limit).
+const maxLinks = 40
+
+// openPrivatePath opens the directory at path, creating missing components
+// 0700, one component at a time relative to the last (O_NOFOLLOW), and
+// refuses it (ErrUnsafe) when another user could change where it leads: every
+// directory on the way must be owned by root or uid and writable by no one
+// else unless it is sticky (like /tmp: there only a name's owner can replace
+// it, and the next component's owner is checked in turn); a symlink on the
+// way must be owned by root or uid, and the last component must not be one.
+// Nothing is created beyond a component that fails: a symlink another user
+// planted where the path passes never gets a directory made through it.
+func openPrivatePath(path string, uid int) (int, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return -1, fmt.Errorf("%w: %s: %v", ErrDisabled, path, err)
+	}
+	fd, err := unix.Open("/", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("%w: /: %v", ErrDisabled, err)
+	}
+	unsafe := func(format string, args ...any) (int, error) {
+		unix.Close(fd)
+		return -1, fmt.Errorf("%w: %s: %s", ErrUnsafe, path, fmt.Sprintf(format, args...))
+	}
+	owned := func(st *unix.Stat_t) bool { return st.Uid == 0 || int(st.Uid) == uid }
+	comps := strings.Split(abs, "/")
+	where := ""
+	for links := 0; len(comps) > 0; {
+		c := comps[0]
+		comps = comps[1:]
+		if c == "" || c == "." {
+			continue
+		}
+		last := len(comps) == 0
+		where += "/" + c
+		if err := unix.Mkdirat(fd, c, 0o700); err != nil && err != unix.EEXIST {
+			unix.Close(fd)
+			return -1, fmt.Errorf("%w: mkdir %s: %v", ErrDisabled, where, err)
+		}
+		next, err := unix.Openat(fd, c, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err == unix.ELOOP || err == unix.ENOTDIR {
+			var st unix.Stat_t
+			if serr := unix.Fstatat(fd, c, &st, unix.AT_SYMLINK_NOFOLLOW); serr != nil || st.Mode&unix.S_IFMT != unix.S_IFLNK {
+				return unsafe("%s is not a directory", where)
+			}
+			if last {
+				return unsafe("%s is a symlink (refused)", where)
+			}
+			if !owned(&st) {
+				return unsafe("%s is a symlink of uid %d", where, st.Uid)
+			}
+			if links++; links > maxLinks {
+				return unsafe("too many symlinks")
+			}
+			buf := make([]byte, unix.PathMax)
+			n, rerr := unix.Readlinkat(fd, c, buf)
+			if rerr != nil {
+				return unsafe("%s: %v", where, rerr)
+			}
+			target := string(buf[:n])
+			if strings.HasPrefix(target, "/") {
+				root, oerr := unix.Open("/", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+				if oerr != nil {
+					return unsafe("/: %v", oerr)
+				}
+				unix.Close(fd)
+				fd, where = root, ""
+			} else {
+				where = filepath.Dir(where)
+			}
+			comps = append(strings.Split(target, "/"), comps...)
+			continue
+		}
+		if err != nil {
+			return unsafe("%v", err)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(next, &st); err != nil {
+			unix.Close(next)
+			return unsafe("%v", err)
+		}
+		unix.Close(fd)
+		fd = next
+		if !last && (!owned(&st) || st.Mode&0o022 != 0 && st.Mode&unix.S_ISVTX == 0) {
+			return unsafe("the directory %s (uid %d, mode %#o) lets another user replace what is in it", where, st.Uid, st.Mode&0o7777)
+		}
+	}
+	return fd, nil
 }
 
 // Path is the directory.

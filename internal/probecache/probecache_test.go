@@ -468,3 +468,67 @@ func TestToolID(t *testing.T) {
 		t.Fatalf("tool id %x, want the SHA-256 of the build ID %q", id, bytes.TrimSpace(out))
 	}
 }
+
+// TestOpenRefusesForeignAncestors: a cache path that passes through a
+// directory another user owns or may write, or through a symlink another
+// user planted (in a sticky directory, as in /tmp), is refused, and nothing
+// is created where such a directory or symlink leads; a path through our own
+// symlink is followed.
+func TestOpenRefusesForeignAncestors(t *testing.T) {
+	other := testutil.OtherUser(t)
+	base := t.TempDir()
+	mk := func(name string, mode os.FileMode) string {
+		p := filepath.Join(base, name)
+		if err := os.Mkdir(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	foreign := mk("foreign", 0o755)
+	if err := os.Chown(foreign, int(other.UID), int(other.GID)); err != nil {
+		t.Fatal(err)
+	}
+	open := mk("open", 0o777)
+	sticky := mk("sticky", 0o777|os.ModeSticky)
+	victim := mk("victim", 0o755)
+	planted := filepath.Join(sticky, "planted")
+	if err := os.Symlink(victim, planted); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(planted, int(other.UID), int(other.GID)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ path, notMade string }{
+		{filepath.Join(foreign, "cache"), filepath.Join(foreign, "cache")},
+		{filepath.Join(open, "cache"), filepath.Join(open, "cache")},
+		{filepath.Join(planted, "cache"), filepath.Join(victim, "cache")},
+		{filepath.Join(planted, "deeper", "cache"), filepath.Join(victim, "deeper")},
+	} {
+		if opened, err := Open(c.path); !errors.Is(err, ErrUnsafe) {
+			if opened != nil {
+				opened.Close()
+			}
+			t.Errorf("%s: %v, want ErrUnsafe", c.path, err)
+		}
+		if _, err := os.Lstat(c.notMade); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s: opening it made %s (%v)", c.path, c.notMade, err)
+		}
+	}
+	// Our own symlink (and a sticky directory's name of ours) is followed.
+	real := mk("real", 0o755)
+	mine := filepath.Join(sticky, "mine")
+	if err := os.Symlink(real, mine); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Open(filepath.Join(mine, "cache"))
+	if err != nil {
+		t.Fatalf("through our own symlink: %v", err)
+	}
+	c.Close()
+	if st, err := os.Stat(filepath.Join(real, "cache")); err != nil || st.Mode().Perm() != 0o700 {
+		t.Errorf("the cache through our symlink: %v %v, want a 0700 directory", st, err)
+	}
+}
