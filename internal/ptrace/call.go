@@ -203,15 +203,8 @@ func (b *Borrowed) Call(ctx context.Context, fn uint64, args ...uint64) (uint64,
 	if err := memWrite(t.mem, sp, make([]byte, 8)); err != nil {
 		return 0, fmt.Errorf("call %#x: return address: %w", fn, err)
 	}
-	r.Rsp, r.Rip, r.Rax = sp, fn, 0
-	r.Orig_rax = ^uint64(0)
-	r.Eflags &^= eflagsDirection
-	regs := []*uint64{&r.Rdi, &r.Rsi, &r.Rdx, &r.Rcx, &r.R8, &r.R9}
-	for i, a := range args {
-		*regs[i] = a
-	}
-	if err := unix.PtraceSetRegs(tid, &r); err != nil {
-		return 0, fmt.Errorf("call %#x: set registers: %w", fn, mapErrno(err))
+	if err := b.setCallRegs(fn, sp, args); err != nil {
+		return 0, err
 	}
 	if err := unix.PtraceCont(tid, 0); err != nil {
 		return 0, fmt.Errorf("call %#x: resume: %w", fn, mapErrno(err))
@@ -220,18 +213,9 @@ func (b *Borrowed) Call(ctx context.Context, fn uint64, args ...uint64) (uint64,
 	if b.OnResume != nil {
 		b.OnResume()
 	}
-	limit := b.Limit
-	if limit == 0 {
-		limit = defaultCallLimit
-	}
-	deadline := time.Now().Add(limit)
+	expired := b.callExpiry(ctx, fn)
 	for {
-		ws, err := t.awaitStop(tid, "during a call", func() error {
-			if time.Now().After(deadline) || ctx.Err() != nil {
-				return b.abandon(fn, limit, ctx.Err())
-			}
-			return nil
-		})
+		ws, err := t.awaitStop(tid, "during a call", expired)
 		if err != nil {
 			return 0, err
 		}
@@ -379,19 +363,7 @@ func (b *Borrowed) Park(ctx context.Context, syscallFn uint64) error {
 		switch event := int(ws) >> 16; {
 		case event == unix.PTRACE_EVENT_STOP && sig == unix.SIGTRAP:
 			// The interrupt stop: put the thread's own state back.
-			b.th.kind = stopPlain
-			b.sigStop = false
-			if err := unix.PtraceSetRegs(tid, &b.regs); err != nil {
-				return fmt.Errorf("park thread %d: registers: %w", tid, mapErrno(err))
-			}
-			if err := setXstate(tid, b.xstate); err != nil {
-				return fmt.Errorf("park thread %d: xstate: %w", tid, mapErrno(err))
-			}
-			if err := setSigmask(tid, b.sigmask); err != nil {
-				return fmt.Errorf("park thread %d: signal mask: %w", tid, mapErrno(err))
-			}
-			b.parked = true
-			return nil
+			return b.restoreOwn()
 		case event == unix.PTRACE_EVENT_EXEC:
 			t.handle(wpid, ws)
 			return fmt.Errorf("pid %d: %w", t.pid, ErrExec)
@@ -522,5 +494,59 @@ func (b *Borrowed) restore() error {
 		return fmt.Errorf("resume thread %d: %w", tid, mapErrno(err))
 	}
 	t.pump()
+	return nil
+}
+
+// setCallRegs gives the borrowed thread its own registers but for a call
+// of fn with args (at most six, in registers) and the stack pointer at sp:
+// no system call to restart, the direction flag clear (the ABI's entry state).
+func (b *Borrowed) setCallRegs(fn, sp uint64, args []uint64) error {
+	r := b.regs
+	r.Rsp, r.Rip, r.Rax = sp, fn, 0
+	r.Orig_rax = ^uint64(0)
+	r.Eflags &^= eflagsDirection
+	regs := []*uint64{&r.Rdi, &r.Rsi, &r.Rdx, &r.Rcx, &r.R8, &r.R9}
+	for i, a := range args {
+		*regs[i] = a
+	}
+	if err := unix.PtraceSetRegs(b.th.tid, &r); err != nil {
+		return fmt.Errorf("call %#x: set registers: %w", fn, mapErrno(err))
+	}
+	return nil
+}
+
+// callExpiry is the check a call's wait makes at each look: past b.Limit
+// (defaultCallLimit when 0) from now, or once ctx ends, the call is
+// abandoned (abandon's error).
+func (b *Borrowed) callExpiry(ctx context.Context, fn uint64) func() error {
+	limit := b.Limit
+	if limit == 0 {
+		limit = defaultCallLimit
+	}
+	deadline := time.Now().Add(limit)
+	return func() error {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return b.abandon(fn, limit, ctx.Err())
+		}
+		return nil
+	}
+}
+
+// restoreOwn puts the thread's own state back at its interrupt stop
+// (registers, XSAVE area, signal mask): it is parked as it was borrowed.
+func (b *Borrowed) restoreOwn() error {
+	tid := b.th.tid
+	b.th.kind = stopPlain
+	b.sigStop = false
+	if err := unix.PtraceSetRegs(tid, &b.regs); err != nil {
+		return fmt.Errorf("park thread %d: registers: %w", tid, mapErrno(err))
+	}
+	if err := setXstate(tid, b.xstate); err != nil {
+		return fmt.Errorf("park thread %d: xstate: %w", tid, mapErrno(err))
+	}
+	if err := setSigmask(tid, b.sigmask); err != nil {
+		return fmt.Errorf("park thread %d: signal mask: %w", tid, mapErrno(err))
+	}
+	b.parked = true
 	return nil
 }

@@ -131,16 +131,8 @@ func (b *Borrowed) safeFrameBelow(top uint64) (sp uint64, ok bool, err error) {
 // trampoline loads the rt_sigreturn number into it).
 func (b *Borrowed) safeCall(ctx context.Context, fn uint64, sp uint64, args []uint64) (uint64, error) {
 	t, tid := b.t, b.th.tid
-	r := b.regs
-	r.Rsp, r.Rip, r.Rax = sp, fn, 0
-	r.Orig_rax = ^uint64(0)
-	r.Eflags &^= eflagsDirection
-	regs := []*uint64{&r.Rdi, &r.Rsi, &r.Rdx, &r.Rcx, &r.R8, &r.R9}
-	for i, a := range args {
-		*regs[i] = a
-	}
-	if err := unix.PtraceSetRegs(tid, &r); err != nil {
-		return 0, fmt.Errorf("call %#x: set registers: %w", fn, mapErrno(err))
+	if err := b.setCallRegs(fn, sp, args); err != nil {
+		return 0, err
 	}
 	if err := unix.PtraceSyscall(tid, 0); err != nil {
 		return 0, fmt.Errorf("call %#x: resume: %w", fn, mapErrno(err))
@@ -150,20 +142,11 @@ func (b *Borrowed) safeCall(ctx context.Context, fn uint64, sp uint64, args []ui
 	if b.OnResume != nil {
 		b.OnResume()
 	}
-	limit := b.Limit
-	if limit == 0 {
-		limit = defaultCallLimit
-	}
-	deadline := time.Now().Add(limit)
+	expired := b.callExpiry(ctx, fn)
 	var last uint64
 	cont := func() { _ = unix.PtraceSyscall(tid, 0) }
 	for {
-		ws, err := t.awaitStop(tid, "during a call", func() error {
-			if time.Now().After(deadline) || ctx.Err() != nil {
-				return b.abandon(fn, limit, ctx.Err())
-			}
-			return nil
-		})
+		ws, err := t.awaitStop(tid, "during a call", expired)
 		if err != nil {
 			return 0, err
 		}
@@ -262,19 +245,7 @@ func (b *Borrowed) parkAfterCall(fn uint64) error {
 		sig := ws.StopSignal()
 		switch event := int(ws) >> 16; {
 		case event == unix.PTRACE_EVENT_STOP && sig == unix.SIGTRAP:
-			b.th.kind = stopPlain
-			b.sigStop = false
-			if err := unix.PtraceSetRegs(tid, &b.regs); err != nil {
-				return fmt.Errorf("park thread %d: registers: %w", tid, mapErrno(err))
-			}
-			if err := setXstate(tid, b.xstate); err != nil {
-				return fmt.Errorf("park thread %d: xstate: %w", tid, mapErrno(err))
-			}
-			if err := setSigmask(tid, b.sigmask); err != nil {
-				return fmt.Errorf("park thread %d: signal mask: %w", tid, mapErrno(err))
-			}
-			b.parked = true
-			return nil
+			return b.restoreOwn()
 		case event == unix.PTRACE_EVENT_EXEC:
 			t.handle(tid, ws)
 			return fmt.Errorf("pid %d: %w", t.pid, ErrExec)
