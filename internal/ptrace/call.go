@@ -213,7 +213,7 @@ func (b *Borrowed) Call(ctx context.Context, fn uint64, args ...uint64) (uint64,
 	if b.OnResume != nil {
 		b.OnResume()
 	}
-	expired := b.callExpiry(ctx, fn)
+	expired := b.callExpiry(fn)
 	for {
 		ws, err := t.awaitStop(tid, "during a call", expired)
 		if err != nil {
@@ -396,7 +396,7 @@ func (b *Borrowed) Park(ctx context.Context, syscallFn uint64) error {
 // abandon stops a call that did not return: the thread is interrupted and
 // will be restored to where it was borrowed. Whatever the call had done
 // (a lock taken, memory allocated) stays done: the error says so.
-func (b *Borrowed) abandon(fn uint64, limit time.Duration, ctxErr error) error {
+func (b *Borrowed) abandon(fn uint64, limit time.Duration) error {
 	t, tid := b.t, b.th.tid
 	_ = unix.PtraceInterrupt(tid)
 	end := time.Now().Add(time.Second)
@@ -447,11 +447,7 @@ func (b *Borrowed) abandon(fn uint64, limit time.Duration, ctxErr error) error {
 		t.pump()
 		time.Sleep(100 * time.Microsecond)
 	}
-	why := fmt.Sprintf("did not return within %v", limit)
-	if ctxErr != nil {
-		why = ctxErr.Error()
-	}
-	return fmt.Errorf("call %#x on thread %d %s; the thread was put back where it was, what the call had done stays: %w", fn, tid, why, ErrCall)
+	return fmt.Errorf("call %#x on thread %d did not return within %v; the thread was put back where it was, what the call had done stays: %w", fn, tid, limit, ErrCall)
 }
 
 // restore writes back the saved registers and xstate and resumes the
@@ -516,17 +512,20 @@ func (b *Borrowed) setCallRegs(fn, sp uint64, args []uint64) error {
 }
 
 // callExpiry is the check a call's wait makes at each look: past b.Limit
-// (defaultCallLimit when 0) from now, or once ctx ends, the call is
-// abandoned (abandon's error).
-func (b *Borrowed) callExpiry(ctx context.Context, fn uint64) func() error {
+// (defaultCallLimit when 0) from now, the call is abandoned (abandon's
+// error). A cancelled context is not a reason: a function cut short inside
+// libc can leave a lock of the program's held (pthread_create's), so that
+// the program's next call of it, or the next load's, waits for ever; the
+// call runs to its end and the caller sees the context after it.
+func (b *Borrowed) callExpiry(fn uint64) func() error {
 	limit := b.Limit
 	if limit == 0 {
 		limit = defaultCallLimit
 	}
 	deadline := time.Now().Add(limit)
 	return func() error {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return b.abandon(fn, limit, ctx.Err())
+		if time.Now().After(deadline) {
+			return b.abandon(fn, limit)
 		}
 		return nil
 	}

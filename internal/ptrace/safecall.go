@@ -142,7 +142,7 @@ func (b *Borrowed) safeCall(ctx context.Context, fn uint64, sp uint64, args []ui
 	if b.OnResume != nil {
 		b.OnResume()
 	}
-	expired := b.callExpiry(ctx, fn)
+	expired := b.callExpiry(fn)
 	var last uint64
 	cont := func() { _ = unix.PtraceSyscall(tid, 0) }
 	for {
