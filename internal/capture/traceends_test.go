@@ -29,22 +29,8 @@ func TestTraceUntilProcessEnds(t *testing.T) {
 			}
 			defer region.Close()
 			out := filepath.Join(t.TempDir(), "t.pftrace")
-			tr := exec.Command(testutil.Command(t, "hotpatch"), "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "work", "--enable", "leaf",
+			_, stderr, done := startCapture(t, region, shm.CtlTrace, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "work", "--enable", "leaf",
 				"--duration", "10m", "-o", out)
-			var stderr strings.Builder
-			tr.Stderr = &stderr
-			if err := tr.Start(); err != nil {
-				t.Fatal(err)
-			}
-			done := make(chan error, 1)
-			go func() { done <- tr.Wait() }()
-			t.Cleanup(func() {
-				if tr.ProcessState == nil {
-					tr.Process.Kill()
-					<-done
-				}
-			})
-			waitFor(t, "the trace to start", func() bool { return region.Control()&shm.CtlTrace != 0 })
 			// work runs (traced) before the program ends
 			p.AwaitProgress(p.Symbol(p.Cmd.Path, "progress"), 20000)
 			if how == "exit" {
@@ -84,22 +70,8 @@ func TestProfileUntilProcessEnds(t *testing.T) {
 	}
 	defer region.Close()
 	out := filepath.Join(t.TempDir(), "p.pprof")
-	pr := exec.Command(testutil.Command(t, "hotpatch"), "profile", "--pid", fmt.Sprint(p.Pid), "--enable", "work", "--enable", "leaf",
+	stdout, stderr, done := startCapture(t, region, shm.CtlQuota, "profile", "--pid", fmt.Sprint(p.Pid), "--enable", "work", "--enable", "leaf",
 		"--duration", "10m", "--epoch", "50ms", "--samples", "100", "-o", out)
-	var stdout, stderr strings.Builder
-	pr.Stdout, pr.Stderr = &stdout, &stderr
-	if err := pr.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- pr.Wait() }()
-	t.Cleanup(func() {
-		if pr.ProcessState == nil {
-			pr.Process.Kill()
-			<-done
-		}
-	})
-	waitFor(t, "the profile to start", func() bool { return region.Control()&shm.CtlQuota != 0 })
 	p.AwaitProgress(p.Symbol(p.Cmd.Path, "progress"), 20000)
 	if o, _ := p.Finish(); !strings.Contains(o, "wrong=0") {
 		t.Fatalf("program output %q", o)
@@ -131,22 +103,8 @@ func TestTraceUntilProcessExecs(t *testing.T) {
 	}
 	defer region.Close()
 	out := filepath.Join(t.TempDir(), "t.pftrace")
-	tr := exec.Command(testutil.Command(t, "hotpatch"), "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "work",
+	_, stderr, done := startCapture(t, region, shm.CtlTrace, "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "work",
 		"--duration", "10m", "-o", out)
-	var stderr strings.Builder
-	tr.Stderr = &stderr
-	if err := tr.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- tr.Wait() }()
-	t.Cleanup(func() {
-		if tr.ProcessState == nil {
-			tr.Process.Kill()
-			<-done
-		}
-	})
-	waitFor(t, "the trace to start", func() bool { return region.Control()&shm.CtlTrace != 0 })
 	// work runs (traced) before the exec: sink is the sum of its arguments
 	p.AwaitProgress(p.Symbol(p.Cmd.Path, "sink"), 1<<30)
 	if err := syscall.Kill(p.Pid, syscall.SIGUSR1); err != nil {
@@ -168,4 +126,28 @@ func TestTraceUntilProcessExecs(t *testing.T) {
 	if o, _ := p.Finish(); !strings.Contains(o, "done 1") {
 		t.Fatalf("program output %q, want done 1 (the new image ended)", o)
 	}
+}
+
+// startCapture runs hotpatch with args (a trace or a profile of the
+// process region belongs to) and returns once the control bit on is set:
+// the capture has started. done receives its exit; a capture still
+// running when the test ends is killed.
+func startCapture(t *testing.T, region *shm.Region, on uint32, args ...string) (stdout, stderr *strings.Builder, done <-chan error) {
+	t.Helper()
+	cmd := exec.Command(testutil.Command(t, "hotpatch"), args...)
+	stdout, stderr = new(strings.Builder), new(strings.Builder)
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-exited
+		}
+	})
+	waitFor(t, "the "+args[0]+" to start", func() bool { return region.Control()&on != 0 })
+	return stdout, stderr, exited
 }
