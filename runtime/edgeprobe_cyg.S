@@ -54,8 +54,8 @@
 	addq	%fs:EPA_TLS_FRAMES(%r8), %rsi		/* fr */
 	testl	%ecx, %ecx
 	jz	1f
-	cmpq	%r10, EPA_FR_SP-EPA_FR_SIZE(%rsi)
-	jbe	.Lenter_decline
+	cmpq	%r10, EPA_FR_SP-EPA_FR_SIZE(%rsi)	/* r10: here, since the busy word */
+	jbe	.Lenter_decline				/* a frame to heal: at or below us */
 1:	addq	$1, EPA_LOCAL_ENTRIES(%rdx)		/* the owner's counter: no lock */
 	movq	%rdi, EPA_FR_FN(%rsi)
 	movq	%r10, EPA_FR_SP(%rsi)
