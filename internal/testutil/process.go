@@ -103,6 +103,18 @@ func (p *Process) Finish() (stdout, stderr string) {
 // Wait waits for an exit the test caused some other way and returns its error.
 func (p *Process) Wait() error { return <-p.done }
 
+// Line returns the program's next line of output (without its newline),
+// failing the test if the program ends first: the handshake of fixtures
+// that report a step they made on their own (reload.c's `reloaded`).
+func (p *Process) Line() string {
+	p.t.Helper()
+	line, err := p.stdout.ReadString('\n')
+	if err != nil {
+		p.t.Fatalf("pid %d: reading its output: %v (got %q, stderr %q)", p.Pid, err, line, p.stderr.String())
+	}
+	return strings.TrimSuffix(line, "\n")
+}
+
 func (p *Process) readRest() (string, error) {
 	var b strings.Builder
 	_, err := p.stdout.WriteTo(&b)

@@ -1,0 +1,137 @@
+package hotpatch
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/testutil"
+)
+
+// TestSessionTargetReplaced: a session's target, a plugin, is unloaded
+// and a new build of it loaded in its place (reload.c: dlclose, then
+// dlopen of plugin.c built -DSWAPPED). The loader puts it at the same
+// address, and its plug_other holds, byte for byte, what plug_work's
+// probe sites held. The session's list is the old plugin's: a command
+// after the reload must be refused with nothing written, not applied to
+// whatever now lies at the old addresses (before the fix: `enable
+// plug_work` was OK and wrote the new plugin's plug_other).
+func TestSessionTargetReplaced(t *testing.T) {
+	testutil.RequirePtrace(t)
+	hooks := hooksLib(t)
+	v1 := testutil.Build(t, testutil.Spec{Sources: []string{"plugin.c"}, Shared: true, Name: "plug1.so"})
+	v2 := testutil.Build(t, testutil.Spec{Sources: []string{"plugin.c"}, Shared: true, Name: "plug2.so", Flags: []string{"-DSWAPPED"}})
+	var list string
+	for i, lib := range []string{v1.Path, v2.Path} {
+		r := command(t, "coldpatch", lib)
+		if r.Code != 0 {
+			t.Fatal(r.Stderr)
+		}
+		if i == 0 {
+			list = filepath.Join(filepath.Dir(lib), "plug1.json")
+			if err := os.WriteFile(list, []byte(r.Stdout), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	prog := testutil.Build(t, testutil.Spec{Sources: []string{"reload.c"}, NoInstr: true, LDFlags: []string{"-ldl"}})
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks}, prog.Path, v1.Path, v2.Path)
+
+	ses, err := Open(p.Pid, []string{list}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ses.Close()
+	sel, err := probelist.ParseSelector("plug_work", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply := func(on bool) (*Result, error) {
+		return ses.Apply(context.Background(), []Action{{Enable: on, Selector: sel}}, ProtoAuto, 0)
+	}
+	for _, on := range []bool{true, false} {
+		if res, err := apply(on); err != nil || !res.OK || res.Changed != 2 {
+			t.Fatalf("before the reload, enable=%v: %+v, %v", on, res, err)
+		}
+	}
+	if err := syscall.Kill(p.Pid, syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	line := p.Line()
+	var base1, base2 uint64
+	if _, err := fmt.Sscanf(line, "reloaded %v %v", &base1, &base2); err != nil {
+		t.Fatalf("want `reloaded BASE1 BASE2`, got %q", line)
+	}
+	t.Logf("the plugin was loaded at %#x, its new build at %#x", base1, base2)
+	res, err := apply(true)
+	if err == nil || !errors.Is(err, ErrStale) || !strings.Contains(err.Error(), "nothing was written") {
+		t.Errorf("enable plug_work after the plugin was replaced: %+v, %v; want a stale list refused, nothing written", res, err)
+	}
+	// The new plugin's text is its file's: nothing of ours was written into it.
+	if diff := textDiff(t, p.Pid, v2.Path); diff != "" {
+		t.Errorf("the new plugin was written: %s", diff)
+	}
+	// The session stays usable for what is still mapped, and says the
+	// same each time.
+	if _, err := apply(false); err == nil || !errors.Is(err, ErrStale) {
+		t.Errorf("disable plug_work after the plugin was replaced: %v", err)
+	}
+	out, _ := p.Finish()
+	if !strings.HasPrefix(out, "done 1") {
+		t.Fatalf("reload: %q", out)
+	}
+}
+
+// textDiff compares the executable mappings of path in pid with the file's
+// bytes at their offsets: "" when equal, else where they first differ.
+func textDiff(t *testing.T, pid int, path string) string {
+	t.Helper()
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	file, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	seen := false
+	for _, l := range strings.Split(string(maps), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 6 || f[5] != path || f[1] != "r-xp" {
+			continue
+		}
+		seen = true
+		var start, end, off uint64
+		fmt.Sscanf(f[0], "%x-%x", &start, &end)
+		fmt.Sscanf(f[2], "%x", &off)
+		n := min(end-start, uint64(len(file))-off)
+		got := make([]byte, n)
+		if _, err := mem.ReadAt(got, int64(start)); err != nil {
+			t.Fatal(err)
+		}
+		want := file[off : off+n]
+		if !bytes.Equal(got, want) {
+			for i := range got {
+				if got[i] != want[i] {
+					return fmt.Sprintf("at %#x (file offset %#x): % x, the file % x", start+uint64(i), off+uint64(i), got[i:min(i+5, len(got))], want[i:min(i+5, len(want))])
+				}
+			}
+		}
+	}
+	if !seen {
+		t.Fatalf("%s has no r-xp mapping in pid %d", path, pid)
+	}
+	return ""
+}
