@@ -11,6 +11,7 @@ import (
 
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/procfs"
+	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"github.com/edgeprobe/edgeprobe/internal/xmod"
@@ -156,6 +157,10 @@ type Session struct {
 	// verifiedAll: targets whose whole list was.
 	verified    map[verifiedKey]bool
 	verifiedAll map[*Target]bool
+	// maps: the process's maps file, open for checkMapped; mapsChecked:
+	// checked in this Batch (the text fallback checks once per Batch).
+	maps        *procmaps.Maps
+	mapsChecked bool
 }
 
 // Open locks pid and loads its targets. The lock is a leader-only attach
@@ -209,6 +214,9 @@ func (s *Session) Close() error {
 	}
 	if s.mem != nil {
 		s.mem.Close()
+	}
+	if s.maps != nil {
+		s.maps.Close()
 	}
 	s.lock.t = nil // the session's tracer was the lock's
 	return err
@@ -272,6 +280,9 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 		return nil, p.protoErr
 	}
 	if err := s.attach(!p.onlyFlip); err != nil {
+		return nil, err
+	}
+	if err := s.checkMapped(p.targets); err != nil {
 		return nil, err
 	}
 	before, err := s.readBefore(p, last, start)
@@ -687,6 +698,9 @@ func (s *Session) Repair(ctx context.Context, int3Wait time.Duration) ([]RepairN
 			}
 			all = append(all, selected{target: t, probe: p})
 		}
+	}
+	if err := s.checkMapped(s.targets); err != nil {
+		return nil, err
 	}
 	mem, err := ptrace.OpenMem(s.pid)
 	if err != nil {

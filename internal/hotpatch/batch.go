@@ -3,6 +3,7 @@ package hotpatch
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
@@ -26,8 +27,8 @@ func (s *Session) Batch(fn func() error) error {
 		return err
 	}
 	return s.tracer.DoMem(func(m *ptrace.ThreadMem) error {
-		s.inBatch, s.threadMem = true, m
-		defer func() { s.inBatch, s.threadMem = false, nil }()
+		s.inBatch, s.threadMem, s.mapsChecked = true, m, false
+		defer func() { s.inBatch, s.threadMem, s.mapsChecked = false, nil, false }()
 		return fn()
 	})
 }
@@ -50,6 +51,7 @@ func (s *Session) writer() xmod.Mem {
 // the verified set and format its address on every call.
 type prepared struct {
 	sel      []selected
+	targets  []*Target   // the targets sel's sites lie in (checkMapped)
 	sites    []xmod.Site // sel's sites, in sel's order
 	protoOf  []string    // each site's protocol
 	byProto  map[string][]xmod.Change
@@ -113,6 +115,9 @@ func (s *Session) prepare(actions []Action, protocol string) (*prepared, error) 
 			p.genKey[i] = c.target.Object.Runtime(uint64(c.probe.FunctionAddress))
 		}
 		p.want[i] = stateOf(c.on)
+		if !slices.Contains(p.targets, c.target) {
+			p.targets = append(p.targets, c.target)
+		}
 		p.sites[i] = siteOf(c)
 		all[i] = xmod.Change{Site: p.sites[i], On: c.on}
 		pr := protocolFor(protocol, c.probe)

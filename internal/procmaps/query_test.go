@@ -3,7 +3,10 @@ package procmaps_test
 import (
 	"errors"
 	"os"
+	"runtime"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
@@ -68,5 +71,58 @@ func BenchmarkExecMappings(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestMapsCovering: Maps.Covering answers, for every mapping of the maps'
+// text, at its first and last byte, that mapping (path aside); for the
+// byte below the lowest one, nothing; once the process is gone,
+// ErrNoProcess.
+func TestMapsCovering(t *testing.T) {
+	testutil.RequirePtrace(t)
+	fix := testutil.Build(t, testutil.Spec{Sources: []string{"stress.c"}, NoInstr: true})
+	pid := run(t, fix.Path)
+	m, err := procmaps.OpenMaps(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	all, err := procmaps.Read(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range all {
+		if want.Path == "[vsyscall]" { // not a VMA of the process: the query does not see it
+			continue
+		}
+		want.Path, want.Deleted = "", false
+		for _, addr := range []uint64{want.Start, want.End - 1} {
+			got, ok, err := m.Covering(addr)
+			if err != nil || !ok || got != want {
+				t.Errorf("%#x: %+v, %v, %v; want %+v", addr, got, ok, err, want)
+			}
+		}
+	}
+	if all[0].Start > 0 {
+		if got, ok, err := m.Covering(all[0].Start - 1); ok || err != nil {
+			t.Errorf("%#x, below every mapping: %+v, %v, %v", all[0].Start-1, got, ok, err)
+		}
+	}
+	if !m.Queries() {
+		t.Log("this kernel has no PROCMAP_QUERY: Covering read the text")
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+	for deadline := time.Now().Add(time.Minute); ; {
+		if time.Now().After(deadline) {
+			t.Fatal("a minute after SIGKILL, Covering still answers")
+		}
+		_, _, err := m.Covering(all[0].Start)
+		if errors.Is(err, procmaps.ErrNoProcess) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("after SIGKILL: %v, want ErrNoProcess", err)
+		}
+		runtime.Gosched() // the kernel tears the address space down after the kill
 	}
 }

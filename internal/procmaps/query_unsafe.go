@@ -126,3 +126,64 @@ func perms(f uint64) string {
 	}
 	return string(b)
 }
+
+// Maps is pid's /proc/PID/maps held open, to ask the kernel which mapping
+// covers an address (PROCMAP_QUERY) without formatting the whole text. An
+// open maps file stays bound to the address space it was opened on: once
+// the process runs exec or exits, Covering returns ErrNoProcess.
+type Maps struct {
+	pid, fd int
+	text    bool // no PROCMAP_QUERY: every Covering reads the text
+}
+
+// OpenMaps opens pid's maps for Covering.
+func OpenMaps(pid int) (*Maps, error) {
+	fd, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/maps", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESRCH) {
+			return nil, fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
+		}
+		return nil, fmt.Errorf("/proc/%d/maps: %w", pid, err)
+	}
+	return &Maps{pid: pid, fd: fd}, nil
+}
+
+// Queries reports whether Covering asks the kernel for one mapping
+// (PROCMAP_QUERY, Linux 6.11) rather than reading the whole text.
+func (m *Maps) Queries() bool { return !m.text }
+
+// Covering returns the mapping that holds addr (Path left empty), or
+// ok=false when nothing is mapped there.
+func (m *Maps) Covering(addr uint64) (mp Mapping, ok bool, err error) {
+	if !m.text {
+		q := procmapQuery{size: uint64(unsafe.Sizeof(procmapQuery{})), queryAddr: addr}
+		_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(m.fd), procmapQueryIoctl, uintptr(unsafe.Pointer(&q)))
+		switch {
+		case e == 0:
+			return Mapping{Start: q.vmaStart, End: q.vmaEnd, Offset: q.vmaOffset, Inode: q.inode,
+				Perms: perms(q.vmaFlags), Dev: fmt.Sprintf("%02x:%02x", q.devMajor, q.devMinor)}, true, nil
+		case e == unix.ENOENT:
+			return Mapping{}, false, nil
+		case e == unix.ESRCH:
+			return Mapping{}, false, fmt.Errorf("pid %d: %w", m.pid, ErrNoProcess)
+		case e == unix.ENOTTY || e == unix.EINVAL:
+			m.text = true
+		default:
+			return Mapping{}, false, fmt.Errorf("/proc/%d/maps: PROCMAP_QUERY: %w", m.pid, e)
+		}
+	}
+	ms, err := Read(m.pid)
+	if err != nil {
+		return Mapping{}, false, err
+	}
+	for _, x := range ms {
+		if addr >= x.Start && addr < x.End {
+			x.Path, x.Deleted = "", false
+			return x, true, nil
+		}
+	}
+	return Mapping{}, false, nil
+}
+
+// Close closes the maps file.
+func (m *Maps) Close() error { return unix.Close(m.fd) }

@@ -1,0 +1,67 @@
+package hotpatch
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/edgeprobe/edgeprobe/internal/procmaps"
+)
+
+// checkMapped makes sure every target in ts is still mapped where the
+// session found it: each of its executable mappings (where its probe
+// sites lie) still holds the same file (device and inode) at the same
+// file offsets. A session outlives what it read at Open: a plugin
+// unloaded and another object (or a new build of it) loaded at the same
+// addresses would otherwise be written as if it were the old one,
+// wherever its bytes happen to match the old list's forms (D77). It costs
+// one PROCMAP_QUERY ioctl per mapping on the session's open maps file;
+// on a kernel without the ioctl, a read of the maps text, made once per
+// Batch.
+//
+// A process that ran exec or exited is left to the site reads, which say
+// so (the open maps file, like the memory file, belongs to the old
+// program).
+func (s *Session) checkMapped(ts []*Target) error {
+	if s.maps == nil {
+		m, err := procmaps.OpenMaps(s.pid)
+		if err != nil {
+			return nil // the reads that follow report a process gone
+		}
+		s.maps = m
+	}
+	if !s.maps.Queries() && s.inBatch && s.mapsChecked {
+		return nil
+	}
+	for _, t := range ts {
+		for _, m := range t.Object.Mappings {
+			if !m.Exec() {
+				continue
+			}
+			for addr := m.Start; addr < m.End; {
+				now, ok, err := s.maps.Covering(addr)
+				if errors.Is(err, procmaps.ErrNoProcess) {
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				var what string
+				switch {
+				case !ok:
+					what = "nothing is mapped there now"
+				case now.Dev != m.Dev || now.Inode != m.Inode:
+					what = fmt.Sprintf("another file is mapped there now (device %s, inode %d)", now.Dev, now.Inode)
+				case now.Offset+(addr-now.Start) != m.Offset+(addr-m.Start):
+					what = fmt.Sprintf("the file is mapped there from another offset now (%#x)", now.Offset+(addr-now.Start))
+				}
+				if what != "" {
+					return fmt.Errorf("%s is no longer mapped where the session found it (%#x: %s), so its probe list describes nothing there: %w (nothing was written)",
+						t.Object.Path, addr, what, ErrStale)
+				}
+				addr = now.End
+			}
+		}
+	}
+	s.mapsChecked = s.inBatch
+	return nil
+}
