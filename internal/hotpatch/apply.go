@@ -157,10 +157,12 @@ type Session struct {
 	// verifiedAll: targets whose whole list was.
 	verified    map[verifiedKey]bool
 	verifiedAll map[*Target]bool
-	// maps: the process's maps file, open for checkMapped; mapsChecked:
-	// checked in this Batch (the text fallback checks once per Batch).
-	maps        *procmaps.Maps
-	mapsChecked bool
+	// maps: the process's maps file, open for checkMapped; mappedAt: when
+	// each target was last found mapped as at Open; mappedWithin
+	// overrides MappedWithin (tests; negative: every command checks).
+	maps         *procmaps.Maps
+	mappedAt     map[*Target]time.Time
+	mappedWithin time.Duration
 }
 
 // Open locks pid and loads its targets. The lock is a leader-only attach
@@ -282,7 +284,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	if err := s.attach(!p.onlyFlip); err != nil {
 		return nil, err
 	}
-	if err := s.checkMapped(p.targets); err != nil {
+	if err := s.checkMapped(p.targets, start); err != nil {
 		return nil, err
 	}
 	before, err := s.readBefore(p, last, start)
@@ -699,7 +701,7 @@ func (s *Session) Repair(ctx context.Context, int3Wait time.Duration) ([]RepairN
 			all = append(all, selected{target: t, probe: p})
 		}
 	}
-	if err := s.checkMapped(s.targets); err != nil {
+	if err := s.checkMapped(s.targets, time.Now()); err != nil {
 		return nil, err
 	}
 	mem, err := ptrace.OpenMem(s.pid)

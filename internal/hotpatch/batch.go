@@ -27,8 +27,8 @@ func (s *Session) Batch(fn func() error) error {
 		return err
 	}
 	return s.tracer.DoMem(func(m *ptrace.ThreadMem) error {
-		s.inBatch, s.threadMem, s.mapsChecked = true, m, false
-		defer func() { s.inBatch, s.threadMem, s.mapsChecked = false, nil, false }()
+		s.inBatch, s.threadMem = true, m
+		defer func() { s.inBatch, s.threadMem = false, nil }()
 		return fn()
 	})
 }

@@ -3,9 +3,17 @@ package hotpatch
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 )
+
+// MappedWithin is how long a check that a target is still mapped where the
+// session found it (checkMapped) stands for the commands that follow it:
+// a command starting later checks again. A one-shot hotpatch leaves about
+// that long between its maps read and its writes; a session, without the
+// check, left its whole life (D77).
+const MappedWithin = time.Millisecond
 
 // checkMapped makes sure every target in ts is still mapped where the
 // session found it: each of its executable mappings (where its probe
@@ -14,54 +22,69 @@ import (
 // unloaded and another object (or a new build of it) loaded at the same
 // addresses would otherwise be written as if it were the old one,
 // wherever its bytes happen to match the old list's forms (D77). It costs
-// one PROCMAP_QUERY ioctl per mapping on the session's open maps file;
-// on a kernel without the ioctl, a read of the maps text, made once per
-// Batch.
+// one PROCMAP_QUERY ioctl per mapping on the session's open maps file (a
+// read of the maps text on a kernel without it), made at most once per
+// MappedWithin per target: a session streaming toggles pays it once per
+// millisecond, not per toggle.
 //
 // A process that ran exec or exited is left to the site reads, which say
 // so (the open maps file, like the memory file, belongs to the old
 // program).
-func (s *Session) checkMapped(ts []*Target) error {
+func (s *Session) checkMapped(ts []*Target, now time.Time) error {
+	within := s.mappedWithin
+	if within == 0 {
+		within = MappedWithin
+	}
 	if s.maps == nil {
 		m, err := procmaps.OpenMaps(s.pid)
 		if err != nil {
 			return nil // the reads that follow report a process gone
 		}
 		s.maps = m
-	}
-	if !s.maps.Queries() && s.inBatch && s.mapsChecked {
-		return nil
+		s.mappedAt = map[*Target]time.Time{}
 	}
 	for _, t := range ts {
-		for _, m := range t.Object.Mappings {
-			if !m.Exec() {
-				continue
+		if at, ok := s.mappedAt[t]; ok && within > 0 && now.Sub(at) < within {
+			continue
+		}
+		if err := s.stillMapped(t); err != nil {
+			delete(s.mappedAt, t)
+			if errors.Is(err, procmaps.ErrNoProcess) {
+				return nil
 			}
-			for addr := m.Start; addr < m.End; {
-				now, ok, err := s.maps.Covering(addr)
-				if errors.Is(err, procmaps.ErrNoProcess) {
-					return nil
-				}
-				if err != nil {
-					return err
-				}
-				var what string
-				switch {
-				case !ok:
-					what = "nothing is mapped there now"
-				case now.Dev != m.Dev || now.Inode != m.Inode:
-					what = fmt.Sprintf("another file is mapped there now (device %s, inode %d)", now.Dev, now.Inode)
-				case now.Offset+(addr-now.Start) != m.Offset+(addr-m.Start):
-					what = fmt.Sprintf("the file is mapped there from another offset now (%#x)", now.Offset+(addr-now.Start))
-				}
-				if what != "" {
-					return fmt.Errorf("%s is no longer mapped where the session found it (%#x: %s), so its probe list describes nothing there: %w (nothing was written)",
-						t.Object.Path, addr, what, ErrStale)
-				}
-				addr = now.End
+			return err
+		}
+		s.mappedAt[t] = now
+	}
+	return nil
+}
+
+// stillMapped checks one target's executable mappings (checkMapped).
+func (s *Session) stillMapped(t *Target) error {
+	for _, m := range t.Object.Mappings {
+		if !m.Exec() {
+			continue
+		}
+		for addr := m.Start; addr < m.End; {
+			now, ok, err := s.maps.Covering(addr)
+			if err != nil {
+				return err
 			}
+			var what string
+			switch {
+			case !ok:
+				what = "nothing is mapped there now"
+			case now.Dev != m.Dev || now.Inode != m.Inode:
+				what = fmt.Sprintf("another file is mapped there now (device %s, inode %d)", now.Dev, now.Inode)
+			case now.Offset+(addr-now.Start) != m.Offset+(addr-m.Start):
+				what = fmt.Sprintf("the file is mapped there from another offset now (%#x)", now.Offset+(addr-now.Start))
+			}
+			if what != "" {
+				return fmt.Errorf("%s is no longer mapped where the session found it (%#x: %s), so its probe list describes nothing there: %w (nothing was written)",
+					t.Object.Path, addr, what, ErrStale)
+			}
+			addr = now.End
 		}
 	}
-	s.mapsChecked = s.inBatch
 	return nil
 }

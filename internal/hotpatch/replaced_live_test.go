@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
@@ -17,7 +17,7 @@ import (
 
 // TestSessionTargetReplaced: a session's target, a plugin, is unloaded
 // and a new build of it loaded in its place (reload.c: dlclose, then
-// dlopen of plugin.c built -DSWAPPED). The loader puts it at the same
+// dlopen of plugin.c built -DSWAPPED, once the go file exists). The loader puts it at the same
 // address, and its plug_other holds, byte for byte, what plug_work's
 // probe sites held. The session's list is the old plugin's: a command
 // after the reload must be refused with nothing written, not applied to
@@ -42,13 +42,28 @@ func TestSessionTargetReplaced(t *testing.T) {
 		}
 	}
 	prog := testutil.Build(t, testutil.Spec{Sources: []string{"reload.c"}, NoInstr: true, LDFlags: []string{"-ldl"}})
-	p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks}, prog.Path, v1.Path, v2.Path)
+	// The program's parent thread stays this goroutine's: a tracer
+	// goroutine locks the thread it starts on and ends it when the session
+	// closes, and were that the parent, the program's parent-death signal
+	// (testutil.Start's SIGKILL) would kill it then.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	goFile := filepath.Join(t.TempDir(), "go")
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks}, prog.Path, v1.Path, v2.Path, goFile)
 
 	ses, err := Open(p.Pid, []string{list}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ses.Close()
+	closed := false
+	t.Cleanup(func() { // before the process's own cleanup (see below)
+		if !closed {
+			ses.Close()
+		}
+	})
+	// Every command checks: the reload may come sooner after the last
+	// check than MappedWithin, and the test must not wait for it.
+	ses.mappedWithin = -1
 	sel, err := probelist.ParseSelector("plug_work", "")
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +76,7 @@ func TestSessionTargetReplaced(t *testing.T) {
 			t.Fatalf("before the reload, enable=%v: %+v, %v", on, res, err)
 		}
 	}
-	if err := syscall.Kill(p.Pid, syscall.SIGUSR1); err != nil {
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	line := p.Line()
@@ -78,10 +93,17 @@ func TestSessionTargetReplaced(t *testing.T) {
 	if diff := textDiff(t, p.Pid, v2.Path); diff != "" {
 		t.Errorf("the new plugin was written: %s", diff)
 	}
-	// The session stays usable for what is still mapped, and says the
-	// same each time.
+	// The same with the default MappedWithin: a failed check stands for
+	// nothing, so the next command checks again however soon it comes.
+	ses.mappedWithin = 0
 	if _, err := apply(false); err == nil || !errors.Is(err, ErrStale) {
 		t.Errorf("disable plug_work after the plugin was replaced: %v", err)
+	}
+	// Detach before the program ends: a tracer in this process would
+	// reap its exit, which Finish waits for.
+	closed = true
+	if err := ses.Close(); err != nil {
+		t.Fatal(err)
 	}
 	out, _ := p.Finish()
 	if !strings.HasPrefix(out, "done 1") {
