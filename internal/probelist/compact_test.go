@@ -230,3 +230,84 @@ func TestCompactDecodedOnce(t *testing.T) {
 		t.Fatalf("after %d probes: slice %v, map %d", len(l.Probes), x.decoded != nil, len(x.few))
 	}
 }
+
+// TestCompactSelectCorruptName: a record's function name spoiled (one bit
+// of its string reference flipped, the record not re-checksummed) must
+// never change what a name selects without an error: the name index is
+// bisected on records' names, and a spoiled record on the bisection's
+// path moved its bounds, so that `work` selected one of its two probes, or
+// none ("matches nothing"), and the spoiled record was never decoded to be
+// found out. Every answer is the true one or ErrCompact.
+func TestCompactSelectCorruptName(t *testing.T) {
+	l := manyFunctions(t, 300)
+	_, good := compactOf(t, l)
+	names := map[string]bool{}
+	for _, p := range l.Probes {
+		names[p.Function] = true
+	}
+	wrong := 0
+	for i := 0; i < len(l.Probes); i += 7 {
+		for _, bit := range []int{24*8 + 0, 24*8 + 3, 28*8 + 0, 28*8 + 2} { // the name's offset and length
+			b := append([]byte(nil), good...)
+			b[compactHeaderSize+i*recordSize+bit/8] ^= 1 << (bit % 8)
+			x, err := OpenCompact(b)
+			if err != nil {
+				t.Fatalf("record %d bit %d: %v (the header's checksum does not cover records)", i, bit, err)
+			}
+			for name := range names {
+				s := Selector{Pattern: name}
+				want, _ := l.Select(s)
+				got, err := x.Select(s)
+				if errors.Is(err, ErrCompact) || err == nil && reflect.DeepEqual(got, want) {
+					continue
+				}
+				if wrong++; wrong <= 5 {
+					t.Errorf("record %d (%s) bit %d spoiled: %q selects %v, %v; want %v or ErrCompact", i, l.Probes[i].Function, bit, name, got, err, want)
+				}
+			}
+		}
+	}
+	if wrong > 5 {
+		t.Errorf("... %d wrong answers in all", wrong)
+	}
+}
+
+// TestCompactAtCorruptAddress: the same for At and Covering, which bisect
+// the records' addresses: a spoiled address (one bit flipped) must never
+// make a probe that is there be reported absent, or another be returned,
+// without an error (ErrCompact, or ErrFormat from a neighbour's order).
+func TestCompactAtCorruptAddress(t *testing.T) {
+	l := manyFunctions(t, 100)
+	_, good := compactOf(t, l)
+	wrong := 0
+	for i := range l.Probes {
+		for _, bit := range []int{2, 5, 9, 13} {
+			b := append([]byte(nil), good...)
+			b[compactHeaderSize+i*recordSize+bit/8] ^= 1 << (bit % 8)
+			x, err := OpenCompact(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range l.Probes {
+				for _, at := range []uint64{uint64(p.Address), uint64(p.Address) + 2} {
+					var got *Probe
+					var ok bool
+					if at == uint64(p.Address) {
+						got, ok, err = x.At(at)
+					} else {
+						got, ok, err = x.Covering(at)
+					}
+					if errors.Is(err, ErrCompact) || errors.Is(err, ErrFormat) || err == nil && ok && got.ID == p.ID {
+						continue
+					}
+					if wrong++; wrong <= 5 {
+						t.Errorf("record %d bit %d spoiled: probe %d at %#x: %v, %v, %v", i, bit, p.ID, at, got, ok, err)
+					}
+				}
+			}
+		}
+	}
+	if wrong > 5 {
+		t.Errorf("... %d wrong answers in all", wrong)
+	}
+}
