@@ -438,7 +438,10 @@ func (x *Index) List() (*List, error) {
 
 // At returns the probe whose site starts at ELF address addr.
 func (x *Index) At(addr uint64) (*Probe, bool, error) {
-	i := sort.Search(x.n, func(i int) bool { return binary.LittleEndian.Uint64(x.record(i)) >= addr })
+	i, err := x.addrSearch(func(a uint64) bool { return a >= addr })
+	if err != nil {
+		return nil, false, err
+	}
 	if i == x.n || binary.LittleEndian.Uint64(x.record(i)) != addr {
 		return nil, false, nil
 	}
@@ -455,6 +458,36 @@ func (x *Index) indexed(k int) (int, string, bool) {
 	}
 	name, ok := x.str(x.record(i)[24:])
 	return i, name, ok
+}
+
+// addrSearch is sort.Search over the records' addresses, each one it
+// compares from a record that passes its checksum (sound): a spoiled
+// address on the bisection's path would send it past the probe it looks
+// for, which would then be reported absent. A record that fails is
+// decoded for its error (and OnCorrupt).
+func (x *Index) addrSearch(f func(addr uint64) bool) (int, error) {
+	bad := -1
+	i := sort.Search(x.n, func(i int) bool {
+		if bad < 0 && !x.sound(i) {
+			bad = i
+		}
+		return f(binary.LittleEndian.Uint64(x.record(i)))
+	})
+	if bad >= 0 {
+		if _, err := x.Probe(bad); err != nil {
+			return 0, err
+		}
+		return 0, fmt.Errorf("%w: probe %d: checksum mismatch", ErrCompact, bad)
+	}
+	return i, nil
+}
+
+// sound reports whether record i passes its checksum (with its strings'
+// bytes), the first of decode's checks: enough to trust the name it gives
+// the name index's bisection.
+func (x *Index) sound(i int) bool {
+	r := x.record(i)
+	return binary.LittleEndian.Uint32(r[64:]) == recordCRC(r, x.strs)
 }
 
 // Select is List.Select: it finds the candidates in the name index (a
@@ -494,10 +527,16 @@ func (x *Index) nameRange(pattern string) (int, int, error) {
 	if i := strings.IndexAny(pattern, `*?[\`); i >= 0 {
 		prefix, exact = pattern[:i], false
 	}
+	// Every name the bisection compares is a record's checked one: the
+	// index is in the header's checksum, the names are only in their
+	// records', and a spoiled name on the bisection's path would move the
+	// range's bounds past records that match, which would then never be
+	// decoded (and found out). A record that fails makes the index broken:
+	// Select then decodes every probe, and that one refuses the list.
 	var broken bool
 	name := func(k int) string {
-		_, s, ok := x.indexed(k)
-		broken = broken || !ok
+		i, s, ok := x.indexed(k)
+		broken = broken || !ok || !x.sound(i)
 		return s
 	}
 	lo := sort.Search(x.n, func(k int) bool { return name(k) >= prefix })
