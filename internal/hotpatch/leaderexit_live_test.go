@@ -45,6 +45,8 @@ func TestLeaderExited(t *testing.T) {
 		{"--pid", pid, "--enable", "work"},
 		{"session", "--pid", pid, "--probes", list},
 		{"repair", "--pid", pid},
+		{"list", "--pid", pid},
+		{"stats", "--pid", pid},
 	} {
 		r := command(t, "hotpatch", args...)
 		if r.Code != 1 || strings.Count(r.Stderr, "\n") != 1 || !strings.Contains(r.Stderr, "main thread has exited") {

@@ -11,6 +11,23 @@ import (
 // ErrNoProcess: the pid (or thread id) names no process, or a kernel thread.
 var ErrNoProcess = errors.New("no such process")
 
+// ErrLeaderExited: the process's main thread has exited (pthread_exit in
+// main) while other threads run on. ptrace cannot attach an exited thread,
+// and /proc/PID/mem reaches the memory through it, so nothing of ours can
+// work on such a process; it is not gone either.
+var ErrLeaderExited = errors.New("its main thread has exited while its other threads run on: ptrace cannot attach an exited thread, nor reach the process's memory through it, so edgeprobe cannot work on this process")
+
+// LeaderExited reports whether pid's main thread is a zombie while the
+// process still has other threads (ErrLeaderExited).
+func LeaderExited(pid int) bool {
+	st, err := ReadStat(pid, 0)
+	if err != nil || st.State != 'Z' {
+		return false
+	}
+	s, err := ReadStatus(pid, 0)
+	return err == nil && s.Int("Threads") > 1
+}
+
 // path is /proc/PID/NAME, or /proc/PID/task/TID/NAME when tid > 0.
 func path(pid, tid int, name string) string {
 	if tid > 0 {

@@ -104,7 +104,13 @@ func readMaps(pid int, keep func([]byte) bool) ([]Mapping, error) {
 		return nil, err
 	}
 	defer f.Close()
-	return parse(f, keep)
+	ms, err := parse(f, keep)
+	if err == nil && len(ms) == 0 && procfs.LeaderExited(pid) {
+		// An exited main thread has no memory to show: the process's
+		// maps are not readable through it (procfs.ErrLeaderExited).
+		return nil, fmt.Errorf("pid %d: %w", pid, procfs.ErrLeaderExited)
+	}
+	return ms, err
 }
 
 // parse parses the lines of a maps file that keep accepts (nil: every line).

@@ -10,6 +10,9 @@ var (
 	// ErrNoProcess: the pid names no process (or a kernel thread). It is
 	// procfs.ErrNoProcess, the one every package wraps.
 	ErrNoProcess = procfs.ErrNoProcess
+	// ErrLeaderExited: the process's main thread has exited while other
+	// threads run on (procfs.ErrLeaderExited): it cannot be attached.
+	ErrLeaderExited = procfs.ErrLeaderExited
 	// ErrPermission: the kernel refused to let us trace or write the target.
 	ErrPermission = errors.New("permission denied")
 	// ErrExited: the target exited while we worked on it.

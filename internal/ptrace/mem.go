@@ -5,6 +5,8 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 )
 
 // Mem is /proc/PID/mem opened without tracing: the flip protocol's cheap
@@ -28,6 +30,9 @@ func OpenMem(pid int) (*Mem, error) {
 	if err != nil {
 		if _, serr := os.Stat(fmt.Sprintf("/proc/%d", pid)); serr != nil {
 			return nil, fmt.Errorf("open memory of pid %d: %w", pid, ErrNoProcess)
+		}
+		if procfs.LeaderExited(pid) {
+			return nil, fmt.Errorf("pid %d: %w", pid, ErrLeaderExited)
 		}
 		return nil, fmt.Errorf("open /proc/%d/mem: %w", pid, mapErrno(err))
 	}

@@ -352,6 +352,9 @@ func attachErr(tid int, err error) error {
 	case unix.ESRCH:
 		return fmt.Errorf("attach to thread %d: %w", tid, ErrNoProcess)
 	case unix.EPERM:
+		if procfs.LeaderExited(tid) {
+			return fmt.Errorf("pid %d: %w", tid, ErrLeaderExited)
+		}
 		if who := tracerOf(tid); who > 0 {
 			return fmt.Errorf("attach to thread %d: %w by pid %d: %w", tid, ErrTraced, who, ErrPermission)
 		}
