@@ -449,7 +449,12 @@ func Gone(err error) bool {
 }
 
 // exitedErr is the one-line error for a target that went away mid-run.
+// A process whose main thread exited runs on (ErrLeaderExited): it is not
+// gone, and saying so would end a session that flip commands still serve.
 func exitedErr(pid int, cause error) error {
+	if procfs.LeaderExited(pid) {
+		return fmt.Errorf("pid %d: %w (%v)", pid, procfs.ErrLeaderExited, cause)
+	}
 	if errors.Is(cause, ptrace.ErrExited) {
 		return fmt.Errorf("pid %d exited: %w", pid, cause)
 	}
