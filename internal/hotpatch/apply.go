@@ -188,6 +188,12 @@ func OpenContext(ctx context.Context, pid int, probeFiles []string, waitLock boo
 		return nil, err
 	}
 	s := &Session{pid: pid, lock: lock, targets: targets, tracer: lock.Tracer()}
+	// The maps file is opened with the targets, so that it belongs to the
+	// address space they were read from: after an exec it answers nothing
+	// (checkMapped leaves that to the site reads, which name the exec).
+	if m, err := procmaps.OpenMaps(pid); err == nil {
+		s.maps = m
+	}
 	// Best effort: a process without the runtime (or with a runtime of
 	// another layout) records nothing whose frames could go stale.
 	if r, err := shm.OpenPID(pid); err == nil {

@@ -28,19 +28,17 @@ const MappedWithin = time.Millisecond
 // millisecond, not per toggle.
 //
 // A process that ran exec or exited is left to the site reads, which say
-// so (the open maps file, like the memory file, belongs to the old
-// program).
+// so: the maps file, opened with the targets (OpenContext), belongs to the
+// old program, like the memory file.
 func (s *Session) checkMapped(ts []*Target, now time.Time) error {
 	within := s.mappedWithin
 	if within == 0 {
 		within = MappedWithin
 	}
 	if s.maps == nil {
-		m, err := procmaps.OpenMaps(s.pid)
-		if err != nil {
-			return nil // the reads that follow report a process gone
-		}
-		s.maps = m
+		return nil // not opened with the targets: the process was going
+	}
+	if s.mappedAt == nil {
 		s.mappedAt = map[*Target]time.Time{}
 	}
 	for _, t := range ts {
