@@ -163,6 +163,7 @@ type Session struct {
 	maps         *procmaps.Maps
 	mappedAt     map[*Target]time.Time
 	mappedWithin time.Duration
+	mapFiles     map[uint64]fileID // baseMaps: by executable mapping's start
 }
 
 // Open locks pid and loads its targets. The lock is a leader-only attach
@@ -193,6 +194,7 @@ func OpenContext(ctx context.Context, pid int, probeFiles []string, waitLock boo
 	// (checkMapped leaves that to the site reads, which name the exec).
 	if m, err := procmaps.OpenMaps(pid); err == nil {
 		s.maps = m
+		s.baseMaps()
 	}
 	// Best effort: a process without the runtime (or with a runtime of
 	// another layout) records nothing whose frames could go stale.

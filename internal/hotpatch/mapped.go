@@ -57,11 +57,43 @@ func (s *Session) checkMapped(ts []*Target, now time.Time) error {
 	return nil
 }
 
-// stillMapped checks one target's executable mappings (checkMapped).
+// fileID is a mapped file as the maps file's ioctl names it.
+type fileID struct {
+	dev   string
+	inode uint64
+}
+
+// baseMaps records, right after the targets were read (OpenContext), the
+// file each target's executable mapping holds as Covering reports it: the
+// later checks compare like with like, so a kernel whose ioctl and text
+// named a file differently (a filesystem whose inode numbers the two took
+// from different places) could not make every command look stale. A
+// mapping the ioctl cannot see then is checked against the text's name.
+func (s *Session) baseMaps() {
+	s.mapFiles = map[uint64]fileID{}
+	for _, t := range s.targets {
+		for _, m := range t.Object.Mappings {
+			if !m.Exec() {
+				continue
+			}
+			if now, ok, err := s.maps.Covering(m.Start); err == nil && ok {
+				s.mapFiles[m.Start] = fileID{now.Dev, now.Inode}
+			}
+		}
+	}
+}
+
+// stillMapped checks one target's executable mappings (checkMapped): the
+// same file (as baseMaps found it) at the same offsets (as the text gave
+// them: the mapping's page offset, which both report alike).
 func (s *Session) stillMapped(t *Target) error {
 	for _, m := range t.Object.Mappings {
 		if !m.Exec() {
 			continue
+		}
+		want, ok := s.mapFiles[m.Start]
+		if !ok {
+			want = fileID{m.Dev, m.Inode}
 		}
 		for addr := m.Start; addr < m.End; {
 			now, ok, err := s.maps.Covering(addr)
@@ -72,7 +104,7 @@ func (s *Session) stillMapped(t *Target) error {
 			switch {
 			case !ok:
 				what = "nothing is mapped there now"
-			case now.Dev != m.Dev || now.Inode != m.Inode:
+			case now.Dev != want.dev || now.Inode != want.inode:
 				what = fmt.Sprintf("another file is mapped there now (device %s, inode %d)", now.Dev, now.Inode)
 			case now.Offset+(addr-now.Start) != m.Offset+(addr-m.Start):
 				what = fmt.Sprintf("the file is mapped there from another offset now (%#x)", now.Offset+(addr-now.Start))
