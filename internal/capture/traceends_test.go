@@ -72,6 +72,14 @@ func TestProfileUntilProcessEnds(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "p.pprof")
 	stdout, stderr, done := startCapture(t, region, shm.CtlQuota, "profile", "--pid", fmt.Sprint(p.Pid), "--enable", "work", "--enable", "leaf",
 		"--duration", "10m", "--epoch", "50ms", "--samples", "100", "-o", out)
+	// The quota goes on before the probes (D57), so the control word does
+	// not say the profile's first Apply has returned; until it has, the
+	// program's end races it, and that Apply fails (exit 4, nothing
+	// recorded: not the case under test; it failed so at load 15, its read
+	// after finding the process gone). Its loop starting a second quota
+	// epoch does say so.
+	e0 := region.QuotaEpoch()
+	waitFor(t, "the profile's second epoch", func() bool { return region.QuotaEpoch() != e0 })
 	p.AwaitProgress(p.Symbol(p.Cmd.Path, "progress"), 20000)
 	if o, _ := p.Finish(); !strings.Contains(o, "wrong=0") {
 		t.Fatalf("program output %q", o)
