@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // The compact form of a probe list: what hotpatch loads instead of parsing
@@ -235,6 +236,9 @@ type Index struct {
 	// origin and corrupt are OnCorrupt's.
 	origin  string
 	corrupt func()
+
+	// soundBits: the records sound has found sound, one bit each.
+	soundBits []atomic.Uint64
 }
 
 // OnCorrupt names where the bytes came from for the error of a record
@@ -280,7 +284,8 @@ func OpenCompact(data []byte) (*Index, error) {
 	if recsOff != compactHeaderSize || indexOff != recsOff+n*recordSize || strOff != indexOff+4*n || strOff+strLen != uint64(len(data)) {
 		return nil, bad("the parts' extents do not add up to the %d bytes", len(data))
 	}
-	x := &Index{data: data, n: int(n), recs: data[recsOff:indexOff], index: data[indexOff:strOff], strs: data[strOff:]}
+	x := &Index{data: data, n: int(n), recs: data[recsOff:indexOff], index: data[indexOff:strOff], strs: data[strOff:],
+		soundBits: make([]atomic.Uint64, (n+63)/64)}
 	if data[66] != 0 || data[67] != 0 || le.Uint32(data[68:]) != 0 || le.Uint32(data[76:]) != 0 {
 		return nil, bad("reserved header bytes are not zero")
 	}
@@ -483,11 +488,21 @@ func (x *Index) addrSearch(f func(addr uint64) bool) (int, error) {
 }
 
 // sound reports whether record i passes its checksum (with its strings'
-// bytes), the first of decode's checks: enough to trust the name it gives
-// the name index's bisection.
+// bytes), the first of decode's checks: enough to trust the name or the
+// address it gives a bisection. A record found sound is remembered (the
+// bisections of a whole list's lookups share their first steps: without
+// it, checking 40,000 probes' addresses cost 40 ms more).
 func (x *Index) sound(i int) bool {
+	w, bit := &x.soundBits[i/64], uint64(1)<<(i%64)
+	if w.Load()&bit != 0 {
+		return true
+	}
 	r := x.record(i)
-	return binary.LittleEndian.Uint32(r[64:]) == recordCRC(r, x.strs)
+	if binary.LittleEndian.Uint32(r[64:]) != recordCRC(r, x.strs) {
+		return false
+	}
+	w.Or(bit)
+	return true
 }
 
 // Select is List.Select: it finds the candidates in the name index (a
