@@ -53,3 +53,24 @@ func TestCoveringText(t *testing.T) {
 		}
 	}
 }
+
+// TestExecFilesText: ExecFiles's answer on a kernel without PROCMAP_QUERY
+// (the text, execFilesText) is the ioctl's, for this process.
+func TestExecFilesText(t *testing.T) {
+	q, err := ExecFiles(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	txt, err := execFilesText(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(q) == 0 || len(q) != len(txt) {
+		t.Fatalf("ioctl %d mappings, text %d:\n%+v\n%+v", len(q), len(txt), q, txt)
+	}
+	for i := range q {
+		if q[i] != txt[i] {
+			t.Errorf("mapping %d: ioctl %+v, text %+v", i, q[i], txt[i])
+		}
+	}
+}
