@@ -90,7 +90,7 @@ func BenchmarkSessionApply(b *testing.B) {
 			name += ",first" // each batch a selection's first (D61)
 		}
 		b.Run(name, func(b *testing.B) {
-			set := h.sessionSet(ctx, s, all, v.spans, v.first)
+			set := h.sessionSet(ctx, s, all, v.spans, v.first, nil)
 			for _, on := range []bool{true, false} { // warm: verified, both selections prepared
 				if err := set(on); err != nil {
 					b.Fatal(err)

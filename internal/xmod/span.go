@@ -55,9 +55,12 @@ type Extent struct {
 
 // SpanStats says how a flip batch with a Pristine was written.
 type SpanStats struct {
-	Spans     int      // coalesced writes
-	SpanSites int      // sites written by them
-	OneByte   int      // sites written one byte at a time
+	Spans     int // coalesced writes
+	SpanSites int // sites written by them
+	OneByte   int // sites written one byte at a time
+	// Imaged counts the spans written from their image (D61: the re-read
+	// equalled the span as checked before its last write).
+	Imaged    int
 	Fallbacks []string // why a run of sites was written one byte at a time
 	// Raced lists spans whose read-back after the write differed from what
 	// was written: something in the target wrote the same page meanwhile.
@@ -316,6 +319,7 @@ func (w *spanWriter) span(run []int) error {
 	}
 	if im != nil && bytes.Equal(cur, im.old) {
 		want = im.new
+		w.st.Imaged++
 	} else {
 		im = nil
 		if done, err := w.build(run, start, cur, want, got); done || err != nil {
