@@ -383,12 +383,12 @@ func (w *spanWriter) buildCheck(run []int, start uint64, cur, want []byte) (done
 			// touching the Change (the batch's sites stay in cache).
 			ww := &w.word[i]
 			ours[k] = Extent{ww.addr, int(ww.len)}
-			if off := ww.addr - start; ww.mask != 0 && off+8 <= uint64(len(cur)) {
+			if off := ww.addr - start; ww.short && off+8 <= uint64(len(cur)) {
 				old, form := ww.inert, ww.active
 				if !ww.on {
 					old, form = ww.active, ww.inert
 				}
-				if binary.LittleEndian.Uint64(cur[off:])&ww.mask == old {
+				if binary.LittleEndian.Uint64(cur[off:])&ww.mask() == old {
 					want[off+uint64(d)] = byte(form >> (8 * uint(d)))
 					continue
 				}
@@ -422,20 +422,23 @@ func (w *spanWriter) buildFile(pf PristineFile, run []int, start uint64, cur, wa
 	}
 	copy(want, cur)
 	n := uint64(len(cur))
+	want, file = want[:n], file[:n]
+	word := w.word
 	for _, i := range run {
-		ww := &w.word[i]
-		d := uint64(w.at[i])
+		ww := &word[i]
+		d := uint64(ww.at)
 		off := ww.addr - start
-		if ww.mask != 0 && off+8 <= n {
+		if ww.short && off+8 <= n {
 			old, form := ww.inert, ww.active
 			if !ww.on {
 				old, form = ww.active, ww.inert
 			}
-			c := binary.LittleEndian.Uint64(cur[off:])
-			if c&ww.mask == old {
+			mask := ww.mask()
+			c := binary.LittleEndian.Uint64(cur[off : off+8 : off+8])
+			if c&mask == old && d < 8 {
 				want[off+d] = byte(form >> (8 * d))
-				f := binary.LittleEndian.Uint64(file[off:])
-				binary.LittleEndian.PutUint64(file[off:], f&^ww.mask|c&ww.mask)
+				fb := file[off : off+8 : off+8]
+				binary.LittleEndian.PutUint64(fb, binary.LittleEndian.Uint64(fb)&^mask|c&mask)
 				continue
 			}
 		}
