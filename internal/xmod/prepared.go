@@ -322,13 +322,7 @@ func stateOf(on bool) State {
 // every reports whether every state (caller's order) is the one its
 // change leaves: one pass over a byte per site.
 func (p *Prepared) every(states []State) bool {
-	leave := p.leave[:len(states)]
-	for i, st := range states {
-		if st != leave[i] {
-			return false
-		}
-	}
-	return true
+	return SameStates(states, p.leave)
 }
 
 // ErrNotClassified means Prepared.Flip was given a state other than active
