@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
@@ -136,11 +137,15 @@ func (h *Harness) measureSpans(ctx context.Context, bin string, l *probelist.Lis
 			for r := 0; r < rounds; r++ {
 				for _, w := range ways {
 					for _, on := range []bool{true, false} {
+						c0 := processCPU()
 						d, err := timeIt(func() error { return set[w](on) })
 						if err != nil {
 							return nil, nil, fmt.Errorf("%s: %w", w, err)
 						}
 						out[w] = append(out[w], d)
+						if rounds > 1 {
+							out[cpuKey+w] = append(out[cpuKey+w], processCPU()-c0)
+						}
 					}
 				}
 			}
@@ -167,6 +172,19 @@ func (h *Harness) measureSpans(ctx context.Context, bin string, l *probelist.Lis
 		return nil, nil, fmt.Errorf("implausible final counts %+v", c)
 	}
 	return out, stats, nil
+}
+
+// cpuKey prefixes, in measureSpans' samples, a span session way's CPU
+// time per batch (the harness process's, every thread: D74).
+const cpuKey = "cpu:"
+
+// processCPU is the CPU time this process has used, in ns.
+func processCPU() float64 {
+	var r syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &r) != nil {
+		return 0
+	}
+	return float64(r.Utime.Nano() + r.Stime.Nano())
 }
 
 // spanSessionRounds is how many times row 2b's span session ways run,
@@ -236,6 +254,13 @@ func (h *Harness) reportSpans(probes int, m map[string][]float64, st *xmod.SpanS
 	for _, v := range spanVariants {
 		s := Summarize(m[v], h.TSC).Scale(k)
 		h.Rep.SetStat("batch20k."+v+"_per_probe", s)
+		if c := m[cpuKey+v]; len(c) > 0 {
+			// Beside the wall time: on a machine that is ours they agree
+			// (D74); a wall well above it says the run was disturbed.
+			cpu := Summarize(c, h.TSC).Scale(k).MedianNs
+			h.Rep.Set("batch20k."+v+"_cpu_per_probe", cpu)
+			names[v] += fmt.Sprintf("; CPU %.1f ns a probe", cpu)
+		}
 		ref := base
 		if strings.HasPrefix(v, "session_") {
 			ref = sbase
