@@ -298,9 +298,30 @@ func (w *spanWriter) oneByte(i int) error {
 	return nil
 }
 
+// writeAligned writes a span as two pwrites when it crosses a page
+// boundary: the bytes up to its first boundary, then the rest.
+// /proc/PID/mem copies a write 4 KiB at a time from where the write
+// starts, and each such piece that straddles two of the target's pages
+// costs two page look-ups, pins and dirty marks instead of one; from a
+// boundary on, each piece is one page (a quarter less CPU for a 64 KiB
+// span: D74). Every byte is still written once, in address order, and
+// holds its old or its new value at every instant (the kernel copies a
+// write in pieces anyway); the span's read-back follows the last piece.
+func writeAligned(m Mem, start uint64, b []byte) error {
+	head := int(pageSize - start%pageSize)
+	if head == pageSize || head >= len(b) {
+		return m.WriteMem(start, b)
+	}
+	if err := m.WriteMem(start, b[:head]); err != nil {
+		return err
+	}
+	return m.WriteMem(start+uint64(head), b[head:])
+}
+
 // span writes one run of sites (indices into cs, sorted, in one
-// span-writable mapping) with one pwrite, after re-reading and checking
-// the span, and reads it back.
+// span-writable mapping) with one pwrite (two when it crosses a page
+// boundary: writeAligned), after re-reading and checking the span, and
+// reads it back.
 func (w *spanWriter) span(run []int) error {
 	first, last := w.cs[run[0]].Site, w.cs[run[len(run)-1]].Site
 	start := first.Addr
@@ -326,7 +347,7 @@ func (w *spanWriter) span(run []int) error {
 			return err
 		}
 	}
-	if err := w.m.WriteMem(start, want); err != nil {
+	if err := writeAligned(w.m, start, want); err != nil {
 		return err
 	}
 	if err := w.m.ReadMem(start, got); err != nil {
