@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -90,13 +93,17 @@ func BenchmarkSessionApply(b *testing.B) {
 			name += ",first" // each batch a selection's first (D61)
 		}
 		b.Run(name, func(b *testing.B) {
-			set := h.sessionSet(ctx, s, all, v.spans, v.first)
+			set := h.sessionSet(ctx, s, all, v.spans, v.first, nil)
 			for _, on := range []bool{true, false} { // warm: verified, both selections prepared
 				if err := set(on); err != nil {
 					b.Fatal(err)
 				}
 			}
 			var r0, r1 syscall.Rusage
+			var m0, m1 runtime.MemStats
+			b.ReportAllocs()
+			runtime.ReadMemStats(&m0)
+			q0 := runDelay()
 			b.ResetTimer()
 			syscall.Getrusage(syscall.RUSAGE_SELF, &r0)
 			for i := 0; i < b.N; i++ {
@@ -105,7 +112,16 @@ func BenchmarkSessionApply(b *testing.B) {
 				}
 			}
 			syscall.Getrusage(syscall.RUSAGE_SELF, &r1)
+			b.StopTimer()
+			q1 := runDelay()
+			runtime.ReadMemStats(&m1)
 			per := float64(b.N) * float64(len(l.Probes))
+			// Where wall time beyond CPU time went (D74): this process's
+			// threads runnable but not running (the run queue), and
+			// collections and page faults per batch.
+			b.ReportMetric(float64(q1-q0)/per, "runq-ns/probe")
+			b.ReportMetric(float64(m1.NumGC-m0.NumGC)/float64(b.N), "gc/op")
+			b.ReportMetric(float64(r1.Minflt-r0.Minflt)/float64(b.N), "minflt/op")
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/per, "ns/probe")
 			// Under load, CPU time (every thread of this process, the
 			// kernel's copying of the target's memory included) says more
@@ -115,6 +131,24 @@ func BenchmarkSessionApply(b *testing.B) {
 			b.ReportMetric(float64(r1.Stime.Nano()-r0.Stime.Nano())/per, "sys-ns/probe")
 		})
 	}
+}
+
+// runDelay is the time this process's threads have spent runnable but not
+// running (the second field of each /proc/self/task/TID/schedstat), in ns.
+func runDelay() int64 {
+	ents, _ := os.ReadDir("/proc/self/task")
+	var sum int64
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc/self/task", e.Name(), "schedstat"))
+		if err != nil {
+			continue // the thread exited
+		}
+		if f := strings.Fields(string(b)); len(f) >= 2 {
+			d, _ := strconv.ParseInt(f[1], 10, 64)
+			sum += d
+		}
+	}
+	return sum
 }
 
 // BenchmarkSessionStream is row 7's streamed toggles through `hotpatch

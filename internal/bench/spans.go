@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
@@ -69,6 +70,9 @@ func (h *Harness) measureSpans(ctx context.Context, bin string, l *probelist.Lis
 		return nil, nil, err
 	}
 	stats := &xmod.SpanStats{}
+	// imaged: the span session ways' spans, and how many of them were
+	// written from their images (D61), over the timed batches.
+	var imaged [2][2]int
 	set := map[string]func(on bool) error{
 		"flip_onebyte": func(on bool) error {
 			_, err := xmod.Flip(ctx, mem, changes(sites, on), xmod.FlipOptions{})
@@ -97,27 +101,63 @@ func (h *Harness) measureSpans(ctx context.Context, bin string, l *probelist.Lis
 			_, err = xmod.Flip(ctx, mem, changes(sites, on), xmod.FlipOptions{Pristine: pr, Stats: stats})
 			return err
 		},
-		"session_onebyte":     h.sessionSet(ctx, s, all, false, false),
-		"session_spans_first": h.sessionSet(ctx, s, all, true, true),
-		"session_spans":       h.sessionSet(ctx, s, all, true, false),
+		"session_onebyte":     h.sessionSet(ctx, s, all, false, false, nil),
+		"session_spans_first": h.sessionSet(ctx, s, all, true, true, &imaged[0]),
+		"session_spans":       h.sessionSet(ctx, s, all, true, false, &imaged[1]),
 	}
 	if err := checkLive(ctx, t, set["session_spans"]); err != nil {
 		return nil, nil, err
 	}
+	// Every session way's selections prepared and verified (once per
+	// session, as in `hotpatch session`) before anything is timed.
+	for _, v := range spanVariants {
+		if strings.HasPrefix(v, "session_") {
+			for _, on := range []bool{true, false} {
+				if err := set[v](on); err != nil {
+					return nil, nil, fmt.Errorf("%s: %w", v, err)
+				}
+			}
+		}
+	}
+	imaged = [2][2]int{}
 	unpin := h.pinHarness()
 	defer unpin()
 	out := map[string][]float64{}
 	for i := 0; i < h.Cfg.BatchReps; i++ {
 		for _, v := range spanVariants {
-			for _, on := range []bool{true, false} {
-				d, err := timeIt(func() error { return set[v](on) })
-				if err != nil {
-					return nil, nil, fmt.Errorf("%s: %w", v, err)
+			// The span session ways cost milliseconds a batch: several
+			// rounds per pass, the two alternating, for a steadier median.
+			ways, rounds := []string{v}, 1
+			switch v {
+			case "session_spans_first":
+				ways, rounds = []string{"session_spans_first", "session_spans"}, spanSessionRounds
+			case "session_spans":
+				continue // with session_spans_first
+			}
+			for r := 0; r < rounds; r++ {
+				for _, w := range ways {
+					for _, on := range []bool{true, false} {
+						c0 := processCPU()
+						d, err := timeIt(func() error { return set[w](on) })
+						if err != nil {
+							return nil, nil, fmt.Errorf("%s: %w", w, err)
+						}
+						out[w] = append(out[w], d)
+						if rounds > 1 {
+							out[cpuKey+w] = append(out[cpuKey+w], processCPU()-c0)
+						}
+					}
 				}
-				out[v] = append(out[v], d)
 			}
 		}
 	}
+	// The two ways measure what they say: no first batch wrote a span
+	// from an image, the toggled ones did (all of them, unless the
+	// target changed a span's bytes meanwhile).
+	if imaged[0][1] != 0 || imaged[1][1] == 0 {
+		return nil, nil, fmt.Errorf("span images: first batches wrote %d of %d spans from them, toggled ones %d of %d", imaged[0][1], imaged[0][0], imaged[1][1], imaged[1][0])
+	}
+	h.Rep.Set("batch20k.session_spans_imaged_share", float64(imaged[1][1])/float64(imaged[1][0]))
 	// Detach before the target exits: a tracer in this process would
 	// otherwise reap it before Quit's wait does.
 	closed = true
@@ -134,22 +174,54 @@ func (h *Harness) measureSpans(ctx context.Context, bin string, l *probelist.Lis
 	return out, stats, nil
 }
 
+// cpuKey prefixes, in measureSpans' samples, a span session way's CPU
+// time per batch (the harness process's, every thread: D74).
+const cpuKey = "cpu:"
+
+// processCPU is the CPU time this process has used, in ns.
+func processCPU() float64 {
+	var r syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &r) != nil {
+		return 0
+	}
+	return float64(r.Utime.Nano() + r.Stime.Nano())
+}
+
+// spanSessionRounds is how many times row 2b's span session ways run,
+// alternating, in each pass (the other ways once).
+const spanSessionRounds = 5
+
 // sessionSet turns every probe on or off through one Session.Apply, as one
 // `hotpatch --enable '*'` does after its lock and targets. first: the
 // selection's images are dropped before (D61), so that the batch is as a
-// selection's first, the one a single hotpatch call makes.
-func (h *Harness) sessionSet(ctx context.Context, s *hotpatch.Session, all probelist.Selector, spans, first bool) func(bool) error {
+// selection's first, the one a single hotpatch call makes. The first
+// batches select the probes by their object too (the same probes: the
+// session has one target), a selection of their own: dropping its images
+// leaves those of the toggled selection, which the toggled way uses.
+//
+// imaged, when not nil, accumulates the batches' spans ([0]) and how many
+// of them were written from their images ([1]).
+func (h *Harness) sessionSet(ctx context.Context, s *hotpatch.Session, all probelist.Selector, spans, first bool, imaged *[2]int) func(bool) error {
 	return func(on bool) error {
 		s.SetSpanWrites(spans)
+		actions := []hotpatch.Action{{Enable: on, Selector: all}}
 		if first {
-			s.DropImages()
+			if len(s.Targets()) != 1 {
+				return fmt.Errorf("first-batch way: %d targets, want 1", len(s.Targets()))
+			}
+			actions[0].Object = s.Targets()[0].Object.Path
+			s.DropImagesOf(actions, hotpatch.ProtoFlip)
 		}
-		res, err := s.Apply(ctx, []hotpatch.Action{{Enable: on, Selector: all}}, hotpatch.ProtoFlip, 0)
+		res, err := s.Apply(ctx, actions, hotpatch.ProtoFlip, 0)
 		if err != nil {
 			return err
 		}
 		if !res.OK || len(res.Warnings) > 0 {
 			return fmt.Errorf("batch not clean: ok=%v, warnings %q", res.OK, res.Warnings)
+		}
+		if imaged != nil && res.Spans != nil {
+			imaged[0] += res.Spans.Spans
+			imaged[1] += res.Spans.Imaged
 		}
 		return nil
 	}
@@ -158,11 +230,11 @@ func (h *Harness) sessionSet(ctx context.Context, s *hotpatch.Session, all probe
 // reportSpans is row 2b.
 func (h *Harness) reportSpans(probes int, m map[string][]float64, st *xmod.SpanStats) *Section {
 	sec := &Section{Title: fmt.Sprintf("2b. Batch writes: checked spans against one byte per site (%d probes)", probes),
-		Text: fmt.Sprintf("The batch row's flip program; a pass enables every probe with one call, then disables them all, each way below once per pass, interleaved, %d passes; time per probe over both directions. "+
-			"Checked spans (docs/protocols.md, \"Batches at page speed\"): reads grouped per run (64 KiB for xmod.Flip, 256 KiB for a session's prepared selection; process_vm_readv from 16 KiB), each run of sites re-read, compared with the object's file outside probe sites (or with the span as it was checked before its last write: D61), written with one pwrite and read back. "+
+		Text: fmt.Sprintf("The batch row's flip program; a pass enables every probe with one call, then disables them all, each way below once per pass (the two span session ways %d times each, alternating), interleaved, %d passes; time per probe over both directions. "+
+			"Checked spans (docs/protocols.md, \"Batches at page speed\"): reads grouped per run (64 KiB for xmod.Flip, 256 KiB for a session's prepared selection; process_vm_readv from 16 KiB), each run of sites re-read, compared with the object's file outside probe sites (or with the span as it was checked before its last write: D61), written with one pwrite (two across a page boundary) and read back. "+
 			"The session rows are one hotpatch.Session (as `hotpatch session` toggling `'*'`) after locking and loading the list, the selection prepared once (D46): each batch reads every site, flips, reads back. "+
 			"Toggled back and forth, a selection keeps its last grouped read with its states and its spans as checked and as written, from its second batch on, and uses them when the bytes read are the same (D61); "+
-			"the first-batch row drops them before each batch: what one `hotpatch --enable '*'` call does after its lock, list and selection.", h.Cfg.BatchReps),
+			"the first-batch row (a selection of its own) drops its own before each batch: what one `hotpatch --enable '*'` call does after its lock, list and selection.", spanSessionRounds, h.Cfg.BatchReps),
 		Head: []string{"how", "per probe", "ratio", "whole batch"}}
 	k := 1 / float64(probes)
 	base := Summarize(m["flip_onebyte"], h.TSC).Scale(k)
@@ -176,9 +248,19 @@ func (h *Harness) reportSpans(probes int, m map[string][]float64, st *xmod.SpanS
 		"session_spans_first": "hotpatch session `--enable/--disable '*'`, checked spans, each batch a selection's first (one hotpatch call)",
 		"session_spans":       "hotpatch session `--enable/--disable '*'`, checked spans, toggled back and forth",
 	}
+	if share, ok := h.Rep.Values["batch20k.session_spans_imaged_share"].(float64); ok {
+		names["session_spans"] += fmt.Sprintf(" (%.0f%% of its spans written from their images)", 100*share)
+	}
 	for _, v := range spanVariants {
 		s := Summarize(m[v], h.TSC).Scale(k)
 		h.Rep.SetStat("batch20k."+v+"_per_probe", s)
+		if c := m[cpuKey+v]; len(c) > 0 {
+			// Beside the wall time: on a machine that is ours they agree
+			// (D74); a wall well above it says the run was disturbed.
+			cpu := Summarize(c, h.TSC).Scale(k).MedianNs
+			h.Rep.Set("batch20k."+v+"_cpu_per_probe", cpu)
+			names[v] += fmt.Sprintf("; CPU %.1f ns a probe", cpu)
+		}
 		ref := base
 		if strings.HasPrefix(v, "session_") {
 			ref = sbase

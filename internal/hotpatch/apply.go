@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -382,7 +381,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	res.ElapsedNS = time.Since(start).Nanoseconds()
 	res.OK = runErr == nil && afterErr == nil
 	if res.OK {
-		res.OK = slices.Equal(after, p.want)
+		res.OK = xmod.SameStates(after, p.want)
 	}
 	if res.OK && s.inBatch {
 		s.keepAfter(p, afterAt)

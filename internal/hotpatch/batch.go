@@ -77,26 +77,7 @@ const maxPreparedSites = 1 << 20
 // prepare returns the prepared selection of actions under protocol,
 // building it on first use.
 func (s *Session) prepare(actions []Action, protocol string) (*prepared, error) {
-	// The key in a reused buffer: a lookup with string(b) does not
-	// allocate, and a session looks one up per command.
-	b := append(s.keyBuf[:0], protocol...)
-	b = append(b, 1)
-	for _, a := range actions {
-		if a.Enable {
-			b = append(b, '+')
-		} else {
-			b = append(b, '-')
-		}
-		b = append(b, a.Selector.Pattern...)
-		b = append(b, 0)
-		b = append(b, a.Selector.Kind...)
-		b = append(b, 0)
-		b = append(b, a.Selector.Provider...)
-		b = append(b, 0)
-		b = append(b, a.Object...)
-		b = append(b, 1)
-	}
-	s.keyBuf = b
+	b := s.key(actions, protocol)
 	if p, ok := s.prepared[string(b)]; ok {
 		return p, nil
 	}
@@ -155,6 +136,31 @@ func (s *Session) prepare(actions []Action, protocol string) (*prepared, error) 
 	s.prepared[key] = p
 	s.preparedSites += len(sel)
 	return p, nil
+}
+
+// key is the key of actions under protocol in s.prepared, in a reused
+// buffer: a lookup with string(b) does not allocate, and a session looks
+// one up per command.
+func (s *Session) key(actions []Action, protocol string) []byte {
+	b := append(s.keyBuf[:0], protocol...)
+	b = append(b, 1)
+	for _, a := range actions {
+		if a.Enable {
+			b = append(b, '+')
+		} else {
+			b = append(b, '-')
+		}
+		b = append(b, a.Selector.Pattern...)
+		b = append(b, 0)
+		b = append(b, a.Selector.Kind...)
+		b = append(b, 0)
+		b = append(b, a.Selector.Provider...)
+		b = append(b, 0)
+		b = append(b, a.Object...)
+		b = append(b, 1)
+	}
+	s.keyBuf = b
+	return b
 }
 
 // results is every site's SiteResult for one Apply.

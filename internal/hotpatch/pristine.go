@@ -343,6 +343,24 @@ func (s *Session) DropImages() {
 	s.imaged = nil
 }
 
+// DropImagesOf is DropImages for the selection of actions under protocol
+// alone (as Apply names it; "" is auto), when it was prepared: a
+// benchmark alternating a selection's first batch with another
+// selection's toggled ones on one session.
+func (s *Session) DropImagesOf(actions []Action, protocol string) {
+	if protocol == "" {
+		protocol = ProtoAuto
+	}
+	p := s.prepared[string(s.key(actions, protocol))]
+	if p == nil {
+		return
+	}
+	p.batch.DropImages()
+	if i := slices.Index(s.imaged, p); i >= 0 {
+		s.imaged = slices.Delete(s.imaged, i, i+1)
+	}
+}
+
 // SetSpanWrites turns checked span writes for large flip batches off (every
 // site written alone: the reference the benchmarks compare with) or on
 // (the default).

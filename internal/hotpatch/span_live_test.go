@@ -240,6 +240,41 @@ func TestSpanImagesLive(t *testing.T) {
 	if images() == 0 {
 		t.Fatal("no images after three rounds")
 	}
+	// DropImagesOf drops one selection's images and no other's: a second
+	// selection (f2*, inside the first's spans) made to keep images, then
+	// dropped, writes its spans checked in full while the first still
+	// writes from its images (SpanStats.Imaged).
+	sel2, err := probelist.ParseSelector("f2*", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply2 := func(on bool) *Result {
+		t.Helper()
+		r, err := ses.Apply(context.Background(), []Action{{Enable: on, Selector: sel2}}, ProtoAuto, 0)
+		if err != nil || !r.OK || r.Spans == nil || r.Spans.Spans == 0 {
+			t.Fatalf("apply f2* %v: %v %+v", on, err, r)
+		}
+		return r
+	}
+	for i := 0; i < 3; i++ { // the probes are on: each selection ends as it found them
+		apply2(false)
+		if r := apply2(true); i == 2 && r.Spans.Imaged != r.Spans.Spans {
+			t.Fatalf("f2*'s third round: %d of %d spans from images", r.Spans.Imaged, r.Spans.Spans)
+		}
+	}
+	for _, on := range []bool{false, true} {
+		ses.DropImagesOf([]Action{{Enable: on, Selector: sel2}}, "")
+	}
+	for _, on := range []bool{false, true} {
+		if r := apply(on); r.Spans.Imaged != r.Spans.Spans {
+			t.Fatalf("f*, %v, after f2*'s images were dropped: %d of %d spans from images", on, r.Spans.Imaged, r.Spans.Spans)
+		}
+	}
+	for _, on := range []bool{false, true} {
+		if r := apply2(on); r.Spans.Imaged != 0 {
+			t.Fatalf("f2*, %v, after its images were dropped: %d of %d spans from images", on, r.Spans.Imaged, r.Spans.Spans)
+		}
+	}
 	read := func() byte {
 		b := make([]byte, 1)
 		if err := ses.tracer.ReadMem(area+10, b); err != nil {

@@ -194,3 +194,54 @@ func TestSpanAllOrNothing(t *testing.T) {
 		t.Fatalf("Flip: %v, %d writes; want a SiteError for site 40 and nothing written", err, m.wrote)
 	}
 }
+
+// TestWriteAligned: a span crossing page boundaries is written as its
+// head up to the first boundary and the rest from there, every byte once;
+// a span starting on a boundary, or within one page, is one write.
+func TestWriteAligned(t *testing.T) {
+	const base = 0x10000
+	for _, c := range []struct {
+		start  uint64
+		n      int
+		writes [][2]uint64 // [addr, len]
+	}{
+		{base + 100, 10000, [][2]uint64{{base + 100, pageSize - 100}, {base + pageSize, 10000 - (pageSize - 100)}}},
+		{base + pageSize, 10000, [][2]uint64{{base + pageSize, 10000}}},
+		{base + 100, 200, [][2]uint64{{base + 100, 200}}},
+		{base + pageSize - 8, 8, [][2]uint64{{base + pageSize - 8, 8}}},
+		{base + pageSize - 8, 9, [][2]uint64{{base + pageSize - 8, 8}, {base + pageSize, 1}}},
+	} {
+		m := &recordMem{fakeMem: fakeMem{base: base, b: make([]byte, 4*pageSize)}}
+		b := make([]byte, c.n)
+		for i := range b {
+			b[i] = byte(i*7 + 1)
+		}
+		if err := writeAligned(m, c.start, b); err != nil {
+			t.Fatal(err)
+		}
+		if len(m.writes) != len(c.writes) {
+			t.Fatalf("start %#x, %d bytes: writes %v, want %v", c.start, c.n, m.writes, c.writes)
+		}
+		for i, w := range m.writes {
+			if w != c.writes[i] {
+				t.Fatalf("start %#x, %d bytes: writes %v, want %v", c.start, c.n, m.writes, c.writes)
+			}
+		}
+		got := m.b[c.start-base : c.start-base+uint64(c.n)]
+		for i := range b {
+			if got[i] != b[i] {
+				t.Fatalf("start %#x, %d bytes: byte %d is %#x, want %#x", c.start, c.n, i, got[i], b[i])
+			}
+		}
+	}
+}
+
+type recordMem struct {
+	fakeMem
+	writes [][2]uint64
+}
+
+func (r *recordMem) WriteMem(addr uint64, b []byte) error {
+	r.writes = append(r.writes, [2]uint64{addr, uint64(len(b))})
+	return r.fakeMem.WriteMem(addr, b)
+}

@@ -198,10 +198,7 @@ func (p *Prepared) classifyMemo(m Mem, out []State) ([]State, bool, error) {
 	for _, r := range c.runs {
 		start := ws[r[0]].addr
 		n := int(ws[r[1]-1].addr + uint64(ws[r[1]-1].len) - start)
-		for k := r[0]; k < r[1]; k++ {
-			w := &ws[k]
-			out[w.pos] = p.classifyAt(k, buf[:n], w.addr-start)
-		}
+		p.classifyRun(ws[r[0]:r[1]], r[0], buf[:n], start, out)
 		buf = buf[n:]
 	}
 	c.img, c.cur = c.cur, c.img
