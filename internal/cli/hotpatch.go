@@ -14,13 +14,18 @@ import (
 
 	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
+	"github.com/edgeprobe/edgeprobe/internal/phases"
 	"github.com/edgeprobe/edgeprobe/internal/probecache"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 )
 
 // HotpatchMain runs the hotpatch command and returns its exit code.
 func HotpatchMain(args []string, stdout, stderr io.Writer) int {
-	return run(newHotpatchCmd(stdout, stderr), args, stdout, stderr)
+	phases.Mark("start")
+	code := run(newHotpatchCmd(stdout, stderr), args, stdout, stderr)
+	phases.Mark("end")
+	phases.Print(stderr)
+	return code
 }
 
 // actionFlag appends to a shared list, so --enable and --disable keep the
@@ -118,6 +123,7 @@ not exist or exited while hotpatch worked on it.`,
   hotpatch list --pid 4242`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			phases.Mark("cobra")
 			if err := tf.check(); err != nil {
 				return err
 			}
@@ -174,10 +180,12 @@ not exist or exited while hotpatch worked on it.`,
 					if _, err := ensureRuntime(ctx, tf.pid, &inj, waitLock, stderr); err != nil {
 						return classify(err)
 					}
+					phases.Mark("runtime")
 					break
 				}
 			}
 			res, err := hotpatch.Apply(ctx, req)
+			phases.Mark("detach")
 			if res != nil {
 				for _, n := range res.Repaired {
 					fmt.Fprintf(stderr, "hotpatch: %s\n", calltrace.Printable(n.String()))

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgeprobe/edgeprobe/internal/phases"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
@@ -171,7 +172,9 @@ func OpenContext(ctx context.Context, pid int, probeFiles []string, waitLock boo
 	if err != nil {
 		return nil, err
 	}
+	phases.Mark("lock")
 	targets, err := LoadTargets(pid, probeFiles)
+	phases.Mark("targets")
 	if err != nil {
 		lock.Release()
 		if !Gone(err) && processGone(pid) {
@@ -190,6 +193,7 @@ func OpenContext(ctx context.Context, pid int, probeFiles []string, waitLock boo
 			r.Close()
 		}
 	}
+	phases.Mark("shm")
 	return s, nil
 }
 
@@ -271,6 +275,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	if p.protoErr != nil {
 		return nil, p.protoErr
 	}
+	phases.Mark("prepare")
 	if err := s.attach(!p.onlyFlip); err != nil {
 		return nil, err
 	}
@@ -284,6 +289,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 		return nil, err
 	}
 	p.before = before
+	phases.Mark("before")
 	res := &Result{PID: s.pid}
 	// A site a killed hotpatch left mid-patch is ours: make it whole first
 	// (and say so), rather than refusing it as foreign forever. (One pass
@@ -347,6 +353,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	}
 	// The read after: every site, but those a span's clean read-back has
 	// just shown in their new form (D50).
+	phases.Mark("write")
 	var after []xmod.State
 	var afterErr error
 	afterAt := time.Now()
@@ -358,6 +365,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	if afterErr == nil {
 		p.after = after
 	}
+	phases.Mark("after")
 	res.ElapsedNS = time.Since(start).Nanoseconds()
 	res.OK = runErr == nil && afterErr == nil
 	if res.OK {
