@@ -176,11 +176,12 @@ not exist or exited while hotpatch worked on it.`,
 			defer stop()
 			for _, a := range req.Actions {
 				if a.Enable {
+					// An enable makes sure the probes record into the
+					// runtime first (loading it if need be), under the
+					// request's own lock.
 					inj.verbose = verbose
-					if _, err := ensureRuntime(ctx, tf.pid, &inj, waitLock, stderr); err != nil {
-						return classify(err)
-					}
-					phases.Mark("runtime")
+					req.Runtime = &hotpatch.RuntimeOptions{NoInject: inj.noInject, File: inj.runtime, WaitLock: waitLock}
+					req.OnRuntime = func(st *hotpatch.RuntimeStatus) { reportRuntime(st, &inj, stderr) }
 					break
 				}
 			}

@@ -46,6 +46,13 @@ type Request struct {
 	Int3Wait   time.Duration // 0: xmod.DefaultWait
 	WaitLock   bool          // queue behind another hotpatch instead of failing
 	Brief      bool          // Result.Sites only if something failed (Session.SetBrief)
+	// Runtime, when set, has the runtime ensured (EnsureRuntime with these
+	// options) under the request's own lock, before its targets are
+	// loaded: what an --enable does first. OnRuntime, when set, gets what
+	// that found and did, also when it failed (then Apply returns its
+	// error and writes nothing).
+	Runtime   *RuntimeOptions
+	OnRuntime func(*RuntimeStatus)
 }
 
 // SiteResult is what happened to one selected site.
@@ -105,9 +112,33 @@ type selected struct {
 	on     bool
 }
 
-// Apply carries out a request: Open, Session.Apply, Close.
+// Apply carries out a request: Open (and the runtime ensured under its
+// lock, if asked), Session.Apply, Close. The whole request runs on one
+// thread that is its own tracer (ptrace.Run): no request to the tracer is
+// handed to another thread (D71). It returns once the process is released.
 func Apply(ctx context.Context, req Request) (*Result, error) {
-	s, err := OpenContext(ctx, req.PID, req.ProbeFiles, req.WaitLock)
+	var res *Result
+	err := ptrace.Run(func() error {
+		var err error
+		res, err = apply(ctx, req)
+		return err
+	})
+	return res, err
+}
+
+func apply(ctx context.Context, req Request) (*Result, error) {
+	var ensure func(*Lock) (*RuntimeStatus, error)
+	if req.Runtime != nil {
+		ensure = func(l *Lock) (*RuntimeStatus, error) {
+			st, err := ensureRuntime(ctx, req.PID, *req.Runtime, l)
+			if req.OnRuntime != nil {
+				req.OnRuntime(st)
+			}
+			phases.Mark("runtime")
+			return st, err
+		}
+	}
+	s, err := open(ctx, req.PID, req.ProbeFiles, req.WaitLock, ensure)
 	if err != nil {
 		return nil, err
 	}
@@ -128,10 +159,13 @@ type Session struct {
 	targets []*Target
 	tracer  *ptrace.Tracer
 	full    bool        // the tracer holds every thread, not only the leader
-	region  *shm.Region // the runtime's region, when the process runs it
-	mem     *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
-	noSpans bool        // every flip site written alone (SetSpanWrites)
-	inBatch bool        // inside Batch: the tracer may not change
+	region  *shm.Region // the runtime's region, when the process runs it (openRegion)
+	// regionTried: openRegion looked (a process without the runtime is
+	// not searched again on every enable).
+	regionTried bool
+	mem         *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
+	noSpans     bool        // every flip site written alone (SetSpanWrites)
+	inBatch     bool        // inside Batch: the tracer may not change
 	// threadMem: inside Batch, the target's memory as the tracer thread
 	// reaches it (ptrace.ThreadMem), lent for the Batch; nil outside.
 	threadMem *ptrace.ThreadMem
@@ -168,13 +202,27 @@ func Open(pid int, probeFiles []string, waitLock bool) (*Session, error) {
 
 // OpenContext is Open whose wait for the lock ends when ctx does.
 func OpenContext(ctx context.Context, pid int, probeFiles []string, waitLock bool) (*Session, error) {
+	return open(ctx, pid, probeFiles, waitLock, nil)
+}
+
+// open is OpenContext; ensure, when set, runs under the lock before the
+// targets are loaded (the runtime ensured, as Session.EnsureRuntime).
+func open(ctx context.Context, pid int, probeFiles []string, waitLock bool, ensure func(*Lock) (*RuntimeStatus, error)) (*Session, error) {
 	lock, err := AcquireLockContext(ctx, pid, waitLock)
 	if err != nil {
 		return nil, err
 	}
 	phases.Mark("lock")
+	full := false
+	if ensure != nil {
+		st, err := ensure(lock)
+		if err != nil {
+			lock.Release()
+			return nil, err
+		}
+		full = st != nil && st.Load != nil // inject.Load upgraded the tracer
+	}
 	targets, err := LoadTargets(pid, probeFiles)
-	phases.Mark("targets")
 	if err != nil {
 		lock.Release()
 		if !Gone(err) && processGone(pid) {
@@ -183,18 +231,27 @@ func OpenContext(ctx context.Context, pid int, probeFiles []string, waitLock boo
 		}
 		return nil, err
 	}
-	s := &Session{pid: pid, lock: lock, targets: targets, tracer: lock.Tracer()}
-	// Best effort: a process without the runtime (or with a runtime of
-	// another layout) records nothing whose frames could go stale.
-	if r, err := shm.OpenPID(pid); err == nil {
+	s := &Session{pid: pid, lock: lock, targets: targets, tracer: lock.Tracer(), full: full}
+	phases.Mark("targets")
+	return s, nil
+}
+
+// openRegion opens the runtime's region, once: only an enable needs it
+// (newGeneration), and finding it lists the process's descriptors. Best
+// effort: a process without the runtime (or with a runtime of another
+// layout) records nothing whose frames could go stale.
+func (s *Session) openRegion() {
+	if s.region != nil || s.regionTried {
+		return
+	}
+	s.regionTried = true
+	if r, err := shm.OpenPID(s.pid); err == nil {
 		if r.Writable() {
 			s.region = r
 		} else {
 			r.Close()
 		}
 	}
-	phases.Mark("shm")
-	return s, nil
 }
 
 // Targets are the session's instrumented objects.
@@ -420,9 +477,6 @@ func (s *Session) SetBrief(on bool) { s.brief = on }
 // by a call whose exit was missed while they were off must not be matched by
 // the exit of a call that entered unseen (see shm.Region.NewGeneration).
 func (s *Session) newGeneration(p *prepared, before []xmod.State) {
-	if s.region == nil {
-		return
-	}
 	keys := p.gen[:0]
 	for i, k := range p.genKey {
 		// Adjacent duplicates (a function's entry and exit) once: a second
@@ -432,7 +486,10 @@ func (s *Session) newGeneration(p *prepared, before []xmod.State) {
 		}
 	}
 	if len(keys) > 0 {
-		s.region.NewGeneration(keys)
+		s.openRegion()
+		if s.region != nil {
+			s.region.NewGeneration(keys)
+		}
 	}
 	p.gen = keys
 }

@@ -83,9 +83,22 @@ type Cache struct {
 	warn func(format string, args ...any) // where a rejected entry is reported; nil: nowhere
 
 	hits, misses atomic.Int64
+	// factHits, factMisses count Facts lookups apart: Stats is what the
+	// lists, scans and verification records did (hotpatch -v).
+	factHits, factMisses atomic.Int64
 }
 
-// Stats returns how many lookups found a usable entry and how many did not.
+// FactsStats returns how many Facts lookups found a usable entry and how
+// many did not.
+func (c *Cache) FactsStats() (hits, misses int64) {
+	if c == nil {
+		return 0, 0
+	}
+	return c.factHits.Load(), c.factMisses.Load()
+}
+
+// Stats returns how many lookups of lists, scans and verification records
+// found a usable entry and how many did not (Facts: FactsStats).
 func (c *Cache) Stats() (hits, misses int64) {
 	if c == nil {
 		return 0, 0
@@ -292,6 +305,7 @@ const (
 	kindList     byte = 1
 	kindScan     byte = 2
 	kindVerified byte = 3
+	kindFacts    byte = 4
 )
 
 // source is what an entry was made from: a file's identity when it was
@@ -505,7 +519,7 @@ func encodeEntry(key [32]byte, kind byte, src *source, payload []byte, noSites b
 // is refused when decoded, and its entry removed (lookup).
 func entryCRC(b []byte) uint32 {
 	c := crc32.Update(0, crcTable, b[:136])
-	if b[8] == kindVerified {
+	if b[8] == kindVerified || b[8] == kindFacts {
 		return crc32.Update(c, crcTable, b[140:])
 	}
 	return crc32.Update(c, crcTable, b[140:entryHeaderSize])
@@ -778,4 +792,83 @@ func (c *Cache) SetVerified(list, scan [32]byte) {
 	payload := append(append([]byte(nil), list[:]...), scan[:]...)
 	c.write(entryName(key), encodeEntry(key, kindVerified, &source{}, payload, false))
 	c.prune()
+}
+
+// maxFactsBytes bounds a facts payload (Facts): its CRC is checked whole on
+// every use.
+const maxFactsBytes = 64 << 10
+
+// Facts gives decode what derive computes from the file of object o that
+// pid maps (opened through map_files, as Scan opens it): a small payload,
+// opaque to the cache, that another package derives from the file alone
+// (inject: an object's hook slots and the symbols it defines). name says
+// what the payload is (its deriver and format); with the object's
+// build-id, path and file identity, and this program's build identity, it
+// keys the entry. The entry is used only while the file's size, mtime and
+// ctime are those recorded, and only if decode accepts it; it is a private
+// file of the cache like every other, whose CRC covers the payload. Else
+// derive reads the file and its result is decoded and stored; nothing is
+// stored for a file changed too recently to tell a later change by its
+// timestamps (racy), nor a payload over 64 KiB. A nil Cache derives every
+// time.
+func (c *Cache) Facts(pid int, o *procmaps.Object, name string, derive func(f *os.File) ([]byte, error), decode func([]byte) error) error {
+	f, err := procmaps.Open(pid, o)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	src, err := c.stat(f)
+	if err != nil {
+		return err
+	}
+	var key [32]byte
+	if c != nil {
+		key = c.key(kindFacts, name, o.BuildID, o.Path, src.dev, src.ino)
+		if payload, ok := c.lookupFacts(key, &src); ok {
+			err := decode(payload)
+			if err == nil {
+				c.factHits.Add(1)
+				return nil
+			}
+			c.warnf("probe cache: %s: %v; rebuilding it", entryName(key), err)
+		}
+		c.factMisses.Add(1)
+	}
+	payload, err := derive(f)
+	if err != nil {
+		return err
+	}
+	if err := decode(payload); err != nil {
+		return err
+	}
+	if c != nil && !src.racy() && len(payload) <= maxFactsBytes {
+		c.store(key, kindFacts, f, &src, payload, false)
+	}
+	return nil
+}
+
+// lookupFacts returns a copy of the payload of the facts entry for key if
+// it is there, sound and made from the file as it is now (src).
+func (c *Cache) lookupFacts(key [32]byte, src *source) ([]byte, bool) {
+	data, err := c.read(entryName(key))
+	if err != nil {
+		return nil, false
+	}
+	defer unix.Munmap(data)
+	le := binary.LittleEndian
+	var was source
+	was.dev, was.ino = le.Uint64(data[48:]), le.Uint64(data[56:])
+	was.size, was.mtime, was.ctime = int64(le.Uint64(data[64:])), int64(le.Uint64(data[72:])), int64(le.Uint64(data[80:]))
+	was.statTime = int64(le.Uint64(data[88:]))
+	if string(data[:8]) != entryMagic || data[8] != kindFacts || data[9] != 0 || !bytes.Equal(data[16:48], key[:]) ||
+		le.Uint64(data[128:]) != uint64(len(data)-entryHeaderSize) || len(data)-entryHeaderSize > maxFactsBytes ||
+		le.Uint32(data[136:]) != entryCRC(data) {
+		c.warnf("probe cache: %s is not an entry of this key; rebuilding it", entryName(key))
+		return nil, false
+	}
+	// Stored only when not racy (Facts): the timestamps decide.
+	if !was.sameFile(src) || was.racy() {
+		return nil, false
+	}
+	return append([]byte(nil), data[entryHeaderSize:]...), true
 }

@@ -101,6 +101,16 @@ type Tracer struct {
 	reqs chan func()
 	done chan struct{} // closed when the server goroutine returns
 	tid  int           // the tracer OS thread
+	// inline: served on a Run thread by the goroutine that attached (no
+	// server goroutine: reqs and done are unused).
+	inline bool
+	// pidfd is the tracer thread's pidfd (PIDFD_THREAD), readable once the
+	// thread has exited, or -1; awaitRelease waits on it. Not the
+	// tracer's own for an inline tracer: Run's, which Run closes.
+	pidfd int
+
+	// depth counts the requests running (inline: pump before the outermost).
+	depth int
 
 	// Everything below is touched only on the tracer thread.
 	mem      int
@@ -139,6 +149,7 @@ func Attach(pid int, opts Options) (*Tracer, error) {
 		reqs:    make(chan func()),
 		done:    make(chan struct{}),
 		mem:     -1,
+		pidfd:   -1,
 		threads: map[int]*thread{},
 		unborn:  map[int]bool{},
 		traps:   map[uint64]*trap{},
@@ -148,13 +159,35 @@ func Attach(pid int, opts Options) (*Tracer, error) {
 		early:     map[int]bool{},
 		forkForms: map[uint64][]byte{},
 	}
+	if rt := claimInline(t); rt != nil {
+		if err := t.attachInline(rt); err != nil {
+			return nil, err
+		}
+		return t, nil
+	}
 	ready := make(chan error, 1)
 	go t.serve(ready)
 	if err := <-ready; err != nil {
+		<-t.done
+		if t.pidfd >= 0 {
+			unix.Close(t.pidfd)
+		}
 		return nil, err
 	}
 	return t, nil
 }
+
+// threadPidfd opens a pidfd of thread tid (Linux 6.9), or returns -1.
+func threadPidfd(tid int) int {
+	fd, err := unix.PidfdOpen(tid, unix.PIDFD_THREAD)
+	if err != nil {
+		return -1
+	}
+	return fd
+}
+
+func (t *Tracer) notifyChld() { signal.Notify(t.sigchld, unix.SIGCHLD) }
+func (t *Tracer) stopChld()   { signal.Stop(t.sigchld) }
 
 // Pid is the traced process.
 func (t *Tracer) Pid() int { return t.pid }
@@ -165,9 +198,10 @@ func (t *Tracer) serve(ready chan<- error) {
 	runtime.LockOSThread()
 	defer close(t.done)
 	t.tid = unix.Gettid()
-	signal.Notify(t.sigchld, unix.SIGCHLD)
+	t.pidfd = threadPidfd(t.tid)
+	t.notifyChld()
 	if err := t.attach(); err != nil {
-		signal.Stop(t.sigchld)
+		t.stopChld()
 		t.cleanup()
 		ready <- err
 		return
@@ -184,7 +218,7 @@ func (t *Tracer) serve(ready chan<- error) {
 		case <-tick.C:
 		}
 	}
-	signal.Stop(t.sigchld)
+	t.stopChld()
 }
 
 // fullOptions are the ptrace options of a tracer of every thread. Forks and
@@ -404,7 +438,16 @@ func mapErrno(err error) error {
 // tracer's methods run directly; from any other goroutine each is a Do.
 func (t *Tracer) Do(fn func() error) error {
 	if t.onThread() {
+		if t.inline && t.depth == 0 && !t.detached {
+			// What the server loop does between requests.
+			t.pump()
+		}
+		t.depth++
+		defer func() { t.depth-- }()
 		return fn()
+	}
+	if t.inline {
+		return t.wrongThread()
 	}
 	errc := make(chan error, 1)
 	select {
@@ -1193,9 +1236,19 @@ func (t *Tracer) Detach() error {
 	if err == ErrDetached {
 		return nil
 	}
+	if t.inline {
+		// The thread's exit releases what is still traced, and Run waits
+		// for that release (awaitRelease) before it returns.
+		t.stopChld()
+		return err
+	}
 	<-t.done
 	if rerr := t.awaitRelease(); err == nil {
 		err = rerr
+	}
+	if t.pidfd >= 0 {
+		unix.Close(t.pidfd)
+		t.pidfd = -1
 	}
 	return err
 }
@@ -1206,15 +1259,54 @@ func (t *Tracer) Detach() error {
 // ends a locked thread only after its goroutine has returned: without this
 // wait, a caller that seizes the process again at once (a Session switching
 // from flip to int3) could find it still traced and fail with EPERM.
+//
+// With the tracer thread's pidfd (Linux 6.9), the wait is for it to turn
+// readable: the kernel marks a thread exited (exit_state, what a thread
+// pidfd's poll reports) after its exit has let go of every tracee
+// (exit_notify: exit_ptrace first), so readable means released, without a
+// read of /proc/PID/status, which costs about half a millisecond on a VM
+// with many possible CPUs (its memory counters are summed over all of
+// them: D71). Without one, the leader's (or every thread's) TracerPid is
+// polled. The waits are system calls, not Go sleeps: the caller is
+// typically the main goroutine, locked to the main thread, for which each
+// park and wake-up is a hand-off between threads.
 func (t *Tracer) awaitRelease() error {
 	deadline := time.Now().Add(t.opts.StopTimeout)
-	for tracedBy(t.pid, t.tid) {
+	if t.pidfd >= 0 {
+		for {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return fmt.Errorf("pid %d: tracer thread %d still running %v after detaching", t.pid, t.tid, t.opts.StopTimeout)
+			}
+			fds := []unix.PollFd{{Fd: int32(t.pidfd), Events: unix.POLLIN}}
+			n, err := unix.Poll(fds, int(left.Milliseconds())+1)
+			if err == unix.EINTR || (err == nil && n == 0) {
+				continue
+			}
+			if err == nil {
+				return nil
+			}
+			break // poll failed: ask /proc
+		}
+	}
+	for t.stillTraced() {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("pid %d: still traced by thread %d %v after detaching", t.pid, t.tid, t.opts.StopTimeout)
 		}
-		time.Sleep(50 * time.Microsecond)
+		ts := unix.NsecToTimespec(int64(50 * time.Microsecond))
+		_ = unix.Nanosleep(&ts, nil) // EINTR: look again
 	}
 	return nil
+}
+
+// stillTraced reports whether any thread of the target is traced by our
+// tracer thread. A leader-only tracer never traced another (no clone,
+// fork or vfork is followed in that mode): its leader's status says it.
+func (t *Tracer) stillTraced() bool {
+	if t.opts.LeaderOnly {
+		return procfs.TracerPid(t.pid, 0) == t.tid
+	}
+	return tracedBy(t.pid, t.tid)
 }
 
 // tracedBy reports whether any thread of pid is traced by thread tracer.
