@@ -79,8 +79,24 @@ func endProgress(w io.Writer, p func(time.Duration, string)) {
 // terminal went away), SIGQUIT (which would dump core) and SIGPIPE (stdout
 // closed by a pager). Each ends the batch the way ctx cancellation does:
 // rolled back or completed, never left with an int3 in the text.
+//
+// Its stop ends the context but leaves the signals caught (a later one is
+// dropped): hotpatch exits once its command returns, and taking each
+// signal back is a round trip to the Go runtime's signal-mask thread (two
+// locked threads: a few context switches each way), five of them at the
+// end of every toggle (D71).
 func signalContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGPIPE)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGPIPE)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-sigs:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 func newStatsCmd(stdout, stderr io.Writer, inj *injectFlags) *cobra.Command {

@@ -12,6 +12,7 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/phases"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/procfs"
+	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"github.com/edgeprobe/edgeprobe/internal/xmod"
@@ -214,6 +215,7 @@ func open(ctx context.Context, pid int, probeFiles []string, waitLock bool, ensu
 	}
 	phases.Mark("lock")
 	full := false
+	var objs []procmaps.Object
 	if ensure != nil {
 		st, err := ensure(lock)
 		if err != nil {
@@ -221,8 +223,16 @@ func open(ctx context.Context, pid int, probeFiles []string, waitLock bool, ensu
 			return nil, err
 		}
 		full = st != nil && st.Load != nil // inject.Load upgraded the tracer
+		if st != nil {
+			objs = st.objects // read under this lock, nothing loaded since
+		}
 	}
-	targets, err := LoadTargets(pid, probeFiles)
+	var targets []*Target
+	if objs != nil {
+		targets, err = loadTargets(pid, objs, probeFiles)
+	} else {
+		targets, err = LoadTargets(pid, probeFiles)
+	}
 	if err != nil {
 		lock.Release()
 		if !Gone(err) && processGone(pid) {

@@ -2,7 +2,6 @@ package ptrace
 
 import (
 	"fmt"
-	"runtime"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -39,10 +38,14 @@ func Run(fn func() error) error {
 		rt  *runThread
 	}
 	done := make(chan result, 1)
-	go func() {
+	var body func()
+	body = func() {
 		// Locked and never unlocked: the thread exits with the goroutine,
 		// which is what releases a leader-only tracer's tracee.
-		runtime.LockOSThread()
+		if !lockThread() {
+			go body() // the main thread: not this one
+			return
+		}
 		tid := unix.Gettid()
 		// A thread pidfd turns readable when the thread has exited
 		// (Linux 6.9; else it is -1 and the wait polls /proc).
@@ -55,7 +58,8 @@ func Run(fn func() error) error {
 		delete(runs.m, rt.tid)
 		runs.Unlock()
 		done <- result{err, rt}
-	}()
+	}
+	go body()
 	r := <-done
 	if t := r.rt.inline; t != nil {
 		if rerr := t.awaitRelease(); r.err == nil {
@@ -107,7 +111,7 @@ func (t *Tracer) attachInline(rt *runThread) error {
 	t.inline = true
 	t.tid = rt.tid
 	t.pidfd = rt.pidfd // Run's: Run closes it
-	t.notifyChld()
+	// SIGCHLD is registered by the first wait that sleeps (sleepy).
 	if err := t.attach(); err != nil {
 		t.stopChld()
 		seized := len(t.threads) > 0

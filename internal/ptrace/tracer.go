@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -104,6 +103,9 @@ type Tracer struct {
 	// inline: served on a Run thread by the goroutine that attached (no
 	// server goroutine: reqs and done are unused).
 	inline bool
+	// chldOn: sigchld receives SIGCHLD (from the start for a tracer
+	// goroutine; an inline tracer's first sleep registers it: sleepy).
+	chldOn bool
 	// pidfd is the tracer thread's pidfd (PIDFD_THREAD), readable once the
 	// thread has exited, or -1; awaitRelease waits on it. Not the
 	// tracer's own for an inline tracer: Run's, which Run closes.
@@ -186,8 +188,34 @@ func threadPidfd(tid int) int {
 	return fd
 }
 
-func (t *Tracer) notifyChld() { signal.Notify(t.sigchld, unix.SIGCHLD) }
-func (t *Tracer) stopChld()   { signal.Stop(t.sigchld) }
+func (t *Tracer) notifyChld() {
+	if !t.chldOn {
+		signal.Notify(t.sigchld, unix.SIGCHLD)
+		t.chldOn = true
+	}
+}
+
+func (t *Tracer) stopChld() {
+	if t.chldOn {
+		signal.Stop(t.sigchld)
+		t.chldOn = false
+	}
+}
+
+// sleepy makes sure SIGCHLD wakes the tracer's sleeps, before a wait
+// sleeps for the first time: a tracer served inline registers for it only
+// then, since each registration and its removal is a round trip to the Go
+// runtime's signal-mask thread (two locked threads: a few context switches
+// each way) that a request which never sleeps (a flip) need not pay.
+// It reports whether it registered now: the caller then looks for events
+// once more before it sleeps, so none that came before is waited for.
+func (t *Tracer) sleepy() bool {
+	if t.chldOn {
+		return false
+	}
+	t.notifyChld()
+	return true
+}
 
 // Pid is the traced process.
 func (t *Tracer) Pid() int { return t.pid }
@@ -195,7 +223,10 @@ func (t *Tracer) Pid() int { return t.pid }
 func (t *Tracer) serve(ready chan<- error) {
 	// The goroutine keeps its OS thread locked until it returns, so the
 	// thread exits with it and the kernel detaches anything still traced.
-	runtime.LockOSThread()
+	if !lockThread() {
+		go t.serve(ready) // the main thread: not this one
+		return
+	}
 	defer close(t.done)
 	t.tid = unix.Gettid()
 	t.pidfd = threadPidfd(t.tid)
@@ -925,7 +956,7 @@ func (t *Tracer) waitFor(ctx context.Context, timeout time.Duration, what string
 		if time.Since(start) > timeout {
 			return fmt.Errorf("waiting for %s: timed out after %v (%s)", what, timeout, t.describe())
 		}
-		if spins < 500 {
+		if spins < 500 || t.sleepy() {
 			continue
 		}
 		tm := time.NewTimer(time.Millisecond)
@@ -949,7 +980,7 @@ func (t *Tracer) Pause(d time.Duration) {
 			if left <= 0 {
 				return nil
 			}
-			if left > 500*time.Microsecond {
+			if left > 500*time.Microsecond && !t.sleepy() {
 				tm := time.NewTimer(left - 200*time.Microsecond)
 				select {
 				case <-t.sigchld:
@@ -1231,6 +1262,9 @@ func (t *Tracer) Detach() error {
 		}
 		t.threads = map[int]*thread{}
 		t.cleanup()
+		if t.inline {
+			t.stopChld() // a tracer goroutine's serve does it as it ends
+		}
 		return err
 	})
 	if err == ErrDetached {
@@ -1239,7 +1273,6 @@ func (t *Tracer) Detach() error {
 	if t.inline {
 		// The thread's exit releases what is still traced, and Run waits
 		// for that release (awaitRelease) before it returns.
-		t.stopChld()
 		return err
 	}
 	<-t.done
