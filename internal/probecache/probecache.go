@@ -622,25 +622,65 @@ func contentHash(f *os.File) ([32]byte, error) {
 // read maps an entry read-only, if it is a regular file of ours that no one
 // else may write. The mapping stays for the life of the Index made from it.
 func (c *Cache) read(name string) ([]byte, error) {
-	fd, err := unix.Openat(c.dir, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	fd, size, err := c.openEntry(name, maxBytes)
 	if err != nil {
 		return nil, err
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != c.uid || st.Mode&0o022 != 0 {
-		c.warnf("probe cache: %s is not a private regular file of uid %d (mode %#o, uid %d); ignored", name, c.uid, st.Mode, st.Uid)
-		return nil, ErrUnsafe
-	}
-	if st.Size < entryHeaderSize || st.Size > maxBytes {
-		return nil, errors.New("entry size")
-	}
 	// Not MAP_POPULATE: a toggle touches the header, the name index's
 	// bisection and the records it selects, a few pages of megabytes.
-	return unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_PRIVATE)
+	return unix.Mmap(fd, 0, int(size), unix.PROT_READ, unix.MAP_PRIVATE)
+}
+
+// readSmall is read for an entry of at most max bytes that is used and
+// let go at once (a verification record, facts): read, not mapped, since
+// unmapping in a process with several threads costs every CPU that runs
+// one of them an interrupt to flush its TLB.
+func (c *Cache) readSmall(name string, max int64) ([]byte, error) {
+	fd, size, err := c.openEntry(name, max)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	b := make([]byte, size)
+	for off := 0; off < len(b); {
+		n, err := unix.Pread(fd, b[off:], int64(off))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			return nil, errors.New("entry size")
+		}
+		off += n
+	}
+	return b, nil
+}
+
+// openEntry opens entry name if it is a regular file of ours that no one
+// else may write, of a size an entry can have (at most max bytes).
+func (c *Cache) openEntry(name string, max int64) (int, int64, error) {
+	fd, err := unix.Openat(c.dir, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if err != nil {
+		return -1, 0, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, 0, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != c.uid || st.Mode&0o022 != 0 {
+		unix.Close(fd)
+		c.warnf("probe cache: %s is not a private regular file of uid %d (mode %#o, uid %d); ignored", name, c.uid, st.Mode, st.Uid)
+		return -1, 0, ErrUnsafe
+	}
+	if st.Size < entryHeaderSize || st.Size > max {
+		unix.Close(fd)
+		return -1, 0, errors.New("entry size")
+	}
+	return fd, st.Size, nil
 }
 
 // store writes an entry for what was read from f, unless f changed while
@@ -764,12 +804,11 @@ func (c *Cache) Verified(list, scan [32]byte) bool {
 		return false
 	}
 	key := c.key(kindVerified, hex.EncodeToString(list[:]), hex.EncodeToString(scan[:]))
-	data, err := c.read(entryName(key))
+	data, err := c.readSmall(entryName(key), entryHeaderSize+64)
 	if err != nil {
 		c.misses.Add(1)
 		return false
 	}
-	defer unix.Munmap(data)
 	le := binary.LittleEndian
 	want := append(append([]byte(nil), list[:]...), scan[:]...)
 	if string(data[:8]) != entryMagic || data[8] != kindVerified || data[9] != 0 || !bytes.Equal(data[16:48], key[:]) ||
@@ -847,14 +886,14 @@ func (c *Cache) Facts(pid int, o *procmaps.Object, name string, derive func(f *o
 	return nil
 }
 
-// lookupFacts returns a copy of the payload of the facts entry for key if
-// it is there, sound and made from the file as it is now (src).
+// lookupFacts returns the payload of the facts entry for key (read, not
+// mapped: readSmall) if it is there, sound and made from the file as it is
+// now (src).
 func (c *Cache) lookupFacts(key [32]byte, src *source) ([]byte, bool) {
-	data, err := c.read(entryName(key))
+	data, err := c.readSmall(entryName(key), entryHeaderSize+maxFactsBytes)
 	if err != nil {
 		return nil, false
 	}
-	defer unix.Munmap(data)
 	le := binary.LittleEndian
 	var was source
 	was.dev, was.ino = le.Uint64(data[48:]), le.Uint64(data[56:])
@@ -870,5 +909,5 @@ func (c *Cache) lookupFacts(key [32]byte, src *source) ([]byte, bool) {
 	if !was.sameFile(src) || was.racy() {
 		return nil, false
 	}
-	return append([]byte(nil), data[entryHeaderSize:]...), true
+	return data[entryHeaderSize:], true
 }
