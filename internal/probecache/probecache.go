@@ -24,6 +24,7 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/elfnote"
 	"github.com/edgeprobe/edgeprobe/internal/elfscan"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 )
 
@@ -258,7 +259,7 @@ const (
 // the whole (megabytes) file on every start (D67); debug/elf finds it
 // where that fails.
 func toolID() ([]byte, error) {
-	f, err := os.Open("/proc/self/exe")
+	f, err := procfs.Open("/proc/self/exe")
 	if err != nil {
 		return nil, err
 	}
@@ -368,7 +369,7 @@ func (c *Cache) key(kind byte, fields ...any) [32]byte {
 // when an entry made from this file, unchanged, is there; otherwise it
 // reads and checks the JSON (errors name the file) and stores the result.
 func (c *Cache) List(path string) (*probelist.Index, error) {
-	f, err := os.Open(path)
+	f, err := procfs.Open(path) // a probe list: a regular file
 	if err != nil {
 		return nil, err
 	}
