@@ -22,7 +22,13 @@ import (
 // HotpatchMain runs the hotpatch command and returns its exit code.
 func HotpatchMain(args []string, stdout, stderr io.Writer) int {
 	phases.Mark("start")
-	code := run(newHotpatchCmd(stdout, stderr), args, stdout, stderr)
+	cmd := newHotpatchCmd(stdout, stderr)
+	if !mayComplete(args) {
+		// cobra builds its completion command (five subcommands with
+		// their help) on every Execute; a toggle never reaches it.
+		cmd.CompletionOptions.DisableDefaultCmd = true
+	}
+	code := run(cmd, args, stdout, stderr)
 	phases.Mark("end")
 	phases.Print(stderr)
 	return code
@@ -54,7 +60,7 @@ type targetFlags struct {
 
 func (f *targetFlags) register(cmd *cobra.Command) {
 	cmd.Flags().IntVarP(&f.pid, "pid", "p", 0, "the target process")
-	cmd.Flags().StringArrayVar(&f.probes, "probes", nil, "probe list `FILE` from coldpatch (repeatable, one per object); default: scan the process's objects")
+	stringsVarP(cmd.Flags(), &f.probes, "probes", "", "probe list `FILE` from coldpatch (repeatable, one per object); default: scan the process's objects")
 	cmd.Flags().BoolVar(&f.json, "json", false, "print the result as JSON on stdout")
 	_ = cmd.RegisterFlagCompletionFunc("pid", cobra.NoFileCompletions)
 }
@@ -388,4 +394,20 @@ repaired site, or "nothing to repair".`,
 	tf.register(cmd)
 	cmd.Flags().DurationVar(&wait, "int3-wait", 0, "wait before the last write (default: from hotpatch calibrate, else 50µs)")
 	return cmd
+}
+
+// mayComplete reports whether args may reach cobra's completion or help
+// commands, or list the commands: anything but flags first, or any word
+// that names one of them.
+func mayComplete(args []string) bool {
+	if len(args) == 0 || !strings.HasPrefix(args[0], "-") {
+		return true
+	}
+	for _, a := range args {
+		switch a {
+		case "completion", "__complete", "__completeNoDesc", "help", "-h", "--help":
+			return true
+		}
+	}
+	return false
 }
