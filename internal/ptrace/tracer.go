@@ -1300,9 +1300,9 @@ func (t *Tracer) Detach() error {
 // read of /proc/PID/status, which costs about half a millisecond on a VM
 // with many possible CPUs (its memory counters are summed over all of
 // them: D71). Without one, the leader's (or every thread's) TracerPid is
-// polled. The waits are system calls, not Go sleeps: the caller is
-// typically the main goroutine, locked to the main thread, for which each
-// park and wake-up is a hand-off between threads.
+// polled. The waits are system calls, not Go sleeps: the caller has
+// nothing else to do, and a parked goroutine's wake-up is a hand-off
+// between threads.
 func (t *Tracer) awaitRelease() error {
 	deadline := time.Now().Add(t.opts.StopTimeout)
 	if t.pidfd >= 0 {
@@ -1316,8 +1316,8 @@ func (t *Tracer) awaitRelease() error {
 			if err == unix.EINTR || (err == nil && n == 0) {
 				continue
 			}
-			if err == nil {
-				return nil
+			if err == nil && fds[0].Revents&(unix.POLLIN|unix.POLLHUP) != 0 {
+				return nil // exited (POLLHUP: and reaped)
 			}
 			break // poll failed: ask /proc
 		}
