@@ -233,6 +233,10 @@ func TestCLIRow(t *testing.T) {
 	for _, p := range cliPhaseNames {
 		keys = append(keys, "cli_phase."+p)
 	}
+	// 6c: the command's own phase timer, from exec to exit.
+	for _, p := range []string{"exec_to_main", "cobra", "lock", "runtime", "targets", "prepare", "before", "write", "after", "detach", "end", "exit"} {
+		keys = append(keys, "cli_own."+p)
+	}
 	requireKeys(t, h, keys...)
 }
 

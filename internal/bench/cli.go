@@ -15,6 +15,7 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/probecache"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
+	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 	"github.com/edgeprobe/edgeprobe/internal/xmod"
 )
 
@@ -35,11 +36,16 @@ func (h *Harness) RunCLI(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	own, err := r.ownPhases(ctx)
+	if err != nil {
+		return err
+	}
 	peers, skipped := r.measurePeers(ctx)
 	if _, err := r.t.Quit(ctx); err != nil {
 		return err
 	}
 	h.reportCLI(r, m, ph, peers, skipped)
+	h.reportOwnPhases(own)
 	return nil
 }
 
@@ -173,7 +179,7 @@ func (r *cliRun) measure(ctx context.Context) (*cliSamples, error) {
 
 // cliPhases are one toggle's steps as hotpatch takes them, each timed
 // in this process over the same library calls, ns per sample.
-var cliPhaseNames = []string{"runtime", "lock", "maps", "list", "scan", "attach", "verify", "write", "readback", "detach"}
+var cliPhaseNames = []string{"thread", "runtime", "lock", "maps", "list", "scan", "attach", "verify", "write", "readback", "detach"}
 
 // phases times each step of a toggle with the list (and the scan that
 // replaces the list without one), from a warm cache, Reps*3 times after a
@@ -200,8 +206,17 @@ func (r *cliRun) phases(ctx context.Context) (map[string][]float64, error) {
 	return out, nil
 }
 
-// phaseRound is one toggle, lap called after each phase.
+// phaseRound is one toggle, lap called after each phase, on one thread
+// that is its own tracer as hotpatch's is (ptrace.Run, D71): the detach
+// phase ends when the process is released, after Run returns.
 func (r *cliRun) phaseRound(ctx context.Context, sel probelist.Selector, on bool, lap func(string)) error {
+	err := ptrace.Run(func() error { return r.phaseSteps(ctx, sel, on, lap) })
+	lap("detach")
+	return err
+}
+
+func (r *cliRun) phaseSteps(ctx context.Context, sel probelist.Selector, on bool, lap func(string)) error {
+	lap("thread")
 	// What an --enable checks first (hotpatch.EnsureRuntime), after the
 	// first call did what there was to do: nothing left to load or route.
 	st, err := hotpatch.EnsureRuntime(ctx, r.t.Pid, hotpatch.RuntimeOptions{NoInject: true})
@@ -274,9 +289,7 @@ func (r *cliRun) phaseRound(ctx context.Context, sel probelist.Selector, on bool
 		_, err = xmod.Classify(tr, sites)
 		lap("readback")
 	}
-	derr := tr.Detach()
-	lap("detach")
-	if err == nil {
+	if derr := tr.Detach(); err == nil {
 		err = derr
 	}
 	return err
@@ -320,9 +333,9 @@ func (h *Harness) reportCLI(r *cliRun, m *cliSamples, ph map[string][]float64, p
 
 	ps := Section{Title: "6b. Where one toggle's time goes",
 		Text: fmt.Sprintf("The steps of the cached toggle with `--probes`, taken in this process with the library calls hotpatch makes, %d times each: "+
-			"runtime (what every --enable checks first, with nothing left to load or route: the process's objects and their hook slots read; inject.Inspect), lock (seize the leader thread: the attach is the lock), maps (/proc/PID/maps, each object's ELF headers and build-id), list (open the cache, the list's entry, select and decode the 2 probes), "+
-			"scan (instead of the list: every mapped object's cached scan), attach (nothing left since the lock attached), verify (read and classify the sites before writing), write (the flip), readback (classify after), detach. "+
-			"Process start-up and exit are the `--help` row above.", len(ph["lock"])),
+			"thread (the toggle's own thread started: ptrace.Run, which serves its tracer inline, D71), runtime (what every --enable checks first, with nothing left to load or route: the process's objects and their hook slots read; inject.Inspect), lock (seize the leader thread: the attach is the lock), maps (/proc/PID/maps, each object's ELF headers and build-id), list (open the cache, the list's entry, select and decode the 2 probes), "+
+			"scan (instead of the list: every mapped object's cached scan), attach (nothing left since the lock attached), verify (read and classify the sites before writing), write (the flip), readback (classify after), detach (until the process is released: the thread's exit, D71). "+
+			"Process start-up and exit are the `--help` row above and 6c.", len(ph["lock"])),
 		Head: []string{"phase", "time"}}
 	for _, name := range cliPhaseNames {
 		s := Summarize(ph[name], h.TSC)

@@ -31,7 +31,7 @@ type selection struct {
 }
 
 func (s *selection) register(cmd *cobra.Command, help string) {
-	cmd.Flags().StringArrayVarP(&s.patterns, "enable", "e", nil, help)
+	stringsVarP(cmd.Flags(), &s.patterns, "enable", "e", help)
 	cmd.Flags().StringVar(&s.kind, "kind", "both", "which probes of a function: entry, exit or both")
 	cmd.Flags().StringVar(&s.provider, "provider", probelist.ProviderAll, "which providers' probes: cyg, fentry or all")
 }
@@ -79,8 +79,24 @@ func endProgress(w io.Writer, p func(time.Duration, string)) {
 // terminal went away), SIGQUIT (which would dump core) and SIGPIPE (stdout
 // closed by a pager). Each ends the batch the way ctx cancellation does:
 // rolled back or completed, never left with an int3 in the text.
+//
+// Its stop ends the context but leaves the signals caught (a later one is
+// dropped): hotpatch exits once its command returns, and taking each
+// signal back is a round trip to the Go runtime's signal-mask thread (two
+// locked threads: a few context switches each way), five of them at the
+// end of every toggle (D71).
 func signalContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGPIPE)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGPIPE)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-sigs:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 func newStatsCmd(stdout, stderr io.Writer, inj *injectFlags) *cobra.Command {
@@ -360,8 +376,8 @@ per second (the calls over it are neither traced nor counted while the trace run
 	cmd.Flags().DurationVar(&duration, "duration", 0, "how long to record")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write the trace to `FILE` (text: stdout without it)")
 	cmd.Flags().StringVar(&format, "format", "", "perfetto, chrome-json or text (default: from the output's extension)")
-	cmd.Flags().StringArrayVar(&argPats, "args", nil, "record the arguments of the fentry functions `GLOB` names (repeatable; not with --min-duration)")
-	cmd.Flags().StringArrayVar(&retPats, "retval", nil, "record the return values of the fentry functions `GLOB` names (repeatable)")
+	stringsVarP(cmd.Flags(), &argPats, "args", "", "record the arguments of the fentry functions `GLOB` names (repeatable; not with --min-duration)")
+	stringsVarP(cmd.Flags(), &retPats, "retval", "", "record the return values of the fentry functions `GLOB` names (repeatable)")
 	cmd.Flags().Uint32Var(&ringEv, "ring-events", 0, "size every thread's event ring to `N` events for the capture (a power of two; default: the process's, EDGEPROBE_RING_EVENTS); bigger rings drop less")
 	cmd.Flags().IntVar(&maxCalls, "max-calls", 1000000, "stop early once this many calls are captured (0: no limit; default no limit but for chrome-json, which is held in memory)")
 	cmd.Flags().IntVar(&maxDepth, "max-depth", 0, "record only calls fewer than `N` probed calls deep on their thread (0: any)")

@@ -14,13 +14,24 @@ import (
 
 	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
+	"github.com/edgeprobe/edgeprobe/internal/phases"
 	"github.com/edgeprobe/edgeprobe/internal/probecache"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 )
 
 // HotpatchMain runs the hotpatch command and returns its exit code.
 func HotpatchMain(args []string, stdout, stderr io.Writer) int {
-	return run(newHotpatchCmd(stdout, stderr), args, stdout, stderr)
+	phases.Mark("start")
+	cmd := newHotpatchCmd(stdout, stderr)
+	if !mayComplete(args) {
+		// cobra builds its completion command (five subcommands with
+		// their help) on every Execute; a toggle never reaches it.
+		cmd.CompletionOptions.DisableDefaultCmd = true
+	}
+	code := run(cmd, args, stdout, stderr)
+	phases.Mark("end")
+	phases.Print(stderr)
+	return code
 }
 
 // actionFlag appends to a shared list, so --enable and --disable keep the
@@ -49,7 +60,7 @@ type targetFlags struct {
 
 func (f *targetFlags) register(cmd *cobra.Command) {
 	cmd.Flags().IntVarP(&f.pid, "pid", "p", 0, "the target process")
-	cmd.Flags().StringArrayVar(&f.probes, "probes", nil, "probe list `FILE` from coldpatch (repeatable, one per object); default: scan the process's objects")
+	stringsVarP(cmd.Flags(), &f.probes, "probes", "", "probe list `FILE` from coldpatch (repeatable, one per object); default: scan the process's objects")
 	cmd.Flags().BoolVar(&f.json, "json", false, "print the result as JSON on stdout")
 	_ = cmd.RegisterFlagCompletionFunc("pid", cobra.NoFileCompletions)
 }
@@ -118,6 +129,7 @@ not exist or exited while hotpatch worked on it.`,
   hotpatch list --pid 4242`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			phases.Mark("cobra")
 			if err := tf.check(); err != nil {
 				return err
 			}
@@ -170,14 +182,17 @@ not exist or exited while hotpatch worked on it.`,
 			defer stop()
 			for _, a := range req.Actions {
 				if a.Enable {
+					// An enable makes sure the probes record into the
+					// runtime first (loading it if need be), under the
+					// request's own lock.
 					inj.verbose = verbose
-					if _, err := ensureRuntime(ctx, tf.pid, &inj, waitLock, stderr); err != nil {
-						return classify(err)
-					}
+					req.Runtime = &hotpatch.RuntimeOptions{NoInject: inj.noInject, File: inj.runtime, WaitLock: waitLock}
+					req.OnRuntime = func(st *hotpatch.RuntimeStatus) { reportRuntime(st, &inj, stderr) }
 					break
 				}
 			}
 			res, err := hotpatch.Apply(ctx, req)
+			phases.Mark("detach")
 			if res != nil {
 				for _, n := range res.Repaired {
 					fmt.Fprintf(stderr, "hotpatch: %s\n", calltrace.Printable(n.String()))
@@ -379,4 +394,20 @@ repaired site, or "nothing to repair".`,
 	tf.register(cmd)
 	cmd.Flags().DurationVar(&wait, "int3-wait", 0, "wait before the last write (default: from hotpatch calibrate, else 50µs)")
 	return cmd
+}
+
+// mayComplete reports whether args may reach cobra's completion or help
+// commands, or list the commands: anything but flags first, or any word
+// that names one of them.
+func mayComplete(args []string) bool {
+	if len(args) == 0 || !strings.HasPrefix(args[0], "-") {
+		return true
+	}
+	for _, a := range args {
+		switch a {
+		case "completion", "__complete", "__completeNoDesc", "help", "-h", "--help":
+			return true
+		}
+	}
+	return false
 }

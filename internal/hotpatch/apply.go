@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgeprobe/edgeprobe/internal/phases"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
@@ -45,6 +46,13 @@ type Request struct {
 	Int3Wait   time.Duration // 0: xmod.DefaultWait
 	WaitLock   bool          // queue behind another hotpatch instead of failing
 	Brief      bool          // Result.Sites only if something failed (Session.SetBrief)
+	// Runtime, when set, has the runtime ensured (EnsureRuntime with these
+	// options) under the request's own lock, before its targets are
+	// loaded: what an --enable does first. OnRuntime, when set, gets what
+	// that found and did, also when it failed (then Apply returns its
+	// error and writes nothing).
+	Runtime   *RuntimeOptions
+	OnRuntime func(*RuntimeStatus)
 }
 
 // SiteResult is what happened to one selected site.
@@ -104,9 +112,33 @@ type selected struct {
 	on     bool
 }
 
-// Apply carries out a request: Open, Session.Apply, Close.
+// Apply carries out a request: Open (and the runtime ensured under its
+// lock, if asked), Session.Apply, Close. The whole request runs on one
+// thread that is its own tracer (ptrace.Run): no request to the tracer is
+// handed to another thread (D71). It returns once the process is released.
 func Apply(ctx context.Context, req Request) (*Result, error) {
-	s, err := OpenContext(ctx, req.PID, req.ProbeFiles, req.WaitLock)
+	var res *Result
+	err := ptrace.Run(func() error {
+		var err error
+		res, err = apply(ctx, req)
+		return err
+	})
+	return res, err
+}
+
+func apply(ctx context.Context, req Request) (*Result, error) {
+	var ensure func(*Lock) (*RuntimeStatus, error)
+	if req.Runtime != nil {
+		ensure = func(l *Lock) (*RuntimeStatus, error) {
+			st, err := ensureRuntime(ctx, req.PID, *req.Runtime, l)
+			if req.OnRuntime != nil {
+				req.OnRuntime(st)
+			}
+			phases.Mark("runtime")
+			return st, err
+		}
+	}
+	s, err := open(ctx, req.PID, req.ProbeFiles, req.WaitLock, ensure)
 	if err != nil {
 		return nil, err
 	}
@@ -127,10 +159,13 @@ type Session struct {
 	targets []*Target
 	tracer  *ptrace.Tracer
 	full    bool        // the tracer holds every thread, not only the leader
-	region  *shm.Region // the runtime's region, when the process runs it
-	mem     *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
-	noSpans bool        // every flip site written alone (SetSpanWrites)
-	inBatch bool        // inside Batch: the tracer may not change
+	region  *shm.Region // the runtime's region, when the process runs it (openRegion)
+	// regionTried: openRegion looked (a process without the runtime is
+	// not searched again on every enable).
+	regionTried bool
+	mem         *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
+	noSpans     bool        // every flip site written alone (SetSpanWrites)
+	inBatch     bool        // inside Batch: the tracer may not change
 	// threadMem: inside Batch, the target's memory as the tracer thread
 	// reaches it (ptrace.ThreadMem), lent for the Batch; nil outside.
 	threadMem *ptrace.ThreadMem
@@ -174,11 +209,36 @@ func Open(pid int, probeFiles []string, waitLock bool) (*Session, error) {
 
 // OpenContext is Open whose wait for the lock ends when ctx does.
 func OpenContext(ctx context.Context, pid int, probeFiles []string, waitLock bool) (*Session, error) {
+	return open(ctx, pid, probeFiles, waitLock, nil)
+}
+
+// open is OpenContext; ensure, when set, runs under the lock before the
+// targets are loaded (the runtime ensured, as Session.EnsureRuntime).
+func open(ctx context.Context, pid int, probeFiles []string, waitLock bool, ensure func(*Lock) (*RuntimeStatus, error)) (*Session, error) {
 	lock, err := AcquireLockContext(ctx, pid, waitLock)
 	if err != nil {
 		return nil, err
 	}
-	targets, err := LoadTargets(pid, probeFiles)
+	phases.Mark("lock")
+	full := false
+	var objs []procmaps.Object
+	if ensure != nil {
+		st, err := ensure(lock)
+		if err != nil {
+			lock.Release()
+			return nil, err
+		}
+		full = st != nil && st.Load != nil // inject.Load upgraded the tracer
+		if st != nil {
+			objs = st.objects // read under this lock, nothing loaded since
+		}
+	}
+	var targets []*Target
+	if objs != nil {
+		targets, err = loadTargets(pid, objs, probeFiles)
+	} else {
+		targets, err = LoadTargets(pid, probeFiles)
+	}
 	if err != nil {
 		lock.Release()
 		if !Gone(err) && processGone(pid) {
@@ -187,7 +247,7 @@ func OpenContext(ctx context.Context, pid int, probeFiles []string, waitLock boo
 		}
 		return nil, err
 	}
-	s := &Session{pid: pid, lock: lock, targets: targets, tracer: lock.Tracer()}
+	s := &Session{pid: pid, lock: lock, targets: targets, tracer: lock.Tracer(), full: full}
 	// The maps file is opened with the targets, so that it belongs to the
 	// address space they were read from: after an exec it answers nothing
 	// (checkMapped leaves that to the site reads, which name the exec).
@@ -195,16 +255,26 @@ func OpenContext(ctx context.Context, pid int, probeFiles []string, waitLock boo
 		s.maps = m
 		s.baseMaps()
 	}
-	// Best effort: a process without the runtime (or with a runtime of
-	// another layout) records nothing whose frames could go stale.
-	if r, err := shm.OpenPID(pid); err == nil {
+	phases.Mark("targets")
+	return s, nil
+}
+
+// openRegion opens the runtime's region, once: only an enable needs it
+// (newGeneration), and finding it lists the process's descriptors. Best
+// effort: a process without the runtime (or with a runtime of another
+// layout) records nothing whose frames could go stale.
+func (s *Session) openRegion() {
+	if s.region != nil || s.regionTried {
+		return
+	}
+	s.regionTried = true
+	if r, err := shm.OpenPID(s.pid); err == nil {
 		if r.Writable() {
 			s.region = r
 		} else {
 			r.Close()
 		}
 	}
-	return s, nil
 }
 
 // Targets are the session's instrumented objects.
@@ -288,6 +358,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	if p.protoErr != nil {
 		return nil, p.protoErr
 	}
+	phases.Mark("prepare")
 	if err := s.attach(!p.onlyFlip); err != nil {
 		return nil, err
 	}
@@ -304,6 +375,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 		return nil, err
 	}
 	p.before = before
+	phases.Mark("before")
 	res := &Result{PID: s.pid}
 	// A site a killed hotpatch left mid-patch is ours: make it whole first
 	// (and say so), rather than refusing it as foreign forever. (One pass
@@ -367,6 +439,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	}
 	// The read after: every site, but those a span's clean read-back has
 	// just shown in their new form (D50).
+	phases.Mark("write")
 	var after []xmod.State
 	var afterErr error
 	afterAt := time.Now()
@@ -378,6 +451,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	if afterErr == nil {
 		p.after = after
 	}
+	phases.Mark("after")
 	res.ElapsedNS = time.Since(start).Nanoseconds()
 	res.OK = runErr == nil && afterErr == nil
 	if res.OK {
@@ -432,9 +506,6 @@ func (s *Session) SetBrief(on bool) { s.brief = on }
 // by a call whose exit was missed while they were off must not be matched by
 // the exit of a call that entered unseen (see shm.Region.NewGeneration).
 func (s *Session) newGeneration(p *prepared, before []xmod.State) {
-	if s.region == nil {
-		return
-	}
 	keys := p.gen[:0]
 	for i, k := range p.genKey {
 		// Adjacent duplicates (a function's entry and exit) once: a second
@@ -444,7 +515,10 @@ func (s *Session) newGeneration(p *prepared, before []xmod.State) {
 		}
 	}
 	if len(keys) > 0 {
-		s.region.NewGeneration(keys)
+		s.openRegion()
+		if s.region != nil {
+			s.region.NewGeneration(keys)
+		}
 	}
 	p.gen = keys
 }

@@ -48,6 +48,12 @@ type RuntimeStatus struct {
 	Load    *inject.Result `json:"load,omitempty"`   // how the load went
 	Note    string         `json:"note,omitempty"`   // the one line for stderr, if any
 	Static  bool           `json:"static,omitempty"` // a static program (the runtime must be linked in)
+
+	// objects are the process's objects as the check read them under the
+	// caller's lock, when nothing was loaded or routed since: the request
+	// that holds that lock takes its targets from them (open) instead of
+	// reading the maps and every object again.
+	objects []procmaps.Object
 }
 
 // EnsureRuntime is the one place that decides, for pid, "runtime present",
@@ -103,6 +109,9 @@ func ensureRuntime(ctx context.Context, pid int, opts RuntimeOptions, held *Lock
 		return nil, err
 	}
 	st := &RuntimeStatus{Foreign: p.Foreign(), Static: p.Static}
+	if held != nil {
+		st.objects = p.Objects
+	}
 	if p.Static {
 		return st, staticRuntime(pid, st, opts)
 	}
@@ -121,13 +130,12 @@ func ensureRuntime(ctx context.Context, pid int, opts RuntimeOptions, held *Lock
 		}
 	}
 	lock := held
-	if !opts.NoInject {
-		if lock == nil {
-			if lock, err = AcquireLockContext(ctx, pid, opts.WaitLock); err != nil {
-				return st, err
-			}
-			defer lock.Release()
+	if !opts.NoInject && lock == nil {
+		if lock, err = AcquireLockContext(ctx, pid, opts.WaitLock); err != nil {
+			return st, err
 		}
+		defer lock.Release()
+		// Looked before the lock: look again under it.
 		if p, err = inject.Inspect(pid); err != nil {
 			return st, err
 		}
@@ -159,6 +167,7 @@ func ensureRuntime(ctx context.Context, pid int, opts RuntimeOptions, held *Lock
 	// Round 1 loads (or routes); a slot that the lazy binder was filling in
 	// at the same moment can end up pointing to glibc again: route again.
 	for round := 0; round < 3 && len(need) > 0; round++ {
+		st.objects = nil // the load maps the runtime: the objects change
 		res, err := inject.Load(ctx, p, inject.Options{Runtime: runtime, Prefer: os.Getenv(EnvInjectThread), KillAt: os.Getenv(EnvTestKillAt), Tracer: lock.Tracer()})
 		if st.Load == nil {
 			st.Load = res

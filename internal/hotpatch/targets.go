@@ -47,6 +47,11 @@ func LoadTargets(pid int, probeFiles []string) ([]*Target, error) {
 	if err != nil {
 		return nil, err
 	}
+	return loadTargets(pid, objs, probeFiles)
+}
+
+// loadTargets is LoadTargets on objs, the process's objects as read.
+func loadTargets(pid int, objs []procmaps.Object, probeFiles []string) ([]*Target, error) {
 	cache, _ := probecache.Default() // nil: nothing cached (the CLI says why)
 	if len(probeFiles) > 0 {
 		return matchLists(pid, objs, probeFiles, cache)

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -170,7 +171,15 @@ func Load(ctx context.Context, p *Process, opts Options) (*Result, error) {
 	if derr != nil {
 		return res, derr
 	}
-	if err := p.await(ctx, data, opts.Wait); err != nil {
+	// A caller's tracer is still attached, to every thread: the loader
+	// thread's clone (and any thread it makes) stops until that tracer
+	// serves its events, which a tracer served inline on the caller's own
+	// thread (ptrace.Run) does only when asked: the wait asks it.
+	var serving *ptrace.Tracer
+	if opts.Tracer != nil {
+		serving = tr
+	}
+	if err := p.await(ctx, data, opts.Wait, serving); err != nil {
 		return res, err
 	}
 	res.Elapsed = time.Since(start)
@@ -362,8 +371,10 @@ func fillMemfd(pid, fd int, runtime []byte) error {
 	return w.Close()
 }
 
-// await polls the loader thread's done word and returns dlopen's error, if any.
-func (p *Process) await(ctx context.Context, data uint64, limit time.Duration) error {
+// await polls the loader thread's done word and returns dlopen's error, if
+// any. tr, when not nil, is a tracer still attached to the process: it
+// serves the process's events between the polls (Tracer.Pause).
+func (p *Process) await(ctx context.Context, data uint64, limit time.Duration, tr *ptrace.Tracer) error {
 	mem, err := ptrace.OpenMem(p.Pid)
 	if err != nil {
 		return err
@@ -384,7 +395,11 @@ func (p *Process) await(ctx context.Context, data uint64, limit time.Duration) e
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		time.Sleep(200 * time.Microsecond)
+		if tr != nil {
+			tr.Pause(200 * time.Microsecond)
+		} else {
+			time.Sleep(200 * time.Microsecond)
+		}
 	}
 	if err := mem.ReadMem(data+offHandle, w[:]); err != nil {
 		return err
@@ -463,6 +478,17 @@ func (p *Process) pickThread(states []ptrace.ThreadState, rng *rand.Rand, prefer
 // Preflight returns the refusal that applies to p, if any: nothing is
 // changed by it.
 func (p *Process) Preflight() error {
+	if !p.statusRead {
+		status, err := procfs.ReadStatus(p.Pid, 0)
+		if err != nil {
+			return err
+		}
+		p.Seccomp = max(status.Int("Seccomp"), 0)
+		if uid := strings.Fields(status["Uid"]); len(uid) > 0 {
+			p.UID, _ = strconv.Atoi(uid[0]) // the real uid, the first of four
+		}
+		p.statusRead = true
+	}
 	if !p.threadsCounted {
 		p.SeccompThreads, p.threadsCounted = procfs.SeccompThreads(p.Pid), true
 	}

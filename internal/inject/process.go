@@ -6,11 +6,11 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"os"
 	"path"
-	"strconv"
 	"strings"
 
-	"github.com/edgeprobe/edgeprobe/internal/procfs"
+	"github.com/edgeprobe/edgeprobe/internal/probecache"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 )
@@ -51,9 +51,14 @@ type Slot struct {
 
 // Process is what Inspect found; nothing in the process was changed.
 type Process struct {
-	Pid     int
-	UID     int
-	Seccomp int // the Seccomp: field of /proc/PID/status (0: none)
+	Pid int
+	// UID (the real uid) and Seccomp (the Seccomp: field, 0: none) are
+	// read from /proc/PID/status by Preflight, which every load runs
+	// first: only a load needs them, and that file costs about half a
+	// millisecond to read on a VM with many possible CPUs (D71).
+	UID        int
+	Seccomp    int
+	statusRead bool
 	// SeccompThreads counts the threads under seccomp: a filter installed
 	// without TSYNC applies to its own thread only, and the main thread's
 	// status says nothing of it (D56). Preflight counts them (reading every
@@ -95,20 +100,14 @@ func (p *Process) Foreign() []Slot {
 	return out
 }
 
-// Inspect reads pid's status, maps and mapped objects, and every hook slot
-// with its current value. It attaches to nothing.
+// Inspect reads pid's maps and mapped objects, and every hook slot with its
+// current value. It attaches to nothing. What only a load needs of the
+// process's status (UID, Seccomp) is read by Preflight.
 func Inspect(pid int) (*Process, error) {
 	p := &Process{Pid: pid, funcs: map[string]uint64{}}
-	status, err := procfs.ReadStatus(pid, 0)
-	if err != nil {
-		return nil, err
-	}
-	p.Seccomp = max(status.Int("Seccomp"), 0)
-	if uid := strings.Fields(status["Uid"]); len(uid) > 0 {
-		p.UID, _ = strconv.Atoi(uid[0]) // the real uid, the first of four
-	}
 	// One read of the maps for the objects, the main executable and the
 	// slots' page protections.
+	var err error
 	if p.maps, err = procmaps.Read(pid); err != nil {
 		return nil, err
 	}
@@ -288,19 +287,58 @@ func (p *Process) protOf(addr uint64) int {
 
 // readObject reads an object's defined dynamic symbols (the ones Inspect
 // needs: hooks and libc entry points), its hook slots from the dynamic
-// relocations, and whether it names an interpreter.
+// relocations, and whether it names an interpreter: from the probe cache
+// when it has them for this file (probecache.Facts, keyed by build-id and
+// file identity), else parsed from the file and cached. A --enable
+// inspects every object on every call, and a program's .dynsym and
+// .rela.dyn grow with its functions: 1 MB read for 20,000 exported
+// functions, for the few entries Inspect keeps (D72).
 func readObject(pid int, o *procmaps.Object) (map[string]uint64, []Slot, bool, error) {
-	f, err := procmaps.Open(pid, o)
+	cache, _ := probecache.Default() // nil: parse every time
+	return readObjectWith(cache, pid, o)
+}
+
+func readObjectWith(cache *probecache.Cache, pid int, o *procmaps.Object) (map[string]uint64, []Slot, bool, error) {
+	var fa objectFacts
+	parsed := false
+	err := cache.Facts(pid, o, factsName, func(f *os.File) ([]byte, error) {
+		parsed = true
+		x, err := parseFacts(f, o.Path)
+		if err != nil {
+			return nil, err
+		}
+		return x.encode(), nil
+	}, fa.decode)
 	if err != nil {
-		return nil, nil, false, fmt.Errorf("%s: %w", o.Path, err)
+		if !parsed {
+			err = fmt.Errorf("%s: %w", o.Path, err)
+		}
+		return nil, nil, false, err
 	}
-	defer f.Close()
-	return parseObject(f, o.Path, o.Bias)
+	defs, slots := fa.apply(o.Path, o.Bias)
+	return defs, slots, fa.interp, nil
 }
 
 // parseObject is readObject on the object's file contents: every value
 // it reads comes from the file, so a hand-edited file must give an error or
-// fewer slots, never a panic (FuzzParseObject).
+// fewer slots, never a panic (FuzzParseObject). Its results go through the
+// cached form (objectFacts' encode and decode), so the tests that compare
+// them with debug/elf's also check that form.
+func parseObject(r io.ReaderAt, name string, bias uint64) (map[string]uint64, []Slot, bool, error) {
+	x, err := parseFacts(r, name)
+	if err != nil {
+		return nil, nil, false, err
+	}
+	var fa objectFacts
+	if err := fa.decode(x.encode()); err != nil {
+		return nil, nil, false, fmt.Errorf("%s: the cached form does not decode: %v", name, err)
+	}
+	defs, slots := fa.apply(name, bias)
+	return defs, slots, fa.interp, nil
+}
+
+// parseFacts parses an object's file into the facts parseObject returns,
+// in the file's own addresses.
 //
 // It reads the dynamic symbols raw rather than through
 // elf.File.DynamicSymbols, which makes a string (and decodes the symbol
@@ -310,26 +348,26 @@ func readObject(pid int, o *procmaps.Object) (map[string]uint64, []Slot, bool, e
 // little-endian file, the results are the same (TestParseObjectLikeDebugElf,
 // FuzzParseObject); it refuses what DynamicSymbols refuses but for bad
 // symbol-version tables, which the slots do not depend on.
-func parseObject(r io.ReaderAt, name string, bias uint64) (map[string]uint64, []Slot, bool, error) {
+func parseFacts(r io.ReaderAt, name string) (*objectFacts, error) {
 	ef, err := elf.NewFile(r)
 	if err != nil {
-		return nil, nil, false, fmt.Errorf("%s: %v: %w", name, err, procmaps.ErrNotELF)
+		return nil, fmt.Errorf("%s: %v: %w", name, err, procmaps.ErrNotELF)
 	}
-	interp := false
+	x := &objectFacts{}
 	for _, prog := range ef.Progs {
 		if prog.Type == elf.PT_INTERP {
-			interp = true
+			x.interp = true
 		}
 	}
 	if ef.Class != elf.ELFCLASS64 || ef.Data != elf.ELFDATA2LSB {
-		return map[string]uint64{}, nil, interp, nil // no x86-64 process maps it
+		return x, nil // no x86-64 process maps it
 	}
 	syms, strs, ok := dynsyms(ef)
 	if !ok {
-		return map[string]uint64{}, nil, interp, nil // no .dynsym: a static program
+		return x, nil // no .dynsym: a static program
 	}
 	nsyms := len(syms) / symSize // the null symbol included
-	defs := map[string]uint64{}
+	seen := map[string]bool{}
 	le := binary.LittleEndian
 	for k := 1; k < nsyms; k++ {
 		sym := syms[k*symSize : (k+1)*symSize]
@@ -341,11 +379,11 @@ func parseObject(r io.ReaderAt, name string, bias uint64) (map[string]uint64, []
 		if len(n) == 0 || !wanted[string(n)] {
 			continue
 		}
-		if _, ok := defs[string(n)]; !ok {
-			defs[string(n)] = value + bias
+		if !seen[string(n)] {
+			seen[string(n)] = true
+			x.defs = append(x.defs, factDef{string(n), value})
 		}
 	}
-	var slots []Slot
 	var buf []byte
 	for _, sec := range ef.Sections {
 		if sec.Type != elf.SHT_RELA {
@@ -357,31 +395,27 @@ func parseObject(r io.ReaderAt, name string, bias uint64) (map[string]uint64, []
 		// functions, which need not be copied into fresh memory on every
 		// --enable (D67).
 		var ok bool
-		var found []Slot
-		found, buf, ok = relaSlots(sec, buf, func(roff, rinfo uint64) (Slot, bool) {
+		var found []factSlot
+		found, buf, ok = relaSlots(sec, buf, func(roff, rinfo uint64) (factSlot, bool) {
 			typ := elf.R_X86_64(elf.R_TYPE64(rinfo))
 			if typ != elf.R_X86_64_JMP_SLOT && typ != elf.R_X86_64_GLOB_DAT {
-				return Slot{}, false
+				return factSlot{}, false
 			}
 			si := uint64(elf.R_SYM64(rinfo))
 			if si == 0 || si >= uint64(nsyms) {
-				return Slot{}, false
+				return factSlot{}, false
 			}
 			h := hookIndex(string(symName(strs, le.Uint32(syms[si*symSize:]))))
 			if h < 0 {
-				return Slot{}, false
+				return factSlot{}, false
 			}
-			kind := "JUMP_SLOT"
-			if typ == elf.R_X86_64_GLOB_DAT {
-				kind = "GLOB_DAT"
-			}
-			return Slot{Object: name, Hook: Hooks[h], Reloc: kind, Addr: roff + bias}, true
+			return factSlot{hook: uint8(h), globDat: typ == elf.R_X86_64_GLOB_DAT, off: roff}, true
 		})
 		if ok {
-			slots = append(slots, found...)
+			x.slots = append(x.slots, found...)
 		}
 	}
-	return defs, slots, interp, nil
+	return x, nil
 }
 
 // relaChunk is how much of a relocation section is read at a time: whole
@@ -392,8 +426,8 @@ const relaChunk = 24 * 2048
 // of sec (offset, info) and returns the slots it made; ok is false, and the slots are not to be
 // used, where sec.Data() would fail (the section runs past the file). buf
 // is a buffer to reuse, returned grown.
-func relaSlots(sec *elf.Section, buf []byte, slot func(roff, rinfo uint64) (Slot, bool)) ([]Slot, []byte, bool) {
-	var out []Slot
+func relaSlots(sec *elf.Section, buf []byte, slot func(roff, rinfo uint64) (factSlot, bool)) ([]factSlot, []byte, bool) {
+	var out []factSlot
 	visit := func(data []byte) {
 		for off := 0; off+24 <= len(data); off += 24 {
 			info := binary.LittleEndian.Uint64(data[off+8:])

@@ -24,6 +24,7 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/elfnote"
 	"github.com/edgeprobe/edgeprobe/internal/elfscan"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 )
 
@@ -83,9 +84,22 @@ type Cache struct {
 	warn func(format string, args ...any) // where a rejected entry is reported; nil: nowhere
 
 	hits, misses atomic.Int64
+	// factHits, factMisses count Facts lookups apart: Stats is what the
+	// lists, scans and verification records did (hotpatch -v).
+	factHits, factMisses atomic.Int64
 }
 
-// Stats returns how many lookups found a usable entry and how many did not.
+// FactsStats returns how many Facts lookups found a usable entry and how
+// many did not.
+func (c *Cache) FactsStats() (hits, misses int64) {
+	if c == nil {
+		return 0, 0
+	}
+	return c.factHits.Load(), c.factMisses.Load()
+}
+
+// Stats returns how many lookups of lists, scans and verification records
+// found a usable entry and how many did not (Facts: FactsStats).
 func (c *Cache) Stats() (hits, misses int64) {
 	if c == nil {
 		return 0, 0
@@ -245,7 +259,7 @@ const (
 // the whole (megabytes) file on every start (D67); debug/elf finds it
 // where that fails.
 func toolID() ([]byte, error) {
-	f, err := os.Open("/proc/self/exe")
+	f, err := procfs.Open("/proc/self/exe")
 	if err != nil {
 		return nil, err
 	}
@@ -292,6 +306,7 @@ const (
 	kindList     byte = 1
 	kindScan     byte = 2
 	kindVerified byte = 3
+	kindFacts    byte = 4
 )
 
 // source is what an entry was made from: a file's identity when it was
@@ -354,7 +369,7 @@ func (c *Cache) key(kind byte, fields ...any) [32]byte {
 // when an entry made from this file, unchanged, is there; otherwise it
 // reads and checks the JSON (errors name the file) and stores the result.
 func (c *Cache) List(path string) (*probelist.Index, error) {
-	f, err := os.Open(path)
+	f, err := procfs.Open(path) // a probe list: a regular file
 	if err != nil {
 		return nil, err
 	}
@@ -505,7 +520,7 @@ func encodeEntry(key [32]byte, kind byte, src *source, payload []byte, noSites b
 // is refused when decoded, and its entry removed (lookup).
 func entryCRC(b []byte) uint32 {
 	c := crc32.Update(0, crcTable, b[:136])
-	if b[8] == kindVerified {
+	if b[8] == kindVerified || b[8] == kindFacts {
 		return crc32.Update(c, crcTable, b[140:])
 	}
 	return crc32.Update(c, crcTable, b[140:entryHeaderSize])
@@ -608,25 +623,65 @@ func contentHash(f *os.File) ([32]byte, error) {
 // read maps an entry read-only, if it is a regular file of ours that no one
 // else may write. The mapping stays for the life of the Index made from it.
 func (c *Cache) read(name string) ([]byte, error) {
-	fd, err := unix.Openat(c.dir, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	fd, size, err := c.openEntry(name, maxBytes)
 	if err != nil {
 		return nil, err
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != c.uid || st.Mode&0o022 != 0 {
-		c.warnf("probe cache: %s is not a private regular file of uid %d (mode %#o, uid %d); ignored", name, c.uid, st.Mode, st.Uid)
-		return nil, ErrUnsafe
-	}
-	if st.Size < entryHeaderSize || st.Size > maxBytes {
-		return nil, errors.New("entry size")
-	}
 	// Not MAP_POPULATE: a toggle touches the header, the name index's
 	// bisection and the records it selects, a few pages of megabytes.
-	return unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_PRIVATE)
+	return unix.Mmap(fd, 0, int(size), unix.PROT_READ, unix.MAP_PRIVATE)
+}
+
+// readSmall is read for an entry of at most max bytes that is used and
+// let go at once (a verification record, facts): read, not mapped, since
+// unmapping in a process with several threads costs every CPU that runs
+// one of them an interrupt to flush its TLB.
+func (c *Cache) readSmall(name string, max int64) ([]byte, error) {
+	fd, size, err := c.openEntry(name, max)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	b := make([]byte, size)
+	for off := 0; off < len(b); {
+		n, err := unix.Pread(fd, b[off:], int64(off))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			return nil, errors.New("entry size")
+		}
+		off += n
+	}
+	return b, nil
+}
+
+// openEntry opens entry name if it is a regular file of ours that no one
+// else may write, of a size an entry can have (at most max bytes).
+func (c *Cache) openEntry(name string, max int64) (int, int64, error) {
+	fd, err := unix.Openat(c.dir, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if err != nil {
+		return -1, 0, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, 0, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != c.uid || st.Mode&0o022 != 0 {
+		unix.Close(fd)
+		c.warnf("probe cache: %s is not a private regular file of uid %d (mode %#o, uid %d); ignored", name, c.uid, st.Mode, st.Uid)
+		return -1, 0, ErrUnsafe
+	}
+	if st.Size < entryHeaderSize || st.Size > max {
+		unix.Close(fd)
+		return -1, 0, errors.New("entry size")
+	}
+	return fd, st.Size, nil
 }
 
 // store writes an entry for what was read from f, unless f changed while
@@ -750,12 +805,11 @@ func (c *Cache) Verified(list, scan [32]byte) bool {
 		return false
 	}
 	key := c.key(kindVerified, hex.EncodeToString(list[:]), hex.EncodeToString(scan[:]))
-	data, err := c.read(entryName(key))
+	data, err := c.readSmall(entryName(key), entryHeaderSize+64)
 	if err != nil {
 		c.misses.Add(1)
 		return false
 	}
-	defer unix.Munmap(data)
 	le := binary.LittleEndian
 	want := append(append([]byte(nil), list[:]...), scan[:]...)
 	if string(data[:8]) != entryMagic || data[8] != kindVerified || data[9] != 0 || !bytes.Equal(data[16:48], key[:]) ||
@@ -778,4 +832,83 @@ func (c *Cache) SetVerified(list, scan [32]byte) {
 	payload := append(append([]byte(nil), list[:]...), scan[:]...)
 	c.write(entryName(key), encodeEntry(key, kindVerified, &source{}, payload, false))
 	c.prune()
+}
+
+// maxFactsBytes bounds a facts payload (Facts): its CRC is checked whole on
+// every use.
+const maxFactsBytes = 64 << 10
+
+// Facts gives decode what derive computes from the file of object o that
+// pid maps (opened through map_files, as Scan opens it): a small payload,
+// opaque to the cache, that another package derives from the file alone
+// (inject: an object's hook slots and the symbols it defines). name says
+// what the payload is (its deriver and format); with the object's
+// build-id, path and file identity, and this program's build identity, it
+// keys the entry. The entry is used only while the file's size, mtime and
+// ctime are those recorded, and only if decode accepts it; it is a private
+// file of the cache like every other, whose CRC covers the payload. Else
+// derive reads the file and its result is decoded and stored; nothing is
+// stored for a file changed too recently to tell a later change by its
+// timestamps (racy), nor a payload over 64 KiB. A nil Cache derives every
+// time.
+func (c *Cache) Facts(pid int, o *procmaps.Object, name string, derive func(f *os.File) ([]byte, error), decode func([]byte) error) error {
+	f, err := procmaps.Open(pid, o)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	src, err := c.stat(f)
+	if err != nil {
+		return err
+	}
+	var key [32]byte
+	if c != nil {
+		key = c.key(kindFacts, name, o.BuildID, o.Path, src.dev, src.ino)
+		if payload, ok := c.lookupFacts(key, &src); ok {
+			err := decode(payload)
+			if err == nil {
+				c.factHits.Add(1)
+				return nil
+			}
+			c.warnf("probe cache: %s: %v; rebuilding it", entryName(key), err)
+		}
+		c.factMisses.Add(1)
+	}
+	payload, err := derive(f)
+	if err != nil {
+		return err
+	}
+	if err := decode(payload); err != nil {
+		return err
+	}
+	if c != nil && !src.racy() && len(payload) <= maxFactsBytes {
+		c.store(key, kindFacts, f, &src, payload, false)
+	}
+	return nil
+}
+
+// lookupFacts returns the payload of the facts entry for key (read, not
+// mapped: readSmall) if it is there, sound and made from the file as it is
+// now (src).
+func (c *Cache) lookupFacts(key [32]byte, src *source) ([]byte, bool) {
+	data, err := c.readSmall(entryName(key), entryHeaderSize+maxFactsBytes)
+	if err != nil {
+		return nil, false
+	}
+	le := binary.LittleEndian
+	var was source
+	was.dev, was.ino = le.Uint64(data[48:]), le.Uint64(data[56:])
+	was.size, was.mtime, was.ctime = int64(le.Uint64(data[64:])), int64(le.Uint64(data[72:])), int64(le.Uint64(data[80:]))
+	was.statTime = int64(le.Uint64(data[88:]))
+	if string(data[:8]) != entryMagic || data[8] != kindFacts || data[9] != 0 || !bytes.Equal(data[16:48], key[:]) ||
+		le.Uint64(data[128:]) != uint64(len(data)-entryHeaderSize) || len(data)-entryHeaderSize > maxFactsBytes ||
+		le.Uint32(data[136:]) != entryCRC(data) {
+		c.warnf("probe cache: %s is not an entry of this key; rebuilding it", entryName(key))
+		return nil, false
+	}
+	// Stored only when not racy (Facts): the timestamps decide.
+	if !was.sameFile(src) || was.racy() {
+		return nil, false
+	}
+	return data[entryHeaderSize:], true
 }

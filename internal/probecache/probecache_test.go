@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/edgeprobe/edgeprobe/internal/elfscan"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
@@ -531,4 +534,123 @@ func TestOpenRefusesForeignAncestors(t *testing.T) {
 	if st, err := os.Stat(filepath.Join(real, "cache")); err != nil || st.Mode().Perm() != 0o700 {
 		t.Errorf("the cache through our symlink: %v %v, want a 0700 directory", st, err)
 	}
+}
+
+// TestFacts: an object's facts (a payload another package derives from its
+// file) are derived once and then read from the cache while the file is
+// unchanged; an entry that is damaged, shared or not accepted by decode is
+// ignored and rebuilt; nothing is stored for a file changed too recently
+// (racy) or without a cache; a different name is a different entry.
+func TestFacts(t *testing.T) {
+	fx := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c"}})
+	p := testutil.Start(t, nil, fx.Path)
+	objs, err := procmaps.Objects(p.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var o *procmaps.Object
+	for i := range objs {
+		if strings.Contains(objs[i].Path, filepath.Base(fx.Path)) {
+			o = &objs[i]
+		}
+	}
+	if o == nil {
+		t.Fatalf("%s is not mapped", fx.Path)
+	}
+	derived := 0
+	derive := func(f *os.File) ([]byte, error) {
+		derived++
+		st, err := f.Stat()
+		if err != nil {
+			return nil, err
+		}
+		return []byte(fmt.Sprintf("facts of %d bytes", st.Size())), nil
+	}
+	want := fmt.Sprintf("facts of %d bytes", o.Size)
+	facts := func(c *Cache, name string, accept bool) {
+		t.Helper()
+		var got string
+		err := c.Facts(p.Pid, o, name, derive, func(b []byte) error {
+			if !accept && derived == 0 {
+				return errors.New("refused")
+			}
+			got = string(b)
+			return nil
+		})
+		if err != nil || got != want {
+			t.Fatalf("Facts: %q, %v; want %q", got, err, want)
+		}
+	}
+
+	c := openCache(t)
+	later(c)
+	facts(c, "t/1", true)
+	facts(c, "t/1", true)
+	if derived != 1 {
+		t.Fatalf("derived %d times, want once", derived)
+	}
+	if h, m := c.FactsStats(); h != 1 || m != 1 {
+		t.Fatalf("%d hits and %d misses, want 1 and 1", h, m)
+	}
+	expectStats(t, c, 0, 0) // lists, scans and records only
+	facts(c, "t/2", true)   // another name: another entry
+	if derived != 2 {
+		t.Fatalf("a new name derived %d times in all, want 2", derived)
+	}
+
+	spoil := map[string]func(e string){
+		"payload byte": func(e string) {
+			b, _ := os.ReadFile(e)
+			b[len(b)-1] ^= 0xff // the CRC covers a facts payload
+			os.WriteFile(e, b, 0o600)
+		},
+		"truncated":      func(e string) { os.Truncate(e, entryHeaderSize+2) },
+		"other writable": func(e string) { os.Chmod(e, 0o666) },
+		"decode refuses": func(string) {},
+	}
+	for name, fn := range spoil {
+		t.Run(name, func(t *testing.T) {
+			c := openCache(t)
+			later(c)
+			derived = 0
+			facts(c, "t/1", true)
+			fn(entryPath(t, c))
+			derived = 0
+			facts(c, "t/1", name != "decode refuses")
+			if derived != 1 {
+				t.Fatalf("a spoiled entry used: derived %d times, want 1", derived)
+			}
+			if st, err := os.Lstat(entryPath(t, c)); err != nil || st.Mode().Perm() != 0o600 {
+				t.Fatalf("rebuilt entry: %v %v", st.Mode(), err)
+			}
+			derived = 0
+			facts(c, "t/1", true)
+			if derived != 0 {
+				t.Fatal("the rebuilt entry was not used")
+			}
+		})
+	}
+
+	t.Run("racy", func(t *testing.T) {
+		var st unix.Stat_t
+		if err := unix.Stat(fx.Path, &st); err != nil {
+			t.Fatal(err)
+		}
+		c := openCache(t)
+		c.now = func() time.Time { return time.Unix(0, st.Ctim.Nano()) } // as if just written
+		derived = 0
+		facts(c, "t/1", true)
+		facts(c, "t/1", true)
+		if m, _ := filepath.Glob(filepath.Join(c.Path(), "*.epc")); derived != 2 || len(m) != 0 {
+			t.Fatalf("racy file: derived %d times, %d entries; want 2 and none", derived, len(m))
+		}
+	})
+	t.Run("no cache", func(t *testing.T) {
+		derived = 0
+		facts(nil, "t/1", true)
+		facts(nil, "t/1", true)
+		if derived != 2 {
+			t.Fatalf("derived %d times, want 2", derived)
+		}
+	})
 }

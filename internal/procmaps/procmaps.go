@@ -96,7 +96,7 @@ func ParseExec(r io.Reader) ([]Mapping, error) { return parse(r, execField) }
 
 // readMaps opens /proc/PID/maps and parses it (keep: see parse).
 func readMaps(pid int, keep func([]byte) bool) ([]Mapping, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	f, err := procfs.Open(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
 		if os.IsNotExist(err) {
 			return nil, fmt.Errorf("pid %d: %w", pid, ErrNoProcess)
@@ -306,14 +306,14 @@ func lastElem(p string) string { return p[strings.LastIndexByte(p, '/')+1:] }
 // openMapped opens the file behind a mapping: map_files first (the mapped
 // inode itself), then the path as the process sees it.
 func openMapped(pid int, m Mapping) (*os.File, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, m.Start, m.End))
+	f, err := procfs.Open(fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, m.Start, m.End))
 	if err == nil {
 		return f, nil
 	}
 	if m.Deleted {
 		return nil, fmt.Errorf("%s (deleted): map_files: %w", m.Path, err)
 	}
-	f, err2 := os.Open(fmt.Sprintf("/proc/%d/root%s", pid, m.Path))
+	f, err2 := procfs.Open(fmt.Sprintf("/proc/%d/root%s", pid, m.Path))
 	if err2 != nil {
 		return nil, fmt.Errorf("%s: %v; %w", m.Path, err, err2)
 	}

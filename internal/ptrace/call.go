@@ -280,6 +280,9 @@ func (t *Tracer) awaitStop(tid int, while string, expired func() error) (unix.Wa
 			if err := expired(); err != nil {
 				return ws, err
 			}
+			if t.sleepy() {
+				continue
+			}
 			tm := time.NewTimer(time.Millisecond)
 			select {
 			case <-t.sigchld:

@@ -2,7 +2,9 @@
 // that issues every ptrace request and every /proc/PID/mem read and write for
 // one target process, so the kernel's ptrace ownership rules (requests only
 // from the tracer thread; with proc_mem.force_override=ptrace, text writes
-// only from the tracer) always hold.
+// only from the tracer) always hold. Inside Run, the first tracer attached is
+// served by the goroutine that attached it, on Run's own locked thread,
+// without a tracer goroutine (a one-shot request: no hand-off per request).
 //
 // Attach seizes every thread of the target (PTRACE_SEIZE does not stop it)
 // with PTRACE_O_TRACECLONE, so threads born later arrive as clone events, and

@@ -30,4 +30,7 @@ var (
 	ErrNotLent = errors.New("tracer memory used outside its DoMem")
 	// ErrArmed: Detach was called while a trap address is still armed.
 	ErrArmed = errors.New("trap addresses still armed")
+	// ErrWrongThread: a request to a tracer served inline on a Run thread
+	// came from another goroutine (only that thread may make them).
+	ErrWrongThread = errors.New("tracer used from another thread")
 )

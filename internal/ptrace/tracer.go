@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -101,6 +100,19 @@ type Tracer struct {
 	reqs chan func()
 	done chan struct{} // closed when the server goroutine returns
 	tid  int           // the tracer OS thread
+	// inline: served on a Run thread by the goroutine that attached (no
+	// server goroutine: reqs and done are unused).
+	inline bool
+	// chldOn: sigchld receives SIGCHLD (from the start for a tracer
+	// goroutine; an inline tracer's first sleep registers it: sleepy).
+	chldOn bool
+	// pidfd is the tracer thread's pidfd (PIDFD_THREAD), readable once the
+	// thread has exited, or -1; awaitRelease waits on it. Not the
+	// tracer's own for an inline tracer: Run's, which Run closes.
+	pidfd int
+
+	// depth counts the requests running (inline: pump before the outermost).
+	depth int
 
 	// Everything below is touched only on the tracer thread.
 	mem      int
@@ -139,6 +151,7 @@ func Attach(pid int, opts Options) (*Tracer, error) {
 		reqs:    make(chan func()),
 		done:    make(chan struct{}),
 		mem:     -1,
+		pidfd:   -1,
 		threads: map[int]*thread{},
 		unborn:  map[int]bool{},
 		traps:   map[uint64]*trap{},
@@ -148,12 +161,60 @@ func Attach(pid int, opts Options) (*Tracer, error) {
 		early:     map[int]bool{},
 		forkForms: map[uint64][]byte{},
 	}
+	if rt := claimInline(t); rt != nil {
+		if err := t.attachInline(rt); err != nil {
+			return nil, err
+		}
+		return t, nil
+	}
 	ready := make(chan error, 1)
 	go t.serve(ready)
 	if err := <-ready; err != nil {
+		<-t.done
+		if t.pidfd >= 0 {
+			unix.Close(t.pidfd)
+		}
 		return nil, err
 	}
 	return t, nil
+}
+
+// threadPidfd opens a pidfd of thread tid (Linux 6.9), or returns -1.
+func threadPidfd(tid int) int {
+	fd, err := unix.PidfdOpen(tid, unix.PIDFD_THREAD)
+	if err != nil {
+		return -1
+	}
+	return fd
+}
+
+func (t *Tracer) notifyChld() {
+	if !t.chldOn {
+		signal.Notify(t.sigchld, unix.SIGCHLD)
+		t.chldOn = true
+	}
+}
+
+func (t *Tracer) stopChld() {
+	if t.chldOn {
+		signal.Stop(t.sigchld)
+		t.chldOn = false
+	}
+}
+
+// sleepy makes sure SIGCHLD wakes the tracer's sleeps, before a wait
+// sleeps for the first time: a tracer served inline registers for it only
+// then, since each registration and its removal is a round trip to the Go
+// runtime's signal-mask thread (two locked threads: a few context switches
+// each way) that a request which never sleeps (a flip) need not pay.
+// It reports whether it registered now: the caller then looks for events
+// once more before it sleeps, so none that came before is waited for.
+func (t *Tracer) sleepy() bool {
+	if t.chldOn {
+		return false
+	}
+	t.notifyChld()
+	return true
 }
 
 // Pid is the traced process.
@@ -162,12 +223,16 @@ func (t *Tracer) Pid() int { return t.pid }
 func (t *Tracer) serve(ready chan<- error) {
 	// The goroutine keeps its OS thread locked until it returns, so the
 	// thread exits with it and the kernel detaches anything still traced.
-	runtime.LockOSThread()
+	if !lockThread() {
+		go t.serve(ready) // the main thread: not this one
+		return
+	}
 	defer close(t.done)
 	t.tid = unix.Gettid()
-	signal.Notify(t.sigchld, unix.SIGCHLD)
+	t.pidfd = threadPidfd(t.tid)
+	t.notifyChld()
 	if err := t.attach(); err != nil {
-		signal.Stop(t.sigchld)
+		t.stopChld()
 		t.cleanup()
 		ready <- err
 		return
@@ -184,7 +249,7 @@ func (t *Tracer) serve(ready chan<- error) {
 		case <-tick.C:
 		}
 	}
-	signal.Stop(t.sigchld)
+	t.stopChld()
 }
 
 // fullOptions are the ptrace options of a tracer of every thread. Forks and
@@ -407,7 +472,16 @@ func mapErrno(err error) error {
 // tracer's methods run directly; from any other goroutine each is a Do.
 func (t *Tracer) Do(fn func() error) error {
 	if t.onThread() {
+		if t.inline && t.depth == 0 && !t.detached {
+			// What the server loop does between requests.
+			t.pump()
+		}
+		t.depth++
+		defer func() { t.depth-- }()
 		return fn()
+	}
+	if t.inline {
+		return t.wrongThread()
 	}
 	errc := make(chan error, 1)
 	select {
@@ -885,7 +959,7 @@ func (t *Tracer) waitFor(ctx context.Context, timeout time.Duration, what string
 		if time.Since(start) > timeout {
 			return fmt.Errorf("waiting for %s: timed out after %v (%s)", what, timeout, t.describe())
 		}
-		if spins < 500 {
+		if spins < 500 || t.sleepy() {
 			continue
 		}
 		tm := time.NewTimer(time.Millisecond)
@@ -909,7 +983,7 @@ func (t *Tracer) Pause(d time.Duration) {
 			if left <= 0 {
 				return nil
 			}
-			if left > 500*time.Microsecond {
+			if left > 500*time.Microsecond && !t.sleepy() {
 				tm := time.NewTimer(left - 200*time.Microsecond)
 				select {
 				case <-t.sigchld:
@@ -1191,14 +1265,26 @@ func (t *Tracer) Detach() error {
 		}
 		t.threads = map[int]*thread{}
 		t.cleanup()
+		if t.inline {
+			t.stopChld() // a tracer goroutine's serve does it as it ends
+		}
 		return err
 	})
 	if err == ErrDetached {
 		return nil
 	}
+	if t.inline {
+		// The thread's exit releases what is still traced, and Run waits
+		// for that release (awaitRelease) before it returns.
+		return err
+	}
 	<-t.done
 	if rerr := t.awaitRelease(); err == nil {
 		err = rerr
+	}
+	if t.pidfd >= 0 {
+		unix.Close(t.pidfd)
+		t.pidfd = -1
 	}
 	return err
 }
@@ -1209,15 +1295,54 @@ func (t *Tracer) Detach() error {
 // ends a locked thread only after its goroutine has returned: without this
 // wait, a caller that seizes the process again at once (a Session switching
 // from flip to int3) could find it still traced and fail with EPERM.
+//
+// With the tracer thread's pidfd (Linux 6.9), the wait is for it to turn
+// readable: the kernel marks a thread exited (exit_state, what a thread
+// pidfd's poll reports) after its exit has let go of every tracee
+// (exit_notify: exit_ptrace first), so readable means released, without a
+// read of /proc/PID/status, which costs about half a millisecond on a VM
+// with many possible CPUs (its memory counters are summed over all of
+// them: D71). Without one, the leader's (or every thread's) TracerPid is
+// polled. The waits are system calls, not Go sleeps: the caller has
+// nothing else to do, and a parked goroutine's wake-up is a hand-off
+// between threads.
 func (t *Tracer) awaitRelease() error {
 	deadline := time.Now().Add(t.opts.StopTimeout)
-	for tracedBy(t.pid, t.tid) {
+	if t.pidfd >= 0 {
+		for {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return fmt.Errorf("pid %d: tracer thread %d still running %v after detaching", t.pid, t.tid, t.opts.StopTimeout)
+			}
+			fds := []unix.PollFd{{Fd: int32(t.pidfd), Events: unix.POLLIN}}
+			n, err := unix.Poll(fds, int(left.Milliseconds())+1)
+			if err == unix.EINTR || (err == nil && n == 0) {
+				continue
+			}
+			if err == nil && fds[0].Revents&(unix.POLLIN|unix.POLLHUP) != 0 {
+				return nil // exited (POLLHUP: and reaped)
+			}
+			break // poll failed: ask /proc
+		}
+	}
+	for t.stillTraced() {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("pid %d: still traced by thread %d %v after detaching", t.pid, t.tid, t.opts.StopTimeout)
 		}
-		time.Sleep(50 * time.Microsecond)
+		ts := unix.NsecToTimespec(int64(50 * time.Microsecond))
+		_ = unix.Nanosleep(&ts, nil) // EINTR: look again
 	}
 	return nil
+}
+
+// stillTraced reports whether any thread of the target is traced by our
+// tracer thread. A leader-only tracer never traced another (no clone,
+// fork or vfork is followed in that mode): its leader's status says it.
+func (t *Tracer) stillTraced() bool {
+	if t.opts.LeaderOnly {
+		return procfs.TracerPid(t.pid, 0) == t.tid
+	}
+	return tracedBy(t.pid, t.tid)
 }
 
 // tracedBy reports whether any thread of pid is traced by thread tracer.
