@@ -19,15 +19,36 @@ var ErrNoProcess = errors.New("no such process")
 // work on such a process; it is not gone either.
 var ErrLeaderExited = errors.New("its main thread has exited while its other threads run on: ptrace cannot attach an exited thread, nor reach the process's memory through it, so edgeprobe cannot work on this process")
 
-// LeaderExited reports whether pid's main thread is a zombie while the
-// process still has other threads (ErrLeaderExited).
+// LeaderExited reports whether pid's main thread is a zombie while another
+// of its threads runs on, not on its way out (ErrLeaderExited). A process
+// exiting whole passes through the same picture for a moment (its main
+// thread done, the others still dying): each of those has SIGKILL pending
+// (the kernel's group exit sends it to every thread), or is a zombie
+// itself, and does not count.
 func LeaderExited(pid int) bool {
 	st, err := ReadStat(pid, 0)
 	if err != nil || st.State != 'Z' {
 		return false
 	}
-	s, err := ReadStatus(pid, 0)
-	return err == nil && s.Int("Threads") > 1
+	ents, err := os.ReadDir(path(pid, 0, "task"))
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil || tid == pid {
+			continue
+		}
+		ts, err := ReadStat(pid, tid)
+		if err != nil || ts.State == 'Z' || ts.State == 'X' {
+			continue
+		}
+		s, err := ReadStatus(pid, tid)
+		if err == nil && s.SigMask("SigPnd")&(1<<(9-1)) == 0 { // SIGKILL
+			return true
+		}
+	}
+	return false
 }
 
 // path is /proc/PID/NAME, or /proc/PID/task/TID/NAME when tid > 0.
