@@ -17,12 +17,14 @@ import (
 
 // TestSessionTargetReplaced: a session's target, a plugin, is unloaded
 // and a new build of it loaded in its place (reload.c: dlclose, then
-// dlopen of plugin.c built -DSWAPPED, once the go file exists). The loader puts it at the same
-// address, and its plug_other holds, byte for byte, what plug_work's
-// probe sites held. The session's list is the old plugin's: a command
-// after the reload must be refused with nothing written, not applied to
-// whatever now lies at the old addresses (before the fix: `enable
-// plug_work` was OK and wrote the new plugin's plug_other).
+// dlopen of plugin.c built -DSWAPPED, once the go file exists). The loader
+// puts it at the same address, and its plug_other holds, byte for byte,
+// what plug_work's probe sites held. The session's list is the old
+// plugin's: a command after the reload must be refused with nothing
+// written, not applied to whatever now lies at the old addresses (before
+// the fix: `enable plug_work` was OK and wrote the new plugin's
+// plug_other). The same when the plugin is only unloaded: nothing is
+// mapped there, and the refusal says so.
 func TestSessionTargetReplaced(t *testing.T) {
 	testutil.RequirePtrace(t)
 	hooks := hooksLib(t)
@@ -42,72 +44,87 @@ func TestSessionTargetReplaced(t *testing.T) {
 		}
 	}
 	prog := testutil.Build(t, testutil.Spec{Sources: []string{"reload.c"}, NoInstr: true, LDFlags: []string{"-ldl"}})
-	// The program's parent thread stays this goroutine's: a tracer
-	// goroutine locks the thread it starts on and ends it when the session
-	// closes, and were that the parent, the program's parent-death signal
-	// (testutil.Start's SIGKILL) would kill it then.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	goFile := filepath.Join(t.TempDir(), "go")
-	p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks}, prog.Path, v1.Path, v2.Path, goFile)
-
-	ses, err := Open(p.Pid, []string{list}, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := false
-	t.Cleanup(func() { // before the process's own cleanup (see below)
-		if !closed {
-			ses.Close()
-		}
-	})
-	// Every command checks: the reload may come sooner after the last
-	// check than MappedWithin, and the test must not wait for it.
-	ses.mappedWithin = -1
-	sel, err := probelist.ParseSelector("plug_work", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	apply := func(on bool) (*Result, error) {
-		return ses.Apply(context.Background(), []Action{{Enable: on, Selector: sel}}, ProtoAuto, 0)
-	}
-	for _, on := range []bool{true, false} {
-		if res, err := apply(on); err != nil || !res.OK || res.Changed != 2 {
-			t.Fatalf("before the reload, enable=%v: %+v, %v", on, res, err)
-		}
-	}
-	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	line := p.Line()
-	var base1, base2 uint64
-	if _, err := fmt.Sscanf(line, "reloaded %v %v", &base1, &base2); err != nil {
-		t.Fatalf("want `reloaded BASE1 BASE2`, got %q", line)
-	}
-	t.Logf("the plugin was loaded at %#x, its new build at %#x", base1, base2)
-	res, err := apply(true)
-	if err == nil || !errors.Is(err, ErrStale) || !strings.Contains(err.Error(), "nothing was written") {
-		t.Errorf("enable plug_work after the plugin was replaced: %+v, %v; want a stale list refused, nothing written", res, err)
-	}
-	// The new plugin's text is its file's: nothing of ours was written into it.
-	if diff := textDiff(t, p.Pid, v2.Path); diff != "" {
-		t.Errorf("the new plugin was written: %s", diff)
-	}
-	// The same with the default MappedWithin: a failed check stands for
-	// nothing, so the next command checks again however soon it comes.
-	ses.mappedWithin = 0
-	if _, err := apply(false); err == nil || !errors.Is(err, ErrStale) {
-		t.Errorf("disable plug_work after the plugin was replaced: %v", err)
-	}
-	// Detach before the program ends: a tracer in this process would
-	// reap its exit, which Finish waits for.
-	closed = true
-	if err := ses.Close(); err != nil {
-		t.Fatal(err)
-	}
-	out, _ := p.Finish()
-	if !strings.HasPrefix(out, "done 1") {
-		t.Fatalf("reload: %q", out)
+	for _, c := range []struct{ name, second, why string }{
+		{"replaced", v2.Path, "another file is mapped there now"},
+		{"unloaded", "-", "nothing is mapped there now"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			// The program's parent thread stays this goroutine's: a tracer
+			// goroutine locks the thread it starts on and ends it when the
+			// session closes, and were that the parent, the program's
+			// parent-death signal (testutil.Start's SIGKILL) would kill it then.
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			goFile := filepath.Join(t.TempDir(), "go")
+			p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks}, prog.Path, v1.Path, c.second, goFile)
+			ses, err := Open(p.Pid, []string{list}, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			closed := false
+			t.Cleanup(func() { // before the process's own cleanup (see below)
+				if !closed {
+					ses.Close()
+				}
+			})
+			// Every command checks: the reload may come sooner after the
+			// last check than MappedWithin, and the test must not wait for it.
+			ses.mappedWithin = -1
+			sel, err := probelist.ParseSelector("plug_work", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			apply := func(on bool) (*Result, error) {
+				return ses.Apply(context.Background(), []Action{{Enable: on, Selector: sel}}, ProtoAuto, 0)
+			}
+			for _, on := range []bool{true, false} {
+				if res, err := apply(on); err != nil || !res.OK || res.Changed != 2 {
+					t.Fatalf("before the reload, enable=%v: %+v, %v", on, res, err)
+				}
+			}
+			if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			line := p.Line()
+			var base1, base2 uint64
+			if c.second == "-" {
+				if _, err := fmt.Sscanf(line, "unloaded %v", &base1); err != nil {
+					t.Fatalf("want `unloaded BASE1`, got %q", line)
+				}
+			} else {
+				if _, err := fmt.Sscanf(line, "reloaded %v %v", &base1, &base2); err != nil {
+					t.Fatalf("want `reloaded BASE1 BASE2`, got %q", line)
+				}
+				t.Logf("the plugin was loaded at %#x, its new build at %#x", base1, base2)
+			}
+			res, err := apply(true)
+			if err == nil || !errors.Is(err, ErrStale) || !strings.Contains(err.Error(), "nothing was written") || (c.second == "-" || base1 == base2) && !strings.Contains(err.Error(), c.why) {
+				t.Errorf("enable plug_work after the plugin was %s: %+v, %v; want a stale list refused (%s), nothing written", c.name, res, err, c.why)
+			}
+			if c.second != "-" {
+				// The new plugin's text is its file's: nothing of ours was
+				// written into it.
+				if diff := textDiff(t, p.Pid, v2.Path); diff != "" {
+					t.Errorf("the new plugin was written: %s", diff)
+				}
+			}
+			// The same with the default MappedWithin: a failed check stands
+			// for nothing, so the next command checks again however soon.
+			ses.mappedWithin = 0
+			if _, err := apply(false); err == nil || !errors.Is(err, ErrStale) {
+				t.Errorf("disable plug_work after the plugin was %s: %v", c.name, err)
+			}
+			// Detach before the program ends: a tracer in this process would
+			// reap its exit, which Finish waits for.
+			closed = true
+			if err := ses.Close(); err != nil {
+				t.Fatal(err)
+			}
+			out, _ := p.Finish()
+			if !strings.HasPrefix(out, "done 1") {
+				t.Fatalf("reload: %q", out)
+			}
+		})
 	}
 }
 
