@@ -241,13 +241,31 @@ func (s *session) close(context.Context) error {
 	if s.maps != nil {
 		s.maps.Close()
 	}
-	if err != nil && hotpatch.Gone(err) {
+	if err != nil && (hotpatch.Gone(err) || onlyUnmapped(err)) {
 		// The process ended during the capture, or ran exec (its memory
-		// is gone, not the process): its probes went with the image, and
-		// what it recorded until then is the capture's to keep.
+		// is gone, not the process), or unloaded an object the capture
+		// had probes on: their probes went with the image, and what it
+		// recorded until then is the capture's to keep.
 		err = nil
 	}
 	return err
+}
+
+// onlyUnmapped reports whether err is a Restore's that failed only for
+// objects no longer mapped (hotpatch.ErrUnmapped): every other probe was
+// put back.
+func onlyUnmapped(err error) bool {
+	if !errors.Is(err, hotpatch.ErrUnmapped) {
+		return false
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			if !errors.Is(e, hotpatch.ErrUnmapped) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // ticker calls fn every period until d has passed or ctx ends, then once more.

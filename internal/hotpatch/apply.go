@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -839,8 +840,19 @@ func kindOrBoth(k string) string {
 // Sites already in their old state cost a read.
 func (s *Session) Restore(ctx context.Context, res *Result) error {
 	var actions []Action
+	var gone []string
 	for _, r := range res.Sites {
 		if r.Before != "on" && r.Before != "off" {
+			continue
+		}
+		if slices.Contains(gone, r.Object) {
+			continue
+		}
+		if t := s.targetAt(r.Object); t != nil && s.maps != nil && s.stillMapped(t) != nil {
+			// Unloaded (or replaced) since: its probes went with it, and
+			// what lies there now is not ours to write (D77). The others
+			// are restored all the same.
+			gone = append(gone, r.Object)
 			continue
 		}
 		sel, err := probelist.ParseSelector(fmt.Sprintf("id:%d", r.ID), "")
@@ -849,9 +861,27 @@ func (s *Session) Restore(ctx context.Context, res *Result) error {
 		}
 		actions = append(actions, Action{Enable: r.Before == "on", Selector: sel, Object: r.Object})
 	}
-	if len(actions) == 0 {
-		return nil
+	var err error
+	if len(actions) > 0 {
+		_, err = s.Apply(ctx, actions, ProtoAuto, 0)
 	}
-	_, err := s.Apply(ctx, actions, ProtoAuto, 0)
+	if len(gone) > 0 {
+		err = errors.Join(err, fmt.Errorf("%s: %w", strings.Join(gone, ", "), ErrUnmapped))
+	}
 	return err
+}
+
+// ErrUnmapped: an object whose probes a Restore was to put back is no
+// longer mapped where the session found it (unloaded, or replaced): its
+// probes went with it, and nothing was written there.
+var ErrUnmapped = errors.New("no longer mapped where the session found it: its probes went with it (nothing written there)")
+
+// targetAt is the session's target mapped from path, or nil.
+func (s *Session) targetAt(path string) *Target {
+	for _, t := range s.targets {
+		if t.Object.Path == path {
+			return t
+		}
+	}
+	return nil
 }

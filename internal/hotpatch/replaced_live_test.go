@@ -77,9 +77,14 @@ func TestSessionTargetReplaced(t *testing.T) {
 			apply := func(on bool) (*Result, error) {
 				return ses.Apply(context.Background(), []Action{{Enable: on, Selector: sel}}, ProtoAuto, 0)
 			}
+			var enabled *Result
 			for _, on := range []bool{true, false} {
-				if res, err := apply(on); err != nil || !res.OK || res.Changed != 2 {
+				res, err := apply(on)
+				if err != nil || !res.OK || res.Changed != 2 {
 					t.Fatalf("before the reload, enable=%v: %+v, %v", on, res, err)
+				}
+				if on {
+					enabled = res
 				}
 			}
 			if err := os.WriteFile(goFile, nil, 0o644); err != nil {
@@ -113,6 +118,17 @@ func TestSessionTargetReplaced(t *testing.T) {
 			ses.mappedWithin = 0
 			if _, err := apply(false); err == nil || !errors.Is(err, ErrStale) {
 				t.Errorf("disable plug_work after the plugin was %s: %v", c.name, err)
+			}
+			// A capture's Restore (what trace and profile do at their end)
+			// skips the object that is gone, says so, and writes nothing
+			// there (before: refused whole as stale, and the trace lost).
+			if err := ses.Restore(context.Background(), enabled); !errors.Is(err, ErrUnmapped) || errors.Is(err, ErrStale) {
+				t.Errorf("Restore after the plugin was %s: %v; want ErrUnmapped alone", c.name, err)
+			}
+			if c.second != "-" {
+				if diff := textDiff(t, p.Pid, v2.Path); diff != "" {
+					t.Errorf("the new plugin was written by Restore: %s", diff)
+				}
 			}
 			// Detach before the program ends: a tracer in this process would
 			// reap its exit, which Finish waits for.
