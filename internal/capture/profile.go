@@ -2,6 +2,7 @@ package capture
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sort"
@@ -152,6 +153,13 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 				endedHow = how
 			}
 			ended = true
+			return
+		}
+		if err != nil && errors.Is(err, hotpatch.ErrUnmapped) {
+			// An object the profile has probes in was unloaded (or
+			// replaced): nothing of it can be toggled any more (D77). What
+			// was recorded until then is the profile's.
+			ended, endedHow = true, "unloaded an object the profile had probes in"
 			return
 		}
 		if err != nil && ctx.Err() == nil {

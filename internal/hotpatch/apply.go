@@ -848,7 +848,7 @@ func (s *Session) Restore(ctx context.Context, res *Result) error {
 		if slices.Contains(gone, r.Object) {
 			continue
 		}
-		if t := s.targetAt(r.Object); t != nil && s.maps != nil && s.stillMapped(t) != nil {
+		if t := s.targetAt(r.Object); t != nil && s.maps != nil && errors.Is(s.stillMapped(t), ErrUnmapped) {
 			// Unloaded (or replaced) since: its probes went with it, and
 			// what lies there now is not ours to write (D77). The others
 			// are restored all the same.

@@ -110,11 +110,19 @@ func (s *Session) stillMapped(t *Target) error {
 				what = fmt.Sprintf("the file is mapped there from another offset now (%#x)", now.Offset+(addr-now.Start))
 			}
 			if what != "" {
-				return fmt.Errorf("%s is no longer mapped where the session found it (%#x: %s), so its probe list describes nothing there: %w (nothing was written)",
-					t.Object.Path, addr, what, ErrStale)
+				return &unmappedError{fmt.Sprintf("%s is no longer mapped where the session found it (%#x: %s), so its probe list describes nothing there: %v (nothing was written)",
+					t.Object.Path, addr, what, ErrStale)}
 			}
 			addr = now.End
 		}
 	}
 	return nil
 }
+
+// unmappedError is stillMapped's refusal: a stale list (ErrStale) because
+// its object is no longer mapped where the session found it (ErrUnmapped).
+type unmappedError struct{ msg string }
+
+func (e *unmappedError) Error() string { return e.msg }
+
+func (e *unmappedError) Is(target error) bool { return target == ErrStale || target == ErrUnmapped }
