@@ -180,6 +180,7 @@ not exist or exited while hotpatch worked on it.`,
 			}
 			ctx, stop := signalContext()
 			defer stop()
+			phases.Mark("signals")
 			for _, a := range req.Actions {
 				if a.Enable {
 					// An enable makes sure the probes record into the
