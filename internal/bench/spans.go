@@ -23,57 +23,93 @@ var spanVariants = []string{"flip_onebyte", "flip_unchecked", "flip_spans_page",
 // measureSpans is row 2b: the batch row's flip program, all probes enabled
 // then disabled, each variant once per pass, interleaved, BatchReps passes.
 func (h *Harness) measureSpans(ctx context.Context, bin string, l *probelist.List) (map[string][]float64, *xmod.SpanStats, error) {
+	r, err := h.startSpans(ctx, bin, l)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer r.close()
+	out, err := h.timeSpans(r)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := h.finishSpans(ctx, r); err != nil {
+		return nil, nil, err
+	}
+	return out, r.stats, nil
+}
+
+// spanRun is row 2b's running program, its memory, the session over it
+// and the ways a batch is written, each a function of the direction.
+type spanRun struct {
+	t      *Target
+	mem    *ptrace.Mem
+	s      *hotpatch.Session // nil once closed
+	set    map[string]func(on bool) error
+	stats  *xmod.SpanStats // flip_spans' last batch
+	imaged [2][2]int       // the span session ways' spans, and how many were written from their images (D61)
+}
+
+func (r *spanRun) close() {
+	if r.s != nil {
+		r.s.Close()
+	}
+	if r.mem != nil {
+		r.mem.Close()
+	}
+	r.t.Kill()
+}
+
+// startSpans starts the program, opens its memory and a session over it,
+// and prepares and verifies every session way's selections (once per
+// session, as in `hotpatch session`), so that nothing of that is timed.
+func (h *Harness) startSpans(ctx context.Context, bin string, l *probelist.List) (*spanRun, error) {
 	t, err := Start(ctx, nil, bin, "exec")
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	defer t.Kill()
-	sites, err := Sites(t.Pid, l, "", "")
-	if err != nil {
-		return nil, nil, err
+	r := &spanRun{t: t, stats: &xmod.SpanStats{}}
+	if err := h.openSpans(ctx, r, l); err != nil {
+		r.close()
+		return nil, err
 	}
-	obj, err := procmaps.Main(t.Pid)
+	return r, nil
+}
+
+func (h *Harness) openSpans(ctx context.Context, r *spanRun, l *probelist.List) error {
+	sites, err := Sites(r.t.Pid, l, "", "")
 	if err != nil {
-		return nil, nil, err
+		return err
+	}
+	obj, err := procmaps.Main(r.t.Pid)
+	if err != nil {
+		return err
 	}
 	data, err := l.Compact()
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
 	idx, err := probelist.OpenCompact(data)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
 	target := &hotpatch.Target{Object: obj, List: idx, Origin: "bench"}
-	mem, err := ptrace.OpenMem(t.Pid)
-	if err != nil {
-		return nil, nil, err
+	if r.mem, err = ptrace.OpenMem(r.t.Pid); err != nil {
+		return err
 	}
-	defer mem.Close()
 	listFile := filepath.Join(h.B.Dir, fmt.Sprintf("many%d-flip.spans.probes.json", h.Cfg.BatchFuncs))
 	if err := l.WriteFile(listFile); err != nil {
-		return nil, nil, err
+		return err
 	}
-	s, err := hotpatch.Open(t.Pid, []string{listFile}, false)
-	if err != nil {
-		return nil, nil, err
+	if r.s, err = hotpatch.Open(r.t.Pid, []string{listFile}, false); err != nil {
+		return err
 	}
-	s.SetBrief(true) // as hotpatch session and a hotpatch call without --json or -v
-	closed := false
-	defer func() {
-		if !closed {
-			s.Close()
-		}
-	}()
+	r.s.SetBrief(true) // as hotpatch session and a hotpatch call without --json or -v
 	all, err := probelist.ParseSelector("*", "")
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
-	stats := &xmod.SpanStats{}
-	// imaged: the span session ways' spans, and how many of them were
-	// written from their images (D61), over the timed batches.
-	var imaged [2][2]int
-	set := map[string]func(on bool) error{
+	mem, pid, stats := r.mem, r.t.Pid, r.stats
+	r.set = map[string]func(on bool) error{
 		"flip_onebyte": func(on bool) error {
 			_, err := xmod.Flip(ctx, mem, changes(sites, on), xmod.FlipOptions{})
 			return err
@@ -83,7 +119,7 @@ func (h *Harness) measureSpans(ctx context.Context, bin string, l *probelist.Lis
 			return err
 		},
 		"flip_spans_page": func(on bool) error {
-			pr, done, err := hotpatch.NewPristine(t.Pid, []*hotpatch.Target{target})
+			pr, done, err := hotpatch.NewPristine(pid, []*hotpatch.Target{target})
 			if err != nil {
 				return err
 			}
@@ -92,7 +128,7 @@ func (h *Harness) measureSpans(ctx context.Context, bin string, l *probelist.Lis
 			return err
 		},
 		"flip_spans": func(on bool) error {
-			pr, done, err := hotpatch.NewPristine(t.Pid, []*hotpatch.Target{target})
+			pr, done, err := hotpatch.NewPristine(pid, []*hotpatch.Target{target})
 			if err != nil {
 				return err
 			}
@@ -101,25 +137,28 @@ func (h *Harness) measureSpans(ctx context.Context, bin string, l *probelist.Lis
 			_, err = xmod.Flip(ctx, mem, changes(sites, on), xmod.FlipOptions{Pristine: pr, Stats: stats})
 			return err
 		},
-		"session_onebyte":     h.sessionSet(ctx, s, all, false, false, nil),
-		"session_spans_first": h.sessionSet(ctx, s, all, true, true, &imaged[0]),
-		"session_spans":       h.sessionSet(ctx, s, all, true, false, &imaged[1]),
+		"session_onebyte":     h.sessionSet(ctx, r.s, all, false, false, nil),
+		"session_spans_first": h.sessionSet(ctx, r.s, all, true, true, &r.imaged[0]),
+		"session_spans":       h.sessionSet(ctx, r.s, all, true, false, &r.imaged[1]),
 	}
-	if err := checkLive(ctx, t, set["session_spans"]); err != nil {
-		return nil, nil, err
+	if err := checkLive(ctx, r.t, r.set["session_spans"]); err != nil {
+		return err
 	}
-	// Every session way's selections prepared and verified (once per
-	// session, as in `hotpatch session`) before anything is timed.
 	for _, v := range spanVariants {
 		if strings.HasPrefix(v, "session_") {
 			for _, on := range []bool{true, false} {
-				if err := set[v](on); err != nil {
-					return nil, nil, fmt.Errorf("%s: %w", v, err)
+				if err := r.set[v](on); err != nil {
+					return fmt.Errorf("%s: %w", v, err)
 				}
 			}
 		}
 	}
-	imaged = [2][2]int{}
+	r.imaged = [2][2]int{}
+	return nil
+}
+
+// timeSpans times BatchReps passes of every way, interleaved.
+func (h *Harness) timeSpans(r *spanRun) (map[string][]float64, error) {
 	unpin := h.pinHarness()
 	defer unpin()
 	out := map[string][]float64{}
@@ -134,13 +173,13 @@ func (h *Harness) measureSpans(ctx context.Context, bin string, l *probelist.Lis
 			case "session_spans":
 				continue // with session_spans_first
 			}
-			for r := 0; r < rounds; r++ {
+			for k := 0; k < rounds; k++ {
 				for _, w := range ways {
 					for _, on := range []bool{true, false} {
 						c0 := processCPU()
-						d, err := timeIt(func() error { return set[w](on) })
+						d, err := timeIt(func() error { return r.set[w](on) })
 						if err != nil {
-							return nil, nil, fmt.Errorf("%s: %w", w, err)
+							return nil, fmt.Errorf("%s: %w", w, err)
 						}
 						out[w] = append(out[w], d)
 						if rounds > 1 {
@@ -151,27 +190,32 @@ func (h *Harness) measureSpans(ctx context.Context, bin string, l *probelist.Lis
 			}
 		}
 	}
-	// The two ways measure what they say: no first batch wrote a span
-	// from an image, the toggled ones did (all of them, unless the
-	// target changed a span's bytes meanwhile).
-	if imaged[0][1] != 0 || imaged[1][1] == 0 {
-		return nil, nil, fmt.Errorf("span images: first batches wrote %d of %d spans from them, toggled ones %d of %d", imaged[0][1], imaged[0][0], imaged[1][1], imaged[1][0])
+	return out, nil
+}
+
+// finishSpans checks that the two span session ways measured what they
+// say (no first batch wrote a span from an image; the toggled ones did,
+// all of them unless the target changed a span's bytes meanwhile), closes
+// the session before the target exits (a tracer in this process would
+// otherwise reap it before Quit's wait does), and checks its final counts.
+func (h *Harness) finishSpans(ctx context.Context, r *spanRun) error {
+	if r.imaged[0][1] != 0 || r.imaged[1][1] == 0 {
+		return fmt.Errorf("span images: first batches wrote %d of %d spans from them, toggled ones %d of %d", r.imaged[0][1], r.imaged[0][0], r.imaged[1][1], r.imaged[1][0])
 	}
-	h.Rep.Set("batch20k.session_spans_imaged_share", float64(imaged[1][1])/float64(imaged[1][0]))
-	// Detach before the target exits: a tracer in this process would
-	// otherwise reap it before Quit's wait does.
-	closed = true
+	h.Rep.Set("batch20k.session_spans_imaged_share", float64(r.imaged[1][1])/float64(r.imaged[1][0]))
+	s := r.s
+	r.s = nil
 	if err := s.Close(); err != nil {
-		return nil, nil, err
+		return err
 	}
-	c, err := t.Quit(ctx)
+	c, err := r.t.Quit(ctx)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
 	if c.Calls == 0 || c.Enters == 0 || c.Exits == 0 || c.Enters > c.Calls || c.Exits > c.Calls {
-		return nil, nil, fmt.Errorf("implausible final counts %+v", c)
+		return fmt.Errorf("implausible final counts %+v", c)
 	}
-	return out, stats, nil
+	return nil
 }
 
 // cpuKey prefixes, in measureSpans' samples, a span session way's CPU
