@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -59,26 +58,26 @@ func (r *cliRun) ownPhases(ctx context.Context) ([]*ownPhase, error) {
 		if err != nil {
 			return nil, fmt.Errorf("hotpatch %s: %v: %s", verb, err, firstLine(stderr.String()))
 		}
-		lines, err := parsePhases(stderr.Bytes())
-		if err != nil {
-			return nil, err
+		lines, err := phases.Parse(stderr.Bytes())
+		if err != nil || len(lines) < 3 {
+			return nil, fmt.Errorf("hotpatch printed no phase table (%s=1): %v: %q", phases.Env, err, firstLine(stderr.String()))
 		}
 		if i < 0 {
 			continue
 		}
 		first, last := lines[0], lines[len(lines)-1]
 		p := get("exec to main")
-		p.wall = append(p.wall, float64(first.mono-t0))
-		p.cpu = append(p.cpu, float64(first.cpu))
-		p.vcsw = append(p.vcsw, float64(first.vcsw))
+		p.wall = append(p.wall, float64(first.Mono-t0))
+		p.cpu = append(p.cpu, float64(first.CPU))
+		p.vcsw = append(p.vcsw, float64(first.Vcsw))
 		for _, l := range lines[1 : len(lines)-1] {
-			p := get(l.name)
-			p.wall = append(p.wall, float64(l.wall))
-			p.cpu = append(p.cpu, float64(l.cpu))
-			p.vcsw = append(p.vcsw, float64(l.vcsw))
+			p := get(l.Name)
+			p.wall = append(p.wall, float64(l.Wall))
+			p.cpu = append(p.cpu, float64(l.CPU))
+			p.vcsw = append(p.vcsw, float64(l.Vcsw))
 		}
 		p = get("exit")
-		p.wall = append(p.wall, float64(t1-last.mono))
+		p.wall = append(p.wall, float64(t1-last.Mono))
 	}
 	return order, nil
 }
@@ -87,56 +86,6 @@ func monoNow() int64 {
 	var ts unix.Timespec
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 	return ts.Nano()
-}
-
-// phaseLine is one "phase" line of phases.Print, in ns.
-type phaseLine struct {
-	name                  string
-	wall, cpu, vcsw, mono int64
-}
-
-// parsePhases reads phases.Print's lines: the first (start: mono, cpu
-// since the process started), one per phase, the total (mono of the last
-// mark).
-func parsePhases(b []byte) ([]phaseLine, error) {
-	var out []phaseLine
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 3 || f[0] != "phase" {
-			continue
-		}
-		l := phaseLine{name: f[1]}
-		for _, kv := range f[2:] {
-			k, v, ok := strings.Cut(kv, "=")
-			if !ok {
-				continue
-			}
-			us := strings.HasSuffix(v, "us")
-			n, err := strconv.ParseInt(strings.TrimSuffix(v, "us"), 10, 64)
-			if err != nil {
-				return nil, fmt.Errorf("phase line %q: %v", sc.Text(), err)
-			}
-			if us {
-				n *= 1000
-			}
-			switch k {
-			case "wall":
-				l.wall = n
-			case "cpu":
-				l.cpu = n
-			case "vcsw":
-				l.vcsw = n
-			case "mono":
-				l.mono = n
-			}
-		}
-		out = append(out, l)
-	}
-	if len(out) < 3 || out[len(out)-1].name != "total" || out[len(out)-1].mono == 0 || out[0].mono == 0 {
-		return nil, fmt.Errorf("hotpatch printed no phase table (%s=1): %q", phases.Env, firstLine(string(b)))
-	}
-	return out, nil
 }
 
 func (h *Harness) reportOwnPhases(own []*ownPhase) {
