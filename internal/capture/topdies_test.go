@@ -36,7 +36,7 @@ func TestTopTargetDies(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := sh.Start(); err != nil {
+			if err := testutil.StartCmd(sh); err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { sh.Process.Kill(); sh.Wait() })

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -49,12 +48,6 @@ func TestSessionTargetReplaced(t *testing.T) {
 		{"unloaded", "-", "nothing is mapped there now"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			// The program's parent thread stays this goroutine's: a tracer
-			// goroutine locks the thread it starts on and ends it when the
-			// session closes, and were that the parent, the program's
-			// parent-death signal (testutil.Start's SIGKILL) would kill it then.
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
 			goFile := filepath.Join(t.TempDir(), "go")
 			p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks}, prog.Path, v1.Path, c.second, goFile)
 			ses, err := Open(p.Pid, []string{list}, false)

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -32,13 +31,6 @@ func TestSpanWrites(t *testing.T) {
 	for _, mode := range []string{"plain", "jit", "plain-session", "jit-session"} {
 		t.Run(mode, func(t *testing.T) {
 			writer, session := strings.CutSuffix(mode, "-session")
-			if session {
-				// The program dies with the thread that started it
-				// (Pdeathsig): keep that thread ours, so that the session's
-				// tracer thread, which exits at Close, is another one.
-				runtime.LockOSThread()
-				defer runtime.UnlockOSThread()
-			}
 			p := testutil.Start(t, nil, fx.Path, writer)
 			progress := p.Symbol(fx.Path, "progress")
 			var ses *Session
@@ -200,10 +192,6 @@ func TestSpanHazardUnchecked(t *testing.T) {
 func TestSpanImagesLive(t *testing.T) {
 	testutil.RequirePtrace(t)
 	fx := testutil.Build(t, testutil.Spec{Sources: []string{"jitpage.c", "hooks.c"}, Flags: []string{"-fno-toplevel-reorder"}})
-	// The program dies with the thread that started it (Pdeathsig): keep
-	// that thread ours, not the tracer's, which exits at Close.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	p := testutil.Start(t, nil, fx.Path, "plain")
 	area := p.Symbol(fx.Path, "jit_area") // 64 bytes of int3 between f299 and f300, never run
 	ses, err := Open(p.Pid, nil, false)

@@ -52,7 +52,7 @@ func Start(t testing.TB, env []string, bin string, args ...string) *Process {
 	cmd.Stdout = w
 	p := &Process{t: t, Cmd: cmd, StopFile: stop, stdout: bufio.NewReader(out), done: make(chan error, 1)}
 	cmd.Stderr = &p.stderr
-	err = cmd.Start()
+	err = StartCmd(cmd) // from the spawner thread: see spawn.go
 	w.Close()
 	if err != nil {
 		out.Close()
