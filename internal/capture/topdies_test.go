@@ -53,38 +53,9 @@ func TestTopTargetDies(t *testing.T) {
 			if enable {
 				args = append(args, "--enable", "work")
 			}
-			top := exec.Command(testutil.Command(t, "hotpatch"), args...)
-			var stderr strings.Builder
-			top.Stderr = &stderr
-			tout, err := top.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := top.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { top.Process.Kill(); top.Wait() })
-			lines := bufio.NewScanner(tout)
-			lines.Buffer(nil, 1<<20)
-			if !lines.Scan() {
-				t.Fatalf("top printed nothing: %q", stderr.String())
-			}
-			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			var last struct {
-				Exited bool `json:"exited"`
-			}
-			n := 1
-			for lines.Scan() {
-				n++
-				if err := json.Unmarshal(lines.Bytes(), &last); err != nil {
-					t.Fatalf("snapshot %d: %v", n, err)
-				}
-			}
-			err = top.Wait()
-			if !last.Exited || n >= 200 {
-				t.Fatalf("top printed %d of its 200 snapshots, the last with exited=%v, after the program was killed (top: %v, %q)", n, last.Exited, err, stderr.String())
+			n, exited, stderr, err := topUntilEnd(t, args, func() error { return syscall.Kill(pid, syscall.SIGKILL) })
+			if !exited || n >= 200 {
+				t.Fatalf("top printed %d of its 200 snapshots, the last with exited=%v, after the program was killed (top: %v, %q)", n, exited, err, stderr)
 			}
 		})
 	}
@@ -96,9 +67,25 @@ func TestTopTargetDies(t *testing.T) {
 // for ever without one).
 func TestTopTargetExecs(t *testing.T) {
 	p := startColdSpec(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", PIE: testutil.Bool(false), Sources: []string{"reexec.c"}}, nil)
-	top := exec.Command(testutil.Command(t, "hotpatch"), "top", "--pid", fmt.Sprint(p.Pid), "--interval", "50ms", "--count", "1000", "--json")
-	var stderr strings.Builder
-	top.Stderr = &stderr
+	args := []string{"top", "--pid", fmt.Sprint(p.Pid), "--interval", "50ms", "--count", "1000", "--json"}
+	n, exited, stderr, err := topUntilEnd(t, args, func() error { return syscall.Kill(p.Pid, syscall.SIGUSR1) })
+	if !exited || n >= 1000 {
+		t.Fatalf("top printed %d of its 1000 snapshots, the last with exited=%v, after the program ran exec (top: %v, %q)", n, exited, err, stderr)
+	}
+	if o, _ := p.Finish(); !strings.Contains(o, "done 1") {
+		t.Fatalf("program output %q, want done 1 (the new image ended)", o)
+	}
+}
+
+// topUntilEnd runs `hotpatch` with args (a `top --json`), calls act once
+// top printed its first snapshot, and reads snapshots until top ends. It
+// returns how many top printed, whether the last said the program exited,
+// top's stderr and its exit error.
+func topUntilEnd(t *testing.T, args []string, act func() error) (n int, exited bool, stderr string, err error) {
+	t.Helper()
+	top := exec.Command(testutil.Command(t, "hotpatch"), args...)
+	var errBuf strings.Builder
+	top.Stderr = &errBuf
 	tout, err := top.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -110,15 +97,15 @@ func TestTopTargetExecs(t *testing.T) {
 	lines := bufio.NewScanner(tout)
 	lines.Buffer(nil, 1<<20)
 	if !lines.Scan() {
-		t.Fatalf("top printed nothing: %q", stderr.String())
+		t.Fatalf("top printed nothing: %q", errBuf.String())
 	}
-	if err := syscall.Kill(p.Pid, syscall.SIGUSR1); err != nil {
+	if err := act(); err != nil {
 		t.Fatal(err)
 	}
 	var last struct {
 		Exited bool `json:"exited"`
 	}
-	n := 1
+	n = 1
 	for lines.Scan() {
 		n++
 		if err := json.Unmarshal(lines.Bytes(), &last); err != nil {
@@ -126,10 +113,5 @@ func TestTopTargetExecs(t *testing.T) {
 		}
 	}
 	err = top.Wait()
-	if !last.Exited || n >= 1000 {
-		t.Fatalf("top printed %d of its 1000 snapshots, the last with exited=%v, after the program ran exec (top: %v, %q)", n, last.Exited, err, stderr.String())
-	}
-	if o, _ := p.Finish(); !strings.Contains(o, "done 1") {
-		t.Fatalf("program output %q, want done 1 (the new image ended)", o)
-	}
+	return n, last.Exited, errBuf.String(), err
 }
