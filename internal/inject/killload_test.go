@@ -241,40 +241,16 @@ func TestKilledInLoadCalls(t *testing.T) {
 					p := testutil.Start(t, nil, bin, "hazard")
 					progress := p.Symbol(bin, "progress")
 					p.AwaitProgress(progress, 1000)
-					pid := fmt.Sprint(p.Pid)
-					hp := exec.Command(testutil.Command(t, "hotpatch"), "--pid", pid, "--enable", "work")
-					hp.Env = append(os.Environ(), "EDGEPROBE_TEST_KILL_AT="+step, "EDGEPROBE_INJECT_THREAD="+thread)
-					var stderr strings.Builder
-					hp.Stderr = &stderr
-					err := hp.Run()
+					stderr, err := hotpatchAtStep(t, p.Pid, step, thread)
 					if err == nil || !strings.Contains(err.Error(), "killed") {
-						t.Fatalf("hotpatch with the kill at %s: %v, want killed (stderr %q)", step, err, stderr.String())
+						t.Fatalf("hotpatch with the kill at %s: %v, want killed (stderr %q)", step, err, stderr)
 					}
-					died := func() {
-						if !p.Alive() {
-							t.Fatalf("the target died when hotpatch was killed at %s: %v (hotpatch stderr %q)", step, p.Wait(), stderr.String())
-						}
-					}
-					died()
-					start := p.Read64(progress)
-					for deadline := time.Now().Add(time.Minute); p.Read64(progress)-start < 20000; runtime.Gosched() {
-						died()
-						if time.Now().After(deadline) {
-							t.Fatalf("the target made no progress in a minute after hotpatch was killed at %s", step)
-						}
-					}
-					r := hotpatchOK(t, "--pid", pid, "--enable", "work")
+					runsOnAfter(t, p, progress, "hotpatch was killed at "+step, stderr)
+					r := hotpatchOK(t, "--pid", fmt.Sprint(p.Pid), "--enable", "work")
 					if call != "pthread_create" && !loadedNote.MatchString(r.Stderr) {
 						t.Fatalf("the hotpatch after the one killed at %s: want the load note, stderr %q", step, r.Stderr)
 					}
-					p.AwaitProgress(progress, 20000)
-					if w := funcStats(statsOf(t, p.Pid), "work"); w.Entries == 0 || w.Exits == 0 {
-						t.Fatalf("work after the load: %+v", w)
-					}
-					out, perr := p.Finish()
-					if out != want {
-						t.Fatalf("program output %q (stderr %q), want %q; hotpatch %q", out, perr, want, stderr.String())
-					}
+					recordsAndEnds(t, p, progress, want, stderr)
 				})
 			}
 		}
@@ -300,39 +276,62 @@ func TestCancelledInLoadCalls(t *testing.T) {
 				p := testutil.Start(t, nil, bin, "hazard")
 				progress := p.Symbol(bin, "progress")
 				p.AwaitProgress(progress, 1000)
-				pid := fmt.Sprint(p.Pid)
-				hp := exec.Command(testutil.Command(t, "hotpatch"), "--pid", pid, "--enable", "work")
-				hp.Env = append(os.Environ(), "EDGEPROBE_TEST_KILL_AT="+step, "EDGEPROBE_INJECT_THREAD="+thread)
-				var stderr strings.Builder
-				hp.Stderr = &stderr
-				err := hp.Run()
+				stderr, err := hotpatchAtStep(t, p.Pid, step, thread)
 				// The cancel is seen when the thread next waits, so the load
 				// may also end first; either way, one line at most.
-				if err != nil && strings.Count(stderr.String(), "\n") != 1 {
-					t.Fatalf("hotpatch cancelled in %s: %v, stderr %q; want one line", call, err, stderr.String())
+				if err != nil && strings.Count(stderr, "\n") != 1 {
+					t.Fatalf("hotpatch cancelled in %s: %v, stderr %q; want one line", call, err, stderr)
 				}
-				if !p.Alive() {
-					t.Fatalf("the target died when the load was cancelled in %s: %v (hotpatch stderr %q)", call, p.Wait(), stderr.String())
-				}
-				start := p.Read64(progress)
-				for deadline := time.Now().Add(time.Minute); p.Read64(progress)-start < 20000; runtime.Gosched() {
-					if !p.Alive() {
-						t.Fatalf("the target died after the load was cancelled in %s: %v (hotpatch stderr %q)", call, p.Wait(), stderr.String())
-					}
-					if time.Now().After(deadline) {
-						t.Fatalf("the target made no progress in a minute after the load was cancelled in %s", call)
-					}
-				}
-				hotpatchOK(t, "--pid", pid, "--enable", "work")
-				p.AwaitProgress(progress, 20000)
-				if w := funcStats(statsOf(t, p.Pid), "work"); w.Entries == 0 || w.Exits == 0 {
-					t.Fatalf("work after the load: %+v", w)
-				}
-				out, perr := p.Finish()
-				if out != want {
-					t.Fatalf("program output %q (stderr %q), want %q; hotpatch %q", out, perr, want, stderr.String())
-				}
+				runsOnAfter(t, p, progress, "the load was cancelled in "+call, stderr)
+				hotpatchOK(t, "--pid", fmt.Sprint(p.Pid), "--enable", "work")
+				recordsAndEnds(t, p, progress, want, stderr)
 			})
 		}
+	}
+}
+
+// hotpatchAtStep runs `hotpatch --enable work` on pid with the load's test
+// hook set to step (EDGEPROBE_TEST_KILL_AT) and the borrowed thread chosen
+// by thread, and returns its stderr and error.
+func hotpatchAtStep(t *testing.T, pid int, step, thread string) (string, error) {
+	t.Helper()
+	hp := exec.Command(testutil.Command(t, "hotpatch"), "--pid", fmt.Sprint(pid), "--enable", "work")
+	hp.Env = append(os.Environ(), "EDGEPROBE_TEST_KILL_AT="+step, "EDGEPROBE_INJECT_THREAD="+thread)
+	var stderr strings.Builder
+	hp.Stderr = &stderr
+	err := hp.Run()
+	return stderr.String(), err
+}
+
+// runsOnAfter fails the test unless the program is alive and makes 20,000
+// more steps of progress within a minute of what (a sentence: "hotpatch
+// was killed at ..."); hpStderr is the failed hotpatch's, for the message.
+func runsOnAfter(t *testing.T, p *testutil.Process, progress uint64, what, hpStderr string) {
+	t.Helper()
+	if !p.Alive() {
+		t.Fatalf("the target died when %s: %v (hotpatch stderr %q)", what, p.Wait(), hpStderr)
+	}
+	start := p.Read64(progress)
+	for deadline := time.Now().Add(time.Minute); p.Read64(progress)-start < 20000; runtime.Gosched() {
+		if !p.Alive() {
+			t.Fatalf("the target died after %s: %v (hotpatch stderr %q)", what, p.Wait(), hpStderr)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the target made no progress in a minute after %s", what)
+		}
+	}
+}
+
+// recordsAndEnds fails the test unless, after a later hotpatch enabled
+// work, the program records work's calls and ends with the output want.
+func recordsAndEnds(t *testing.T, p *testutil.Process, progress uint64, want, hpStderr string) {
+	t.Helper()
+	p.AwaitProgress(progress, 20000)
+	if w := funcStats(statsOf(t, p.Pid), "work"); w.Entries == 0 || w.Exits == 0 {
+		t.Fatalf("work after the load: %+v", w)
+	}
+	out, perr := p.Finish()
+	if out != want {
+		t.Fatalf("program output %q (stderr %q), want %q; hotpatch %q", out, perr, want, hpStderr)
 	}
 }
