@@ -245,7 +245,10 @@ EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, 
 EP_SHARED void ep_thread_dtor(void *v);
 
 /* edgeprobe_rings.c */
-EP_SHARED void ep_trace(struct ep_thread *th, uint32_t kind, uint64_t key, uint32_t gen);
+/* kg: the event's kind | the gen of the word that decided it << 32 (one
+ * register: the traced hit pays for no more than before, D79) */
+#define EP_KG(kind, gen) ((uint64_t)(kind) | (uint64_t)(gen) << 32)
+EP_SHARED void ep_trace(struct ep_thread *th, uint64_t kg, uint64_t key);
 EP_SHARED void ep_trace_ts(struct ep_thread *th, uint32_t kind, uint64_t key, uint64_t mono, uint32_t gen);
 EP_SHARED_COLD void ep_trace_thread(struct ep_thread *th, pid_t tid);
 
@@ -533,7 +536,7 @@ EP_INLINE int ep_trace_cg(struct ep_thread *th, uint64_t cg, uint32_t kind, uint
 			return ep_trace_held(th, kind, key, depth, gen);
 	}
 	EP_TEST_PARK_POINT(key, kind);
-	ep_trace(th, kind, key, gen);
+	ep_trace(th, EP_KG(kind, gen), key);
 	return 1;
 }
 

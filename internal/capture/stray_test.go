@@ -68,10 +68,13 @@ func strayEvent(t *testing.T, spec testutil.Spec) {
 
 	c2 := runCapture(t, "trace", "--pid", pid, "--tid", strconv.Itoa(b), "--duration", "10m", "-o", out2, "--json")
 	waitFor(t, "capture 2 to start", func() bool { return region.Control()&shm.CtlTrace != 0 })
+	hb := ringHead(t, region, b)
 	touch(t, release)
 	if l := p.Line(); l != "released" {
 		t.Fatalf("want A's parked call returned, got %q", l)
 	}
+	// B's calls in capture 2 (a loaded machine may not have run it yet)
+	waitFor(t, "B's events in capture 2", func() bool { return ringHead(t, region, b) >= hb+8 })
 	sum2 := c2.interrupt(t)
 
 	for i, c := range []struct {
