@@ -164,15 +164,21 @@ type traceSummary struct {
 // puts everything back) and returns its --json summary.
 func (c *capture) interrupt(t *testing.T) traceSummary {
 	t.Helper()
+	var s traceSummary
+	c.interruptInto(t, &s)
+	return s
+}
+
+// interruptInto is interrupt decoding the summary into sum.
+func (c *capture) interruptInto(t *testing.T, sum any) {
+	t.Helper()
 	if err := c.cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.cmd.Wait(); err != nil {
 		t.Fatalf("%v: %v: %s", c.cmd.Args, err, c.err.String())
 	}
-	var s traceSummary
-	if err := json.Unmarshal(c.out.Bytes(), &s); err != nil {
+	if err := json.Unmarshal(c.out.Bytes(), sum); err != nil {
 		t.Fatalf("summary %q: %v (stderr %q)", c.out.String(), err, c.err.String())
 	}
-	return s
 }

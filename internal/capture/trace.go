@@ -42,6 +42,10 @@ type TraceResult struct {
 	// this one started, writing late an event of the previous capture's
 	// filters.
 	Stale uint64
+	// Unloaded names the objects the process unloaded during the capture
+	// (D80), each when the capture saw it: calls of their functions end
+	// there. The trace holds an Unloaded event for each too.
+	Unloaded []UnloadedObject
 	// ArgFuncs is how many functions' arguments or return values were
 	// recorded; Notes say what --args/--retval matched but could not record.
 	ArgFuncs int
@@ -52,6 +56,14 @@ type TraceResult struct {
 	// Threads: per thread, the events kept and those its full ring
 	// dropped, busiest first.
 	Threads []ThreadDrops
+}
+
+// UnloadedObject is an object the process unloaded during a capture.
+type UnloadedObject struct {
+	Object string `json:"object"`
+	// AfterNs: how long into the capture it was seen gone (the capture
+	// looks every 50 ms).
+	AfterNs int64 `json:"after_ns"`
 }
 
 // ThreadDrops is one thread's share of a capture.
@@ -325,6 +337,22 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	}
 	start := time.Now()
 	epochStart := start
+	// unloaded looks for objects the process unloaded (D80): each is said
+	// once, in the result, the notes and the trace (an Unloaded event).
+	gone := map[string]bool{}
+	unloaded := func() {
+		for _, path := range s.hp.Unmapped() {
+			if gone[path] || res.Limited || sinkErr != nil {
+				continue
+			}
+			gone[path] = true
+			after := time.Since(start)
+			res.Unloaded = append(res.Unloaded, UnloadedObject{Object: path, AfterNs: after.Nanoseconds()})
+			res.Notes = append(res.Notes, fmt.Sprintf("the process unloaded %s %s into the trace: the probes in it went with it", path, after.Round(time.Millisecond)))
+			ev := calltrace.Event{Kind: calltrace.Unloaded, Thread: int32(o.PID), TimeNs: monoNow(), Func: &calltrace.Function{Object: path}}
+			sinkErr = m.Add(&ev)
+		}
+	}
 	limitCtx, stopEarly := context.WithCancel(ctx)
 	defer stopEarly()
 	watchSeccomp := copiesStrings(plans)
@@ -335,6 +363,8 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		// mapping), instead of waiting out --duration.
 		if time.Since(lastLook) >= 50*time.Millisecond {
 			lastLook = time.Now()
+			drain(true) // the calls before an unload come before it in the trace
+			unloaded()
 			if how := s.endedAs(); how != "" {
 				drain(true)
 				res.Notes = append(res.Notes, fmt.Sprintf("the process %s %s into the trace; the trace ends there", how, elapsed.Round(time.Millisecond)))
@@ -390,6 +420,9 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	offErr := s.region.SetControl(0, ctl)
 	res.Dropped = s.region.Counters().RingDropped - dropped0
 	drain(true) // what the rings hold is kept unless the limit was reached
+	if !s.region.Exited() && !s.gone() {
+		unloaded() // since the last look
+	}
 	for slot := range pend {
 		flush(slot, false)
 	}
