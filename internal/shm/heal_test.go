@@ -339,36 +339,42 @@ func TestExceptionsHeal(t *testing.T) {
 // dead.
 func TestKindEntryThenAll(t *testing.T) {
 	testutil.RequirePtrace(t)
-	lib := buildRuntime(t, "gcc")
-	bin := buildHeal(t, "gcc", "-O2", false)
-	if r := testutil.Run(t, "coldpatch", bin); r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	out := filepath.Join(t.TempDir(), "out")
-	p := testutil.Start(t, []string{"LD_PRELOAD=" + lib, "EDGEPROBE_OUTPUT=" + out}, bin, "storm")
-	progress := p.Symbol(bin, "progress")
-	pid := strconv.Itoa(p.Pid)
-	for _, args := range [][]string{{"--enable", "*", "--kind", "entry"}, {"--disable", "*"}, {"--enable", "*"}} {
-		if r := testutil.Run(t, "hotpatch", append([]string{"--pid", pid}, args...)...); r.Code != 0 {
-			t.Fatalf("hotpatch %v: %s", args, r.Stderr)
-		}
-		p.AwaitProgress(progress, 2000)
-	}
-	if got, _ := p.Finish(); got != "done 0\n" {
-		t.Fatalf("fixture output %q", got)
-	}
-	r := openOutput(t, out)
-	funcs := byName(t, r, r.Maps())
-	balanced(t, funcs, false)
-	for _, name := range []string{"eval", "lit", "after"} {
-		if f := funcs[name]; f.Samples == 0 || f.Samples+f.DeepExits < f.Exits-f.Orphans {
-			t.Errorf("%s: %d matched exits, %d timed", name, f.Exits-f.Orphans-f.DeepExits, f.Samples)
-		}
-	}
-	if a := funcs["after"]; a.Entries != 100000 || a.Samples != 100000 {
-		t.Errorf("after: %d calls, %d timed; want 100000, all timed", a.Entries, a.Samples)
-	}
-	if c := r.Counters(); c.StackOverflows > c.DeepLost+uint64(funcs["chain"].DeepExits) {
-		t.Errorf("untimed deep entries %d beyond what chain() explains: %+v", c.StackOverflows, c)
+	for _, mode := range []timingMode{timed, countOnly} {
+		t.Run("gcc"+mode.suffix, func(t *testing.T) {
+			lib := buildRuntime(t, "gcc")
+			bin := buildHeal(t, "gcc", "-O2", false)
+			if r := testutil.Run(t, "coldpatch", bin); r.Code != 0 {
+				t.Fatal(r.Stderr)
+			}
+			out := filepath.Join(t.TempDir(), "out")
+			p := testutil.Start(t, append([]string{"LD_PRELOAD=" + lib, "EDGEPROBE_OUTPUT=" + out}, mode.env...), bin, "storm")
+			progress := p.Symbol(bin, "progress")
+			pid := strconv.Itoa(p.Pid)
+			for _, args := range [][]string{{"--enable", "*", "--kind", "entry"}, {"--disable", "*"}, {"--enable", "*"}} {
+				if r := testutil.Run(t, "hotpatch", append([]string{"--pid", pid}, args...)...); r.Code != 0 {
+					t.Fatalf("hotpatch %v: %s", args, r.Stderr)
+				}
+				p.AwaitProgress(progress, 2000)
+			}
+			if got, _ := p.Finish(); got != "done 0\n" {
+				t.Fatalf("fixture output %q", got)
+			}
+			r := openOutput(t, out)
+			funcs := byName(t, r, r.Maps())
+			balanced(t, funcs, false)
+			for _, name := range []string{"eval", "lit", "after"} {
+				f := funcs[name]
+				matched := f.Exits - f.Orphans - f.DeepExits
+				if mode.clock && (f.Samples == 0 || f.Samples+f.DeepExits < f.Exits-f.Orphans) || !mode.clock && (matched == 0 || f.Samples != 0) {
+					t.Errorf("%s: %d matched exits, %d timed; want %s", name, matched, f.Samples, mode.want)
+				}
+			}
+			if a := funcs["after"]; a.Entries != 100000 || a.Exits != 100000 || !mode.allTimed(a, 100000) {
+				t.Errorf("after: %d/%d calls, %d timed; want 100000, %s", a.Entries, a.Exits, a.Samples, mode.want)
+			}
+			if c := r.Counters(); c.StackOverflows > c.DeepLost+uint64(funcs["chain"].DeepExits) {
+				t.Errorf("deep entries %d beyond what chain() explains: %+v", c.StackOverflows, c)
+			}
+		})
 	}
 }
