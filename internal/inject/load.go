@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -408,18 +409,32 @@ func (p *Process) await(ctx context.Context, data uint64, limit time.Duration, t
 		return nil
 	}
 	msg := "dlopen failed"
-	if err := mem.ReadMem(data+offError, w[:]); err == nil {
-		if at := binary.LittleEndian.Uint64(w[:]); at != 0 {
-			buf := make([]byte, 512)
-			if err := mem.ReadMem(at, buf); err == nil {
-				if i := bytes.IndexByte(buf, 0); i >= 0 {
-					buf = buf[:i]
-				}
-				msg = string(buf)
+	if err := mem.ReadMem(data+offError, w[:]); err == nil && binary.LittleEndian.Uint64(w[:]) != 0 {
+		// The loader's copy: the string dlerror returned is freed with
+		// the loader's thread, which has exited by now.
+		buf := make([]byte, 512)
+		if err := mem.ReadMem(data+offErrorText, buf); err == nil {
+			if m := dlerrorText(buf); m != "" {
+				msg = "dlopen: " + m
 			}
 		}
 	}
 	return fmt.Errorf("pid %d: %s: %w", p.Pid, msg, ErrLoad)
+}
+
+// dlerrorText is the loader's copy of dlerror's string, up to its NUL, as
+// one printable line: the target wrote it, so no control byte of it reaches
+// a terminal.
+func dlerrorText(b []byte) string {
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f || r == utf8.RuneError || (r >= 0x80 && r < 0xa0) {
+			return '?'
+		}
+		return r
+	}, string(b))
 }
 
 // pickThread chooses the thread to borrow: one blocked in a plain waiting
