@@ -39,25 +39,49 @@ EP_INLINE uint32_t ep_ring_size(struct ep_thread *th) {
 	return size;
 }
 
-/* An event of this thread (EDGEPROBE_TRACE); dropped and counted when the
- * ring is full. */
-EP_SHARED void ep_trace(struct ep_thread *th, uint32_t kind, uint64_t key) { ep_trace_ts(th, kind, key, ep_mono_ns()); }
+/* An event of this thread (EDGEPROBE_TRACE), decided under a control|gen
+ * word whose gen is gen; dropped and counted when the ring is full. */
+EP_SHARED void ep_trace(struct ep_thread *th, uint32_t kind, uint64_t key, uint32_t gen) {
+	ep_trace_ts(th, kind, key, ep_mono_ns(), gen);
+}
 
 /* The same with its CLOCK_MONOTONIC time given (events written after the
- * fact: a minimum-duration filter's held-back enters, D32). */
-EP_SHARED void ep_trace_ts(struct ep_thread *th, uint32_t kind, uint64_t key, uint64_t mono) {
+ * fact: a minimum-duration filter's held-back enters, D32). An event whose
+ * gen differs from the slot's last stamp gets a stamp record first (D79),
+ * published with it by one head update. A slot's ev_gen starts at 0, which
+ * no capture's generation is (shm.Region.StartTrace skips it): events of
+ * gen 0 (EDGEPROBE_TRACE=1 before any capture) go unstamped, and a capture
+ * takes an unstamped event for one from before it, which it is. A ring
+ * with room for the stamp only gets the stamp, and the event
+ * is counted dropped: the stamp must never be skipped, or the reader would
+ * take the event for one of the stamp before. */
+EP_SHARED void ep_trace_ts(struct ep_thread *th, uint32_t kind, uint64_t key, uint64_t mono, uint32_t gen) {
 	if (!ep.ring_events)
 		return;
 	uint32_t size = ep_ring_size(th);
 	uint64_t h = th->ring_head;
-	if (h - th->ring_tail_cache >= size) {
+	uint32_t stamp = unlikely(th->ev_gen != gen);
+	if (h - th->ring_tail_cache + stamp >= size) {
 		th->ring_tail_cache = __atomic_load_n(&th->ring_tail, __ATOMIC_ACQUIRE);
 		if (h - th->ring_tail_cache >= size) {
 			OWN_ADD(&th->ring_dropped, 1);
 			return;
 		}
 	}
-	struct ep_event *e = ep_ring(th) + (h & (size - 1));
+	struct ep_event *ring = ep_ring(th);
+	if (stamp) {
+		struct ep_event *s = ring + (h & (size - 1));
+		STORE(&s->tsk, ((uint64_t)EP_EV_DATA << EP_EV_KIND_SHIFT) | ((uint64_t)EP_DATA_GEN << EP_DATA_SUB_SHIFT) | gen);
+		STORE(&s->fn, 0);
+		h++;
+		th->ev_gen = gen;
+		if (h - th->ring_tail_cache >= size) {
+			__atomic_store_n(&th->ring_head, h, __ATOMIC_RELEASE);
+			OWN_ADD(&th->ring_dropped, 1);
+			return;
+		}
+	}
+	struct ep_event *e = ring + (h & (size - 1));
 	STORE(&e->tsk, ((uint64_t)kind << EP_EV_KIND_SHIFT) | (mono & EP_EV_TS_MASK));
 	STORE(&e->fn, key);
 	__atomic_store_n(&th->ring_head, h + 1, __ATOMIC_RELEASE);

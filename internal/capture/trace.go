@@ -36,6 +36,12 @@ type TraceResult struct {
 	// that recorded calls under its rate limit: the quota is process-wide
 	// (D57), so those were held to the rate too.
 	QuotaHeld []string
+	// Stale is how many events were left out because their hook decided
+	// them under a control word from before the capture started (D79): a
+	// thread preempted inside a hook while the previous capture ended and
+	// this one started, writing late an event of the previous capture's
+	// filters.
+	Stale uint64
 	// ArgFuncs is how many functions' arguments or return values were
 	// recorded; Notes say what --args/--retval matched but could not record.
 	ArgFuncs int
@@ -226,6 +232,9 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		ev := calltrace.Event{Kind: calltrace.Lost, Thread: tids[slot], TimeNs: ts, Count: delta}
 		sinkErr = m.Add(&ev)
 	}
+	// The capture's generation (D79): the events it keeps are those its
+	// hooks decided under a control|gen word of it or a later one.
+	stamps, gen0 := s.region.Stamps(), uint32(0)
 	drain := func(keep bool) {
 		for _, th := range s.region.Threads() {
 			if _, ok := tids[th.Index]; !ok {
@@ -241,6 +250,14 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 					return
 				}
 				if !keep || res.Limited || sinkErr != nil {
+					return
+				}
+				if stamps && (!e.Stamped || int32(e.Gen-gen0) < 0) {
+					// decided under a word from before the capture (its
+					// records, stamped alike, go with it)
+					if e.Kind == shm.EvEnter || e.Kind == shm.EvExit {
+						res.Stale++
+					}
 					return
 				}
 				if e.Kind == shm.EvData {
@@ -298,12 +315,12 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		// each call's event by the epoch its quota slot was counted in
 		// (D55): every call the quota records from now on is in the trace,
 		// none from before.
-		if _, err := s.region.StartQuotaTrace(ctl); err != nil {
+		if _, gen0, err = s.region.StartQuotaTrace(ctl); err != nil {
 			return nil, err
 		}
 		defer s.region.ClearQuotaTrace() // after the last drain
 		res.RateEpochs = 1
-	} else if err := s.region.SetControl(ctl, 0); err != nil {
+	} else if gen0, err = s.region.StartTrace(ctl); err != nil {
 		return nil, err
 	}
 	start := time.Now()
@@ -375,6 +392,9 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	drain(true) // what the rings hold is kept unless the limit was reached
 	for slot := range pend {
 		flush(slot, false)
+	}
+	if res.Stale > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("%d events left out: their hooks decided them before this capture started (a thread inside a hook while the previous capture ended)", res.Stale))
 	}
 	for _, th := range s.region.Threads() {
 		if d := th.RingDropped - slotDropped0[th.Index]; d > 0 {
