@@ -37,6 +37,11 @@ type RuntimeOptions struct {
 	NoInject bool   // refuse instead of loading (--no-inject)
 	File     string // --runtime; else $EDGEPROBE_RUNTIME; else libedgeprobe.so next to the executable
 	WaitLock bool   // wait for another hotpatch working on the process
+
+	// check, when set, is asked right before the runtime is loaded or the
+	// slots routed, with the process's objects: an error refuses the
+	// request there, with nothing changed (Apply: its request's checks).
+	check func(objs []procmaps.Object) error
 }
 
 // RuntimeStatus is what EnsureRuntime found and did.
@@ -161,6 +166,12 @@ func ensureRuntime(ctx context.Context, pid int, opts RuntimeOptions, held *Lock
 			return st, err
 		}
 		if runtime, err = inject.ReadRuntime(file, p.UID); err != nil {
+			return st, err
+		}
+	}
+	if opts.check != nil {
+		// The request this load is for must not be refused after it.
+		if err := opts.check(p.Objects); err != nil {
 			return st, err
 		}
 	}

@@ -22,7 +22,9 @@ import (
 // was replaced fails with one line and the file keeps its bytes. A load
 // where the program swapped too late (after the write) fails in the
 // program's dlopen, which opens the file as the program's user; the file is
-// unchanged either way. Ten loads at most, until three swaps are seen.
+// unchanged either way; a swap after the program's dlopen has mapped the memfd
+// is harmless (the load goes on). Ten loads at most, until three loads were
+// refused for a swap.
 func TestLoadMemfdReplaced(t *testing.T) {
 	testutil.RequirePtrace(t)
 	other := testutil.OtherUser(t)
@@ -60,6 +62,11 @@ func TestLoadMemfdReplaced(t *testing.T) {
 			}
 			continue
 		}
+		if r.Code == 0 && loadedNote.MatchString(r.Stderr) {
+			// Swapped after the loader's dlopen had mapped the memfd (its
+			// close(N) then closed the program's file): a load as usual.
+			continue
+		}
 		swaps++
 		if r.Code != 1 || strings.Count(r.Stderr, "\n") != 1 {
 			t.Fatalf("load %d, memfd replaced: want one line and exit 1, got exit %d: %q", load, r.Code, r.Stderr)
@@ -67,7 +74,7 @@ func TestLoadMemfdReplaced(t *testing.T) {
 		t.Logf("load %d: %s", load, strings.TrimSpace(r.Stderr))
 	}
 	if swaps == 0 {
-		t.Fatal("the program never replaced the memfd in 10 loads: nothing was shown")
+		t.Fatal("the program never replaced the memfd before the load used it, in 10 loads: nothing was shown")
 	}
 }
 
