@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/edgeprobe/edgeprobe/internal/elfsafe"
 	"github.com/edgeprobe/edgeprobe/internal/inject"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
@@ -231,7 +232,7 @@ func staticRuntime(pid int, st *RuntimeStatus, opts RuntimeOptions) error {
 		return err
 	}
 	defer f.Close()
-	ef, err := elf.NewFile(f)
+	ef, err := elfsafe.NewFile(f)
 	if err != nil {
 		return fmt.Errorf("%s: %v: %w", main.Path, err, procmaps.ErrNotELF)
 	}
