@@ -357,21 +357,6 @@ func (p *Process) restorer(b *ptrace.Borrowed) uint64 {
 	return 0
 }
 
-// fillMemfd writes the runtime into the target's memfd through
-// /proc/PID/fd/N, which reopens the target's own file.
-func fillMemfd(pid, fd int, runtime []byte) error {
-	name := fmt.Sprintf("/proc/%d/fd/%d", pid, fd)
-	w, err := os.OpenFile(name, os.O_WRONLY|os.O_TRUNC, 0)
-	if err != nil {
-		return fmt.Errorf("open the target's memfd: %w", err)
-	}
-	if _, err := w.Write(runtime); err != nil {
-		w.Close()
-		return fmt.Errorf("write the runtime into the target's memfd: %w", err)
-	}
-	return w.Close()
-}
-
 // await polls the loader thread's done word and returns dlopen's error, if
 // any. tr, when not nil, is a tracer still attached to the process: it
 // serves the process's events between the polls (Tracer.Pause).
