@@ -172,13 +172,12 @@ struct ep_proc {
 	uint32_t lmask_x2;
 	char *base;               /* region */
 	uint32_t fmask;           /* max_funcs - 1 */
-	uint32_t max_probe;
+	int tsc;                  /* 1: rdtsc, 0: clock_gettime */
 	/* second line */
 	uint32_t thread_size;
 	uint32_t max_threads;
 	uint32_t ring_mask;       /* ring_events - 1 */
 	uint32_t ring_events;
-	int tsc;                  /* 1: rdtsc, 0: clock_gettime */
 	uint64_t ring_off;
 	uint64_t ring_stride;
 	uint64_t size;

@@ -408,7 +408,6 @@ EP_STATIC int ep_make_region(void) {
 	ep.hdr = h;
 	ep.funcs = (struct ep_func *)((char *)m + g.func_off);
 	ep.fmask = nf0 - 1;
-	ep.max_probe = h->max_probe;
 	ep_keys = (uint64_t *)((char *)m + g.keys_off);
 	ep_ffirst = nf0;
 	ep_fprobe = h->max_probe;
