@@ -167,10 +167,12 @@ struct ep_proc {
 	uint32_t stack_depth;
 	uint32_t stack_off;
 	uint32_t nlocal;          /* local_funcs */
-	int tsc;                  /* 1: rdtsc, 0: clock_gettime */
+	/* lmask << 1: the assembly hooks' cache index times two, which an
+	 * address's scale turns into the entry's offset without a shift */
+	uint32_t lmask_x2;
 	char *base;               /* region */
 	uint32_t fmask;           /* max_funcs - 1 */
-	uint32_t max_probe;
+	int tsc;                  /* 1: rdtsc, 0: clock_gettime */
 	/* second line */
 	uint32_t thread_size;
 	uint32_t max_threads;

@@ -1,7 +1,6 @@
 package capture
 
 import (
-	"debug/elf"
 	"errors"
 	"fmt"
 	"path"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/dwarfargs"
+	"github.com/edgeprobe/edgeprobe/internal/elfsafe"
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/procfs"
@@ -83,7 +83,7 @@ func planArgs(pid int, targets []*hotpatch.Target, sites []hotpatch.SiteResult, 
 			return nil, err
 		}
 		defer f.Close()
-		ef, err := elf.NewFile(f)
+		ef, err := elfsafe.NewFile(f)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", o.Path, err)
 		}

@@ -10,11 +10,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/edgeprobe/edgeprobe/internal/perfetto"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 )
 
 // atomicOutput is a file written under a temporary name in its directory
 // and renamed into place by commit, so a failed or interrupted command
-// never leaves a half-written file.
+// never leaves a half-written file. It gets 0644 less the user's umask,
+// as a file the shell's redirection made would.
 type atomicOutput struct {
 	f    *os.File
 	path string
@@ -32,7 +34,7 @@ func createAtomic(path string) (*atomicOutput, error) {
 func (a *atomicOutput) Write(p []byte) (int, error) { return a.f.Write(p) }
 
 func (a *atomicOutput) commit() error {
-	for _, step := range []func() error{func() error { return a.f.Chmod(0o644) }, a.f.Sync, a.f.Close} {
+	for _, step := range []func() error{func() error { return a.f.Chmod(0o644 &^ procfs.Umask()) }, a.f.Sync, a.f.Close} {
 		if err := step(); err != nil {
 			return fmt.Errorf("%s: %w", a.path, err)
 		}

@@ -481,6 +481,10 @@ func (ss *scriptSession) apply(ctx context.Context, res *sessionResult, actions 
 			ss.commands--
 			return nil, true // loading needs the tracer outside Batch
 		}
+		// A command refused anyway must not load the runtime first.
+		if err := ss.s.Check(actions, ss.protocol); err != nil {
+			return fail(err)
+		}
 		st, err := ss.s.EnsureRuntime(ctx, hotpatch.RuntimeOptions{NoInject: ss.inj.noInject, File: ss.inj.runtime})
 		reportRuntime(st, ss.inj, ss.stderr)
 		if err != nil {

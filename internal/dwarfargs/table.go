@@ -5,11 +5,14 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
+	"os"
 	"sort"
 	"strings"
 
 	"github.com/go-delve/delve/pkg/dwarf/godwarf"
 	"github.com/go-delve/delve/pkg/dwarf/loclist"
+
+	"github.com/edgeprobe/edgeprobe/internal/elfsafe"
 )
 
 // Sentinel errors.
@@ -154,11 +157,15 @@ func Load(f *elf.File) (t *Table, err error) {
 
 // Open loads the table of the ELF file at path.
 func Open(path string) (*Table, error) {
-	f, err := elf.Open(path)
+	file, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer file.Close()
+	f, err := elfsafe.NewFile(file)
+	if err != nil {
+		return nil, err
+	}
 	return Load(f)
 }
 

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/edgeprobe/edgeprobe/internal/elfnote"
+	"github.com/edgeprobe/edgeprobe/internal/elfsafe"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/x86dec"
 )
@@ -104,7 +105,7 @@ func load(data []byte, path string) (*object, error) {
 	if m := elf.Machine(binary.LittleEndian.Uint16(data[18:])); m != elf.EM_X86_64 {
 		return nil, o.fail(ErrNotX86_64, atOffset(18), "machine %v", m)
 	}
-	f, err := elf.NewFile(bytes.NewReader(data))
+	f, err := elfsafe.NewFile(bytes.NewReader(data))
 	if err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 			return nil, o.fail(ErrTruncated, "", "%v", err)

@@ -130,8 +130,10 @@ func Apply(ctx context.Context, req Request) (*Result, error) {
 func apply(ctx context.Context, req Request) (*Result, error) {
 	var ensure func(*Lock) (*RuntimeStatus, error)
 	if req.Runtime != nil {
+		rt := *req.Runtime
+		rt.check = func(objs []procmaps.Object) error { return checkRequest(req, objs) }
 		ensure = func(l *Lock) (*RuntimeStatus, error) {
-			st, err := ensureRuntime(ctx, req.PID, *req.Runtime, l)
+			st, err := ensureRuntime(ctx, req.PID, rt, l)
 			if req.OnRuntime != nil {
 				req.OnRuntime(st)
 			}
@@ -149,6 +151,21 @@ func apply(ctx context.Context, req Request) (*Result, error) {
 		err = cerr
 	}
 	return res, err
+}
+
+// checkRequest makes, on the process's objects as a load is about to
+// change them, the checks Apply makes of req before it writes and that need
+// no tracer (Session.Check): a request refused there must not load the
+// runtime first. (review5: `--enable` of a name that matches nothing, or a
+// malformed --probes file, loaded the runtime into the process, said so,
+// then refused.) Only a load or a routing pays for it: the targets are read
+// again after the load, whose mapping changes the objects.
+func checkRequest(req Request, objs []procmaps.Object) error {
+	targets, err := loadTargets(req.PID, objs, req.ProbeFiles)
+	if err != nil {
+		return err
+	}
+	return (&Session{pid: req.PID, targets: targets}).Check(req.Actions, req.Protocol)
 }
 
 // Session holds what repeated toggles of one process share: the lock, the
@@ -327,6 +344,33 @@ func (s *Session) attach(full bool) error {
 	return nil
 }
 
+// Check makes the checks Apply makes of actions before it touches the
+// process: what they select (ErrNoMatch), the listed probes against a scan
+// of their object (ErrUnverified), the protocol (ErrNotFlippable). Nothing
+// is read from the process but its objects' files. What passes is kept for
+// the Apply of the same actions and protocol.
+func (s *Session) Check(actions []Action, protocol string) error {
+	_, err := s.check(actions, protocol)
+	return err
+}
+
+func (s *Session) check(actions []Action, protocol string) (*prepared, error) {
+	if protocol == "" {
+		protocol = ProtoAuto
+	}
+	p, err := s.prepare(actions, protocol)
+	if err != nil {
+		return nil, err
+	}
+	if !p.verified {
+		if err := s.verify(p.sel); err != nil {
+			return p, err
+		}
+		p.verified = true
+	}
+	return p, p.protoErr
+}
+
 // Apply performs the actions. On any error before the first write, nothing
 // is written; once writing, a cancelled ctx (SIGINT) or the target exiting
 // ends the batch with every site in one of its two forms.
@@ -342,22 +386,12 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	start := time.Now()
 	last := s.last // the previous Apply's read, used at most once (readBefore)
 	s.last = lastRead{}
-	if protocol == "" {
-		protocol = ProtoAuto
+	p, err := s.check(actions, protocol)
+	if p != nil {
+		defer s.boundImages(p) // whatever this Apply kept (D61), however it ends
 	}
-	p, err := s.prepare(actions, protocol)
 	if err != nil {
 		return nil, err
-	}
-	defer s.boundImages(p) // whatever this Apply kept (D61), however it ends
-	if !p.verified {
-		if err := s.verify(p.sel); err != nil {
-			return nil, err
-		}
-		p.verified = true
-	}
-	if p.protoErr != nil {
-		return nil, p.protoErr
 	}
 	phases.Mark("prepare")
 	if err := s.attach(!p.onlyFlip); err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/edgeprobe/edgeprobe/internal/elfsafe"
 	"github.com/edgeprobe/edgeprobe/internal/inject"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
@@ -37,6 +38,11 @@ type RuntimeOptions struct {
 	NoInject bool   // refuse instead of loading (--no-inject)
 	File     string // --runtime; else $EDGEPROBE_RUNTIME; else libedgeprobe.so next to the executable
 	WaitLock bool   // wait for another hotpatch working on the process
+
+	// check, when set, is asked right before the runtime is loaded or the
+	// slots routed, with the process's objects: an error refuses the
+	// request there, with nothing changed (Apply: its request's checks).
+	check func(objs []procmaps.Object) error
 }
 
 // RuntimeStatus is what EnsureRuntime found and did.
@@ -164,6 +170,12 @@ func ensureRuntime(ctx context.Context, pid int, opts RuntimeOptions, held *Lock
 			return st, err
 		}
 	}
+	if opts.check != nil {
+		// The request this load is for must not be refused after it.
+		if err := opts.check(p.Objects); err != nil {
+			return st, err
+		}
+	}
 	// Round 1 loads (or routes); a slot that the lazy binder was filling in
 	// at the same moment can end up pointing to glibc again: route again.
 	for round := 0; round < 3 && len(need) > 0; round++ {
@@ -220,7 +232,7 @@ func staticRuntime(pid int, st *RuntimeStatus, opts RuntimeOptions) error {
 		return err
 	}
 	defer f.Close()
-	ef, err := elf.NewFile(f)
+	ef, err := elfsafe.NewFile(f)
 	if err != nil {
 		return fmt.Errorf("%s: %v: %w", main.Path, err, procmaps.ErrNotELF)
 	}

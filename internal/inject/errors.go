@@ -26,4 +26,8 @@ var (
 	ErrStopped = errors.New("process is stopped")
 	// ErrNotRuntime: the file given as runtime does not define the hooks.
 	ErrNotRuntime = errors.New("not an edgeprobe runtime")
+	// ErrMemfdReplaced: the descriptor the load's memfd_create returned no
+	// longer holds that memfd when hotpatch comes to fill it (the program
+	// put another file in its place); nothing was written.
+	ErrMemfdReplaced = errors.New("the runtime's memfd was replaced by the program")
 )

@@ -627,3 +627,60 @@ func TestInjectLateLibrary(t *testing.T) {
 		t.Fatalf("output %q", out)
 	}
 }
+
+// TestRefusedBeforeLoad: a request refused for what it asks (a name that
+// matches nothing, a malformed --probes file, a list of another program, a
+// session command that matches nothing) is refused before the runtime is
+// loaded: one line, its exit code, no "loaded" line, no region, every probe
+// as it was. Before, each of them loaded the runtime (and rerouted the
+// hook slots), said so, and only then refused.
+func TestRefusedBeforeLoad(t *testing.T) {
+	testutil.RequirePtrace(t)
+	useRuntime(t)
+	bin := attachFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
+	p := testutil.Start(t, nil, bin)
+	pid := fmt.Sprint(p.Pid)
+	before := probeStates(t, p.Pid)
+	dir := t.TempDir()
+	malformed := filepath.Join(dir, "malformed.json")
+	if err := os.WriteFile(malformed, []byte(`{"format":"edgeprobe-probes","version":1}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	otherBin := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"basic.c"}}).Path
+	otherList := filepath.Join(dir, "other.json")
+	if err := os.WriteFile(otherList, []byte(testutil.RunOK(t, "coldpatch", otherBin).Stdout), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"--pid", pid, "--enable", "no_such_function"}, 3, "no probe matched"},
+		{[]string{"--pid", pid, "--probes", malformed, "--enable", "work"}, 1, "invalid probe list"},
+		{[]string{"--pid", pid, "--probes", otherList, "--enable", "*"}, 1, "no mapped object has build-id"},
+	} {
+		r := testutil.Run(t, "hotpatch", c.args...)
+		if r.Code != c.code || strings.Count(r.Stderr, "\n") != 1 || !strings.Contains(r.Stderr, c.says) {
+			t.Errorf("hotpatch %s: exit %d, stderr %q; want exit %d and one line saying %q", strings.Join(c.args, " "), r.Code, r.Stderr, c.code, c.says)
+		}
+		if hasRegion(p.Pid) {
+			t.Fatalf("hotpatch %s, refused, loaded the runtime (stderr %q)", strings.Join(c.args, " "), r.Stderr)
+		}
+	}
+	cmd := exec.Command(testutil.Command(t, "hotpatch"), "session", "--pid", pid)
+	cmd.Stdin = strings.NewReader("enable no_such_function\n")
+	out, err := cmd.Output()
+	if err != nil || !strings.Contains(string(out), `"ok":false`) || !strings.Contains(string(out), "no probe matched") {
+		t.Errorf("session: %v, %q; want the command refused as matching nothing", err, out)
+	}
+	if hasRegion(p.Pid) {
+		t.Fatalf("a session command that matched nothing loaded the runtime (%q)", out)
+	}
+	untouched(t, p.Pid, before, "refused requests")
+	// What they were refused for, not the process: a good one loads.
+	if r := hotpatchOK(t, "--pid", pid, "--enable", "work"); !loadedNote.MatchString(r.Stderr) {
+		t.Fatalf("enable work: stderr %q, want the runtime loaded", r.Stderr)
+	}
+	p.Finish()
+}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -356,21 +357,6 @@ func (p *Process) restorer(b *ptrace.Borrowed) uint64 {
 	return 0
 }
 
-// fillMemfd writes the runtime into the target's memfd through
-// /proc/PID/fd/N, which reopens the target's own file.
-func fillMemfd(pid, fd int, runtime []byte) error {
-	name := fmt.Sprintf("/proc/%d/fd/%d", pid, fd)
-	w, err := os.OpenFile(name, os.O_WRONLY|os.O_TRUNC, 0)
-	if err != nil {
-		return fmt.Errorf("open the target's memfd: %w", err)
-	}
-	if _, err := w.Write(runtime); err != nil {
-		w.Close()
-		return fmt.Errorf("write the runtime into the target's memfd: %w", err)
-	}
-	return w.Close()
-}
-
 // await polls the loader thread's done word and returns dlopen's error, if
 // any. tr, when not nil, is a tracer still attached to the process: it
 // serves the process's events between the polls (Tracer.Pause).
@@ -408,18 +394,32 @@ func (p *Process) await(ctx context.Context, data uint64, limit time.Duration, t
 		return nil
 	}
 	msg := "dlopen failed"
-	if err := mem.ReadMem(data+offError, w[:]); err == nil {
-		if at := binary.LittleEndian.Uint64(w[:]); at != 0 {
-			buf := make([]byte, 512)
-			if err := mem.ReadMem(at, buf); err == nil {
-				if i := bytes.IndexByte(buf, 0); i >= 0 {
-					buf = buf[:i]
-				}
-				msg = string(buf)
+	if err := mem.ReadMem(data+offError, w[:]); err == nil && binary.LittleEndian.Uint64(w[:]) != 0 {
+		// The loader's copy: the string dlerror returned is freed with
+		// the loader's thread, which has exited by now.
+		buf := make([]byte, 512)
+		if err := mem.ReadMem(data+offErrorText, buf); err == nil {
+			if m := dlerrorText(buf); m != "" {
+				msg = "dlopen: " + m
 			}
 		}
 	}
 	return fmt.Errorf("pid %d: %s: %w", p.Pid, msg, ErrLoad)
+}
+
+// dlerrorText is the loader's copy of dlerror's string, up to its NUL, as
+// one printable line: the target wrote it, so no control byte of it reaches
+// a terminal.
+func dlerrorText(b []byte) string {
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f || r == utf8.RuneError || (r >= 0x80 && r < 0xa0) {
+			return '?'
+		}
+		return r
+	}, string(b))
 }
 
 // pickThread chooses the thread to borrow: one blocked in a plain waiting

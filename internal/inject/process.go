@@ -10,6 +10,7 @@ import (
 	"path"
 	"strings"
 
+	"github.com/edgeprobe/edgeprobe/internal/elfsafe"
 	"github.com/edgeprobe/edgeprobe/internal/probecache"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
@@ -349,7 +350,7 @@ func parseObject(r io.ReaderAt, name string, bias uint64) (map[string]uint64, []
 // FuzzParseObject); it refuses what DynamicSymbols refuses but for bad
 // symbol-version tables, which the slots do not depend on.
 func parseFacts(r io.ReaderAt, name string) (*objectFacts, error) {
-	ef, err := elf.NewFile(r)
+	ef, err := elfsafe.NewFile(r)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %v: %w", name, err, procmaps.ErrNotELF)
 	}

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/edgeprobe/edgeprobe/internal/elfsafe"
 )
 
 // ReadRuntime opens the runtime file for a target owned by uid, refuses it
@@ -39,7 +41,7 @@ func ReadRuntime(path string, uid int) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runtime %s: %w", path, err)
 	}
-	ef, err := elf.NewFile(bytes.NewReader(b))
+	ef, err := elfsafe.NewFile(bytes.NewReader(b))
 	if err != nil {
 		return nil, fmt.Errorf("runtime %s: %v: %w", path, err, ErrNotRuntime)
 	}

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 )
 
 // Format and Version identify the document; Read rejects any other.
@@ -383,6 +385,7 @@ func (l *List) WriteFile(path string) error {
 
 // WriteFileAtomic writes data to path via a temporary file in the same
 // directory, fsync and rename: readers see the old file or the new one.
+// The file gets mode less the process's umask, as os.WriteFile's would.
 func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
@@ -393,7 +396,10 @@ func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
 		tmp.Close()
 		return err
 	}
-	if err := tmp.Chmod(mode); err != nil {
+	// The mode as a plain create would make it: the user's umask applies
+	// (a trace's argument values or a profile in a file made 0644 under
+	// umask 077 would be readable by every local user).
+	if err := tmp.Chmod(mode &^ procfs.Umask()); err != nil {
 		tmp.Close()
 		return err
 	}

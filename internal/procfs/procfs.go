@@ -244,3 +244,18 @@ func ReadFile(name string) ([]byte, error) {
 	defer f.Close()
 	return io.ReadAll(f)
 }
+
+// Umask is this process's file mode creation mask, read from
+// /proc/self/status (Linux 4.7 and later) rather than set and put back
+// with umask(2), which would change it for every thread meanwhile. Where
+// it cannot be read it is taken as 077: a file made private that should
+// not have been is the safe mistake.
+func Umask() os.FileMode {
+	st, err := ReadStatus(os.Getpid(), 0)
+	if err == nil {
+		if v, err := strconv.ParseUint(strings.TrimSpace(st["Umask"]), 8, 32); err == nil {
+			return os.FileMode(v) & os.ModePerm
+		}
+	}
+	return 0o077
+}

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/edgeprobe/edgeprobe/internal/elfsafe"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 )
@@ -78,7 +79,7 @@ func ForMaps(maps []byte, lists []*probelist.List) (*Symbolizer, error) {
 }
 
 func readSyms(f *os.File) []sym {
-	ef, err := elf.NewFile(f)
+	ef, err := elfsafe.NewFile(f)
 	if err != nil {
 		return nil
 	}

@@ -24,6 +24,18 @@ start:
 	je close_fd
 	call qword ptr [rbx+0x08]      # dlerror
 	mov [rbx+0x48], rax
+	test rax, rax
+	jz close_fd
+	xor ecx, ecx                   # copy the message into the block: glibc frees
+copy_err:                          # it when this thread exits, before hotpatch reads
+	movzx edx, byte ptr [rax+rcx]
+	mov [rbx+rcx+0x200], dl
+	test dl, dl
+	jz close_fd
+	inc rcx
+	cmp rcx, 0x1ff
+	jb copy_err
+	mov byte ptr [rbx+rcx+0x200], 0
 	jmp close_fd
 loaded:
 	xor r12d, r12d

@@ -1,0 +1,68 @@
+package elfsafe
+
+import (
+	"debug/elf"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+)
+
+// MaxInflate bounds a compressed section's declared size as a multiple of
+// its bytes in the file. Debug info compresses three to eight times
+// (zlib or zstd); zlib's own limit is about a thousand.
+const MaxInflate = 64
+
+// ErrInflated: a compressed section the file cannot honestly hold.
+var ErrInflated = errors.New("compressed section inflates past what it holds")
+
+// NewFile is elf.NewFile followed by Check.
+func NewFile(r io.ReaderAt) (*elf.File, error) {
+	f, err := elf.NewFile(r)
+	if err != nil {
+		return nil, err
+	}
+	if err := Check(f); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// Check refuses a file in which a compressed section is anything but
+// program data (debug info: toolchains compress nothing else; a symbol,
+// string, relocation or note table so marked is no loader's), declares
+// more than MaxInflate times its bytes, or shares bytes with another
+// compressed section. It reads at most a 12-byte header per .zdebug
+// section, whose size debug/elf only learns when the section is read.
+func Check(f *elf.File) error {
+	type span struct{ off, end uint64 }
+	var spans []span
+	for _, s := range f.Sections {
+		size, compressed := s.Size, s.Flags&elf.SHF_COMPRESSED != 0
+		if !compressed && s.Type != elf.SHT_NOBITS && strings.HasPrefix(s.Name, ".zdebug") {
+			var b [12]byte
+			if n, _ := s.ReaderAt.ReadAt(b[:], 0); n == len(b) && string(b[:4]) == "ZLIB" {
+				size, compressed = binary.BigEndian.Uint64(b[4:]), true
+			}
+		}
+		if !compressed {
+			continue
+		}
+		if s.Type != elf.SHT_PROGBITS {
+			return fmt.Errorf("section %s (%v) is compressed, which no toolchain does to such a section: %w", s.Name, s.Type, ErrInflated)
+		}
+		if size/MaxInflate > s.FileSize {
+			return fmt.Errorf("section %s declares %d bytes from %d in the file (more than %dx): %w", s.Name, size, s.FileSize, MaxInflate, ErrInflated)
+		}
+		spans = append(spans, span{s.Offset, s.Offset + s.FileSize})
+	}
+	sort.Slice(spans, func(i, j int) bool { return spans[i].off < spans[j].off })
+	for i := 1; i < len(spans); i++ {
+		if spans[i].off < spans[i-1].end {
+			return fmt.Errorf("compressed sections share the file's bytes at %#x: %w", spans[i].off, ErrInflated)
+		}
+	}
+	return nil
+}
