@@ -630,7 +630,8 @@ func TestInjectLateLibrary(t *testing.T) {
 
 // TestRefusedBeforeLoad: a request refused for what it asks (a name that
 // matches nothing, a malformed --probes file, a list of another program, a
-// session command that matches nothing) is refused before the runtime is
+// trace or profile of a name that matches nothing, a session command that
+// matches nothing) is refused before the runtime is
 // loaded: one line, its exit code, no "loaded" line, no region, every probe
 // as it was. Before, each of them loaded the runtime (and rerouted the
 // hook slots), said so, and only then refused.
@@ -659,6 +660,8 @@ func TestRefusedBeforeLoad(t *testing.T) {
 		{[]string{"--pid", pid, "--enable", "no_such_function"}, 3, "no probe matched"},
 		{[]string{"--pid", pid, "--probes", malformed, "--enable", "work"}, 1, "invalid probe list"},
 		{[]string{"--pid", pid, "--probes", otherList, "--enable", "*"}, 1, "no mapped object has build-id"},
+		{[]string{"trace", "--pid", pid, "--enable", "no_such_function", "--duration", "1s", "-o", filepath.Join(dir, "t.json")}, 3, "no probe matched"},
+		{[]string{"profile", "--pid", pid, "--enable", "no_such_function", "--duration", "1s", "-o", filepath.Join(dir, "p.pprof")}, 3, "no probe matched"},
 	} {
 		r := testutil.Run(t, "hotpatch", c.args...)
 		if r.Code != c.code || strings.Count(r.Stderr, "\n") != 1 || !strings.Contains(r.Stderr, c.says) {
