@@ -687,3 +687,36 @@ func TestRefusedBeforeLoad(t *testing.T) {
 	}
 	p.Finish()
 }
+
+// TestLoadFailureMessage: a load whose dlopen fails in the target reports
+// dlopen's own message. The runtime here defines the four hooks (so it is
+// taken as one) but needs a symbol nothing defines: dlopen (RTLD_NOW)
+// says "undefined symbol: edgeprobe_review5_missing". Before, hotpatch read
+// dlerror()'s string after the loader thread had exited, and glibc frees a
+// thread's dlerror buffer at its exit: the message read back was empty
+// ("pid N: : loading the runtime failed").
+func TestLoadFailureMessage(t *testing.T) {
+	testutil.RequirePtrace(t)
+	testutil.RequireTool(t, "gcc")
+	dir := t.TempDir()
+	src := filepath.Join(dir, "bad.c")
+	if err := os.WriteFile(src, []byte(`
+extern void edgeprobe_review5_missing(void);
+void __cyg_profile_func_enter(void *f, void *c) { (void)f; (void)c; edgeprobe_review5_missing(); }
+void __cyg_profile_func_exit(void *f, void *c) { (void)f; (void)c; }
+void __cyg_profile_func_enter_bare(void) {}
+void __fentry__(void) {}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rt := filepath.Join(dir, "libbad.so")
+	if out, err := exec.Command("gcc", "-shared", "-fPIC", "-O2", src, "-o", rt).CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	bin := attachFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
+	p := testutil.Start(t, nil, bin)
+	before := probeStates(t, p.Pid)
+	refused(t, nil, []string{"--pid", fmt.Sprint(p.Pid), "--enable", "work", "--runtime", rt}, "undefined symbol: edgeprobe_review5_missing", "loading the runtime failed")
+	untouched(t, p.Pid, before, "failed dlopen")
+	p.Finish()
+}

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
@@ -392,15 +393,18 @@ func (p *Process) await(ctx context.Context, data uint64, limit time.Duration, t
 	if binary.LittleEndian.Uint64(w[:]) != 0 {
 		return nil
 	}
+	// dlerror's message as the loader copied it into the data block: the
+	// string dlerror returned was in the loader thread's own buffer, which
+	// glibc frees when the thread exits (read there, it came back empty).
 	msg := "dlopen failed"
-	if err := mem.ReadMem(data+offError, w[:]); err == nil {
-		if at := binary.LittleEndian.Uint64(w[:]); at != 0 {
-			buf := make([]byte, 512)
-			if err := mem.ReadMem(at, buf); err == nil {
-				if i := bytes.IndexByte(buf, 0); i >= 0 {
-					buf = buf[:i]
-				}
-				msg = string(buf)
+	if err := mem.ReadMem(data+offError, w[:]); err == nil && binary.LittleEndian.Uint64(w[:]) != 0 {
+		buf := make([]byte, 256)
+		if err := mem.ReadMem(data+offMessage, buf); err == nil {
+			if i := bytes.IndexByte(buf, 0); i >= 0 {
+				buf = buf[:i]
+			}
+			if len(buf) > 0 {
+				msg = "dlopen: " + calltrace.Printable(string(buf))
 			}
 		}
 	}

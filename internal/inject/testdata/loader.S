@@ -24,6 +24,22 @@ start:
 	je close_fd
 	call qword ptr [rbx+0x08]      # dlerror
 	mov [rbx+0x48], rax
+	test rax, rax
+	jz close_fd
+	# Its message, copied (at most 255 bytes and a NUL): the string lives
+	# in this thread's dlerror buffer, which glibc frees when the thread
+	# exits, before hotpatch reads it.
+	lea rdi, [rbx+0x200]
+	xor ecx, ecx
+copy_msg:
+	mov dl, byte ptr [rax+rcx]
+	mov byte ptr [rdi+rcx], dl
+	test dl, dl
+	jz close_fd
+	inc ecx
+	cmp ecx, 255
+	jb copy_msg
+	mov byte ptr [rdi+rcx], 0
 	jmp close_fd
 loaded:
 	xor r12d, r12d
