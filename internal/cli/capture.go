@@ -145,7 +145,7 @@ included), then from --probes lists, else sub_<address>.`,
 					return fmt.Errorf("%s: resolving names: %w", input, err)
 				}
 			} else {
-				if _, err := ensureRuntime(cmd.Context(), tf.pid, inj, false, stderr); err != nil {
+				if _, err := ensureRuntime(cmd.Context(), tf.pid, inj, false, stderr, nil, nil); err != nil {
 					return classify(err)
 				}
 				if region, err = shm.OpenPID(tf.pid); err != nil {
@@ -318,7 +318,7 @@ per second (the calls over it are neither traced nor counted while the trace run
 			}
 			ctx, stop := signalContext()
 			defer stop()
-			if _, err := ensureRuntime(ctx, tf.pid, inj, false, stderr); err != nil {
+			if _, err := ensureRuntime(ctx, tf.pid, inj, false, stderr, tf.probes, sels); err != nil {
 				return classify(err)
 			}
 			progress := progressTo(stderr, "tracing")
@@ -479,7 +479,7 @@ the call into the hook itself is not included), unless --hit-cost gives one.`,
 			}
 			ctx, stop := signalContext()
 			defer stop()
-			if _, err := ensureRuntime(ctx, tf.pid, inj, false, stderr); err != nil {
+			if _, err := ensureRuntime(ctx, tf.pid, inj, false, stderr, tf.probes, sels); err != nil {
 				return classify(err)
 			}
 			progress := progressTo(stderr, "profiling")

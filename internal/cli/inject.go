@@ -10,6 +10,7 @@ import (
 
 	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
+	"github.com/edgeprobe/edgeprobe/internal/probelist"
 )
 
 // injectFlags are --no-inject and --runtime, shared by every command that
@@ -28,8 +29,15 @@ func (f *injectFlags) register(cmd *cobra.Command) {
 
 // ensureRuntime makes sure pid's probes record into the runtime, loading it
 // if need be (docs/injection.md), and prints its one-line note on stderr.
-func ensureRuntime(ctx context.Context, pid int, f *injectFlags, waitLock bool, stderr io.Writer) (*hotpatch.RuntimeStatus, error) {
-	st, err := hotpatch.EnsureRuntime(ctx, pid, hotpatch.RuntimeOptions{NoInject: f.noInject, File: f.runtime, WaitLock: waitLock})
+// sels, when any, are what the command will enable on the lists in probes
+// (none: a scan): a load is not made for a command those refuse (D83).
+func ensureRuntime(ctx context.Context, pid int, f *injectFlags, waitLock bool, stderr io.Writer, probes []string, sels []probelist.Selector) (*hotpatch.RuntimeStatus, error) {
+	actions := make([]hotpatch.Action, len(sels))
+	for i, s := range sels {
+		actions[i] = hotpatch.Action{Enable: true, Selector: s}
+	}
+	opts := hotpatch.RuntimeOptions{NoInject: f.noInject, File: f.runtime, WaitLock: waitLock}.ForRequest(pid, probes, actions)
+	st, err := hotpatch.EnsureRuntime(ctx, pid, opts)
 	reportRuntime(st, f, stderr)
 	return st, err
 }

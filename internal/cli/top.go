@@ -50,7 +50,7 @@ and puts them back when it stops (Ctrl-C, --count, or the process exiting).`,
 			}
 			ctx, stop := signalContext()
 			defer stop()
-			if _, err := ensureRuntime(ctx, tf.pid, inj, false, stderr); err != nil {
+			if _, err := ensureRuntime(ctx, tf.pid, inj, false, stderr, nil, nil); err != nil {
 				return classify(err)
 			}
 			height, live := terminalHeight(stdout)

@@ -132,6 +132,7 @@ func apply(ctx context.Context, req Request) (*Result, error) {
 	if req.Runtime != nil {
 		rt := *req.Runtime
 		rt.check = func(objs []procmaps.Object) error { return checkRequest(req, objs) }
+		// (not ForRequest: the protocol asked for is checked too)
 		ensure = func(l *Lock) (*RuntimeStatus, error) {
 			st, err := ensureRuntime(ctx, req.PID, rt, l)
 			if req.OnRuntime != nil {

@@ -45,6 +45,20 @@ type RuntimeOptions struct {
 	check func(objs []procmaps.Object) error
 }
 
+// ForRequest returns o with the check a load made for a request makes
+// first (D83): the lists in probeFiles (none: a scan of the process's
+// objects) are read and matched, and actions must select probes that pass
+// the checks Apply makes before it writes; else EnsureRuntime refuses with
+// that error before it loads or routes anything. No actions: no check.
+func (o RuntimeOptions) ForRequest(pid int, probeFiles []string, actions []Action) RuntimeOptions {
+	if len(actions) > 0 {
+		o.check = func(objs []procmaps.Object) error {
+			return checkRequest(Request{PID: pid, ProbeFiles: probeFiles, Actions: actions}, objs)
+		}
+	}
+	return o
+}
+
 // RuntimeStatus is what EnsureRuntime found and did.
 type RuntimeStatus struct {
 	Present bool           `json:"present"`          // the runtime records the process's probes (now)

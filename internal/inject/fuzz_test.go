@@ -280,18 +280,3 @@ func TestReadObjectCached(t *testing.T) {
 		t.Fatalf("no cache hit over %d objects", len(objs))
 	}
 }
-
-// TestDlerrorText: the target's message is cut at its NUL and no control
-// byte of it survives (a hostile target could write terminal escapes there).
-func TestDlerrorText(t *testing.T) {
-	for _, c := range []struct{ in, want string }{
-		{"libx.so: cannot open shared object file\x00junk", "libx.so: cannot open shared object file"},
-		{"a\x1b[2Jb\nc\rd\x7fe\x00", "a?[2Jb?c?d?e"},
-		{"caf\xc3\xa9 \xff\xc2\x9b\x00", "café ??"},
-		{"", ""},
-	} {
-		if got := dlerrorText([]byte(c.in)); got != c.want {
-			t.Errorf("dlerrorText(%q) = %q, want %q", c.in, got, c.want)
-		}
-	}
-}

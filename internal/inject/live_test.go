@@ -630,7 +630,8 @@ func TestInjectLateLibrary(t *testing.T) {
 
 // TestRefusedBeforeLoad: a request refused for what it asks (a name that
 // matches nothing, a malformed --probes file, a list of another program, a
-// session command that matches nothing) is refused before the runtime is
+// trace or profile of a name that matches nothing, a session command that
+// matches nothing) is refused before the runtime is
 // loaded: one line, its exit code, no "loaded" line, no region, every probe
 // as it was. Before, each of them loaded the runtime (and rerouted the
 // hook slots), said so, and only then refused.
@@ -659,6 +660,8 @@ func TestRefusedBeforeLoad(t *testing.T) {
 		{[]string{"--pid", pid, "--enable", "no_such_function"}, 3, "no probe matched"},
 		{[]string{"--pid", pid, "--probes", malformed, "--enable", "work"}, 1, "invalid probe list"},
 		{[]string{"--pid", pid, "--probes", otherList, "--enable", "*"}, 1, "no mapped object has build-id"},
+		{[]string{"trace", "--pid", pid, "--enable", "no_such_function", "--duration", "1s", "-o", filepath.Join(dir, "t.json")}, 3, "no probe matched"},
+		{[]string{"profile", "--pid", pid, "--enable", "no_such_function", "--duration", "1s", "-o", filepath.Join(dir, "p.pprof")}, 3, "no probe matched"},
 	} {
 		r := testutil.Run(t, "hotpatch", c.args...)
 		if r.Code != c.code || strings.Count(r.Stderr, "\n") != 1 || !strings.Contains(r.Stderr, c.says) {
@@ -682,5 +685,38 @@ func TestRefusedBeforeLoad(t *testing.T) {
 	if r := hotpatchOK(t, "--pid", pid, "--enable", "work"); !loadedNote.MatchString(r.Stderr) {
 		t.Fatalf("enable work: stderr %q, want the runtime loaded", r.Stderr)
 	}
+	p.Finish()
+}
+
+// TestLoadFailureMessage: a load whose dlopen fails in the target reports
+// dlopen's own message. The runtime here defines the four hooks (so it is
+// taken as one) but needs a symbol nothing defines: dlopen (RTLD_NOW)
+// says "undefined symbol: edgeprobe_review5_missing". Before, hotpatch read
+// dlerror()'s string after the loader thread had exited, and glibc frees a
+// thread's dlerror buffer at its exit: the message read back was empty
+// ("pid N: : loading the runtime failed").
+func TestLoadFailureMessage(t *testing.T) {
+	testutil.RequirePtrace(t)
+	testutil.RequireTool(t, "gcc")
+	dir := t.TempDir()
+	src := filepath.Join(dir, "bad.c")
+	if err := os.WriteFile(src, []byte(`
+extern void edgeprobe_review5_missing(void);
+void __cyg_profile_func_enter(void *f, void *c) { (void)f; (void)c; edgeprobe_review5_missing(); }
+void __cyg_profile_func_exit(void *f, void *c) { (void)f; (void)c; }
+void __cyg_profile_func_enter_bare(void) {}
+void __fentry__(void) {}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rt := filepath.Join(dir, "libbad.so")
+	if out, err := exec.Command("gcc", "-shared", "-fPIC", "-O2", src, "-o", rt).CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	bin := attachFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
+	p := testutil.Start(t, nil, bin)
+	before := probeStates(t, p.Pid)
+	refused(t, nil, []string{"--pid", fmt.Sprint(p.Pid), "--enable", "work", "--runtime", rt}, "undefined symbol: edgeprobe_review5_missing", "loading the runtime failed")
+	untouched(t, p.Pid, before, "failed dlopen")
 	p.Finish()
 }

@@ -12,10 +12,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
@@ -393,33 +393,22 @@ func (p *Process) await(ctx context.Context, data uint64, limit time.Duration, t
 	if binary.LittleEndian.Uint64(w[:]) != 0 {
 		return nil
 	}
+	// dlerror's message as the loader copied it into the data block: the
+	// string dlerror returned was in the loader thread's own buffer, which
+	// glibc frees when the thread exits (read there, it came back empty).
 	msg := "dlopen failed"
 	if err := mem.ReadMem(data+offError, w[:]); err == nil && binary.LittleEndian.Uint64(w[:]) != 0 {
-		// The loader's copy: the string dlerror returned is freed with
-		// the loader's thread, which has exited by now.
-		buf := make([]byte, 512)
-		if err := mem.ReadMem(data+offErrorText, buf); err == nil {
-			if m := dlerrorText(buf); m != "" {
-				msg = "dlopen: " + m
+		buf := make([]byte, 256)
+		if err := mem.ReadMem(data+offMessage, buf); err == nil {
+			if i := bytes.IndexByte(buf, 0); i >= 0 {
+				buf = buf[:i]
+			}
+			if len(buf) > 0 {
+				msg = "dlopen: " + calltrace.Printable(string(buf))
 			}
 		}
 	}
 	return fmt.Errorf("pid %d: %s: %w", p.Pid, msg, ErrLoad)
-}
-
-// dlerrorText is the loader's copy of dlerror's string, up to its NUL, as
-// one printable line: the target wrote it, so no control byte of it reaches
-// a terminal.
-func dlerrorText(b []byte) string {
-	if i := bytes.IndexByte(b, 0); i >= 0 {
-		b = b[:i]
-	}
-	return strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f || r == utf8.RuneError || (r >= 0x80 && r < 0xa0) {
-			return '?'
-		}
-		return r
-	}, string(b))
 }
 
 // pickThread chooses the thread to borrow: one blocked in a plain waiting

@@ -26,16 +26,20 @@ start:
 	mov [rbx+0x48], rax
 	test rax, rax
 	jz close_fd
-	xor ecx, ecx                   # copy the message into the block: glibc frees
-copy_err:                          # it when this thread exits, before hotpatch reads
-	movzx edx, byte ptr [rax+rcx]
-	mov [rbx+rcx+0x200], dl
+	# Its message, copied (at most 255 bytes and a NUL): the string lives
+	# in this thread's dlerror buffer, which glibc frees when the thread
+	# exits, before hotpatch reads it.
+	lea rdi, [rbx+0x200]
+	xor ecx, ecx
+copy_msg:
+	mov dl, byte ptr [rax+rcx]
+	mov byte ptr [rdi+rcx], dl
 	test dl, dl
 	jz close_fd
-	inc rcx
-	cmp rcx, 0x1ff
-	jb copy_err
-	mov byte ptr [rbx+rcx+0x200], 0
+	inc ecx
+	cmp ecx, 255
+	jb copy_msg
+	mov byte ptr [rdi+rcx], 0
 	jmp close_fd
 loaded:
 	xor r12d, r12d
