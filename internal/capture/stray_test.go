@@ -25,17 +25,22 @@ import (
 // B's calls and none of A's, with stale_events 1; the first, A's calls
 // only. No timing is involved: the test holds A at that point and lets it
 // go once the second capture's events are on. Before D79 the second trace
-// held A's call (the Matcher closed it as still running): every run.
+// held A's call (the Matcher closed it as still running): every run. With
+// --rate on the first capture the event is decided by A's quota slot
+// (D55): A holds its slot in flight, so that capture waits its second for
+// it and counts it (rate_in_flight 1); the second drops the event all the
+// same.
 func TestTraceStrayEvent(t *testing.T) {
 	for _, spec := range []testutil.Spec{
 		{Sources: []string{"park.c"}, LDFlags: []string{"-rdynamic"}},
 		{Sources: []string{"park.c"}, LDFlags: []string{"-rdynamic"}, NoInstr: true, Profile: testutil.ProfileFentry},
 	} {
-		t.Run(spec.String(), func(t *testing.T) { strayEvent(t, spec) })
+		t.Run(spec.String(), func(t *testing.T) { strayEvent(t, spec, false) })
+		t.Run(spec.String()+"-rate", func(t *testing.T) { strayEvent(t, spec, true) })
 	}
 }
 
-func strayEvent(t *testing.T, spec testutil.Spec) {
+func strayEvent(t *testing.T, spec testutil.Spec, rate bool) {
 	testutil.RequirePtrace(t)
 	lib := testutil.RuntimeWith(t, "gcc", "-DEP_TEST_PARK")
 	fx := testutil.Build(t, spec)
@@ -55,7 +60,11 @@ func strayEvent(t *testing.T, spec testutil.Spec) {
 	defer region.Close()
 
 	out1, out2 := filepath.Join(dir, "a.json"), filepath.Join(dir, "b.json")
-	c1 := runCapture(t, "trace", "--pid", pid, "--tid", strconv.Itoa(a), "--duration", "10m", "-o", out1, "--json")
+	args1 := []string{"trace", "--pid", pid, "--tid", strconv.Itoa(a), "--duration", "10m", "-o", out1, "--json"}
+	if rate {
+		args1 = append(args1, "--rate", "1000000000") // a quota A's calls never use up
+	}
+	c1 := runCapture(t, args1...)
 	waitFor(t, "capture 1 to start", func() bool { return region.Control()&shm.CtlTrace != 0 })
 	// A's calls in capture 1 before it parks: its ring's head moves on
 	h0 := ringHead(t, region, a)
@@ -65,6 +74,9 @@ func strayEvent(t *testing.T, spec testutil.Spec) {
 		t.Fatalf("want A parked inside its hook, got %q", l)
 	}
 	sum1 := c1.interrupt(t)
+	if want := map[bool]int{false: 0, true: 1}[rate]; sum1.InFlight != want {
+		t.Errorf("capture 1: rate_in_flight %d; want %d (A holds its quota slot inside the hook)", sum1.InFlight, want)
+	}
 
 	c2 := runCapture(t, "trace", "--pid", pid, "--tid", strconv.Itoa(b), "--duration", "10m", "-o", out2, "--json")
 	waitFor(t, "capture 2 to start", func() bool { return region.Control()&shm.CtlTrace != 0 })
@@ -156,8 +168,9 @@ func runCapture(t *testing.T, args ...string) *capture {
 }
 
 type traceSummary struct {
-	Calls uint64 `json:"calls"`
-	Stale uint64 `json:"stale_events"`
+	Calls    uint64 `json:"calls"`
+	Stale    uint64 `json:"stale_events"`
+	InFlight int    `json:"rate_in_flight"`
 }
 
 // interrupt ends the capture as ^C does (it writes what it recorded and

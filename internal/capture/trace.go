@@ -9,6 +9,7 @@ import (
 
 	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/report"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"golang.org/x/sys/unix"
@@ -46,6 +47,11 @@ type TraceResult struct {
 	// (D80), each when the capture saw it: calls of their functions end
 	// there. The trace holds an Unloaded event for each too.
 	Unloaded []UnloadedObject
+	// QuietTids are the threads --tid named that recorded no event, with
+	// what they did meanwhile (D81): a thread that did not run at all (a
+	// loaded machine's scheduler may leave a runnable thread off the CPUs
+	// for the whole capture) is not a filter that left it out.
+	QuietTids []QuietThread
 	// ArgFuncs is how many functions' arguments or return values were
 	// recorded; Notes say what --args/--retval matched but could not record.
 	ArgFuncs int
@@ -64,6 +70,16 @@ type UnloadedObject struct {
 	// AfterNs: how long into the capture it was seen gone (the capture
 	// looks every 50 ms).
 	AfterNs int64 `json:"after_ns"`
+}
+
+// QuietThread is a thread --tid named that recorded no event.
+type QuietThread struct {
+	Tid int `json:"tid"`
+	// RanNs is its time on a CPU during the capture; Gone: it had ended
+	// (or never existed) by the capture's end.
+	RanNs int64  `json:"ran_ns"`
+	Gone  bool   `json:"gone"`
+	State string `json:"state,omitempty"` // its state at the end (R, S, D, T, t, ...)
 }
 
 // ThreadDrops is one thread's share of a capture.
@@ -337,6 +353,13 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	}
 	start := time.Now()
 	epochStart := start
+	// what each listed thread had run when the events went on (D81)
+	ran0 := map[int]time.Duration{}
+	for _, tid := range o.Tids {
+		if d, err := procfs.CPUTime(o.PID, tid); err == nil {
+			ran0[tid] = d
+		}
+	}
 	// unloaded looks for objects the process unloaded (D80): each is said
 	// once, in the result, the notes and the trace (an Unloaded event).
 	gone := map[string]bool{}
@@ -434,6 +457,10 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 			thread(tids[th.Index]).Dropped += d
 		}
 	}
+	res.QuietTids = quietTids(o, perTid, ran0)
+	for _, q := range res.QuietTids {
+		res.Notes = append(res.Notes, q.note())
+	}
 	for _, t := range perTid {
 		res.Threads = append(res.Threads, *t)
 	}
@@ -453,6 +480,45 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	}
 	res.Calls, res.Unpaired, res.Unwound, res.Open = m.Calls, m.Unpaired, m.Unwound, m.Open
 	return res, offErr
+}
+
+// quietTids are the threads o.Tids names that recorded no event, with
+// their CPU time since ran0 (read when the events went on) and their state.
+func quietTids(o Options, perTid map[int32]*ThreadDrops, ran0 map[int]time.Duration) []QuietThread {
+	var out []QuietThread
+	for _, tid := range o.Tids {
+		if t := perTid[int32(tid)]; t != nil && t.Events+t.Dropped > 0 {
+			continue
+		}
+		q := QuietThread{Tid: tid}
+		st, err := procfs.ReadStat(o.PID, tid)
+		d, derr := procfs.CPUTime(o.PID, tid)
+		if err != nil || derr != nil || st.State == 'Z' || st.State == 'X' {
+			q.Gone = true
+		} else {
+			q.State = string(st.State)
+			if d0, ok := ran0[tid]; ok && d >= d0 {
+				q.RanNs = (d - d0).Nanoseconds()
+			} else {
+				q.RanNs = -1 // not known: it did not exist at the start
+			}
+		}
+		out = append(out, q)
+	}
+	return out
+}
+
+// note says why a listed thread is not in the trace, as far as procfs can.
+func (q QuietThread) note() string {
+	switch {
+	case q.Gone:
+		return fmt.Sprintf("thread %d (--tid) recorded no event: it is not a thread of the process (it ended, or never was one)", q.Tid)
+	case q.RanNs == 0:
+		return fmt.Sprintf("thread %d (--tid) recorded no event: it did not run during the capture (0 ns on a CPU; state %s: blocked, stopped, or left waiting by a loaded machine's scheduler)", q.Tid, q.State)
+	case q.RanNs < 0:
+		return fmt.Sprintf("thread %d (--tid) recorded no event: it started during the capture and made no traced call", q.Tid)
+	}
+	return fmt.Sprintf("thread %d (--tid) recorded no event: it ran %s on a CPU during the capture and made no traced call", q.Tid, time.Duration(q.RanNs).Round(time.Microsecond))
 }
 
 // converter turns the runtime's ring events into calltrace events, naming

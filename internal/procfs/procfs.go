@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // ErrNoProcess: the pid (or thread id) names no process, or a kernel thread.
@@ -258,4 +259,24 @@ func Umask() os.FileMode {
 		}
 	}
 	return 0o077
+}
+
+// CPUTime is how long thread tid of pid has run on a CPU: the first field
+// of /proc/PID/task/TID/schedstat (ns, the scheduler's own sum), or, on a
+// kernel without it, utime + stime of its stat (clock ticks of 10 ms, the
+// USER_HZ every Linux reports them in). A capture tells with it a listed
+// thread that made no traced call from one that did not run at all.
+func CPUTime(pid, tid int) (time.Duration, error) {
+	if b, err := read(pid, tid, "schedstat"); err == nil {
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			if ns, err := strconv.ParseUint(f[0], 10, 64); err == nil {
+				return time.Duration(ns), nil
+			}
+		}
+	}
+	st, err := ReadStat(pid, tid)
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(st.Utime+st.Stime) * 10 * time.Millisecond, nil
 }
