@@ -27,22 +27,25 @@
 	.hidden	ep_cyg_minmax_tail
 
 /* ENTER_BODY / EXIT_BODY: the fast path proper, from the busy word on.
- * Each hook expands its body twice: after the common test (no control bit
- * that needs the C) and after the trace filters' test (FILTERED_OUT), so
- * that either reaches it without a taken branch. */
-.macro ENTER_BODY
+ * Each hook expands its body three times, so that each way in reaches it
+ * without a taken branch: with count=1 where the control word's low byte is
+ * exactly EP_CTL_NOTIME (counting only, nothing else on: the clock's test
+ * is left out, D85), and with count=0 after the common test (no control bit
+ * that needs the C; timed falls through, counting only jumps) and after the
+ * trace filters' test (FILTERED_OUT). */
+.macro ENTER_BODY count=0
 	movq	(%rsp), %rax
 	movq	%rax, %fs:EPA_TLS_BUSY_RET(%r8)
 	leaq	-8(%rsp), %r10				/* here */
 	movq	%r10, %fs:EPA_TLS_BUSY(%r8)
-	/* the thread's cache entry at the key's home: l = th + size + i * 48 */
-	movabsq	$EPA_HASH_MULT, %rax
-	imulq	%rdi, %rax
-	shrq	$40, %rax
-	andl	edgeprobe_proc+EPA_PROC_LMASK(%rip), %eax	/* i */
-	leaq	(%rax,%rax,2), %rdx
-	shlq	$4, %rdx
-	leaq	EPA_TH_SIZE(%r9,%rdx), %rdx		/* l */
+	/* the thread's cache entry at the key's home: l = th + size + i * 48,
+	 * with 2i from the hash (lmask_x2) so that the scale makes 6i * 8 */
+	movabsq	$EPA_HASH_MULT, %rdx
+	imulq	%rdi, %rdx
+	shrq	$39, %rdx
+	andl	edgeprobe_proc+EPA_PROC_LMASK_X2(%rip), %edx	/* 2i */
+	leaq	(%rdx,%rdx,2), %rdx			/* 6i */
+	leaq	EPA_TH_SIZE(%r9,%rdx,8), %rdx		/* l */
 	movl	EPA_TH_DEPTH(%r9), %ecx			/* d */
 	cmpl	edgeprobe_proc+EPA_PROC_FAST_DEPTH(%rip), %ecx
 	jae	.Lenter_decline				/* full stack, or no fast path at all */
@@ -59,21 +62,16 @@
 1:	addq	$1, EPA_LOCAL_ENTRIES(%rdx)		/* the owner's counter: no lock */
 	movq	%rdi, EPA_FR_FN(%rsi)
 	movq	%r10, EPA_FR_SP(%rsi)
-	movq	(%rsp), %rdi
-	movq	%rdi, EPA_FR_SITE(%rsi)
+	movq	%rax, EPA_FR_SITE(%rsi)			/* rax: the return address, since the busy word */
 	movq	EPA_LOCAL_FRAME_IDS(%rdx), %rdi
 	movq	%rdi, EPA_FR_GIDX(%rsi)			/* gidx, lidx = i + 1 */
 	movq	%r11, %rax
 	shrq	$32, %rax
 	movq	%rax, EPA_FR_GEN(%rsi)			/* gen, flags 0 */
+	.if !\count
 	testb	$EPA_CTL_NOTIME, %r11b
-	jz	2f					/* timed: its clock read below */
-	movq	$0, EPA_FR_TS(%rsi)			/* counted only: untimed */
-	addl	$1, %ecx
-	movl	%ecx, EPA_TH_DEPTH(%r9)			/* publishes the frame */
-	movq	$0, %fs:EPA_TLS_BUSY(%r8)
-	ret
-2:	rdtsc
+	jnz	2f					/* counted only: below */
+	rdtsc
 	shlq	$32, %rdx
 	orq	%rdx, %rax
 	movq	%rax, EPA_FR_TS(%rsi)
@@ -81,9 +79,15 @@
 	movl	%ecx, EPA_TH_DEPTH(%r9)			/* publishes the frame */
 	movq	$0, %fs:EPA_TLS_BUSY(%r8)
 	ret
+	.endif
+2:	movq	$0, EPA_FR_TS(%rsi)			/* counted only: untimed */
+	addl	$1, %ecx
+	movl	%ecx, EPA_TH_DEPTH(%r9)			/* publishes the frame */
+	movq	$0, %fs:EPA_TLS_BUSY(%r8)
+	ret
 .endm
 
-.macro EXIT_BODY
+.macro EXIT_BODY count=0
 	movq	(%rsp), %rax
 	movq	%rax, %fs:EPA_TLS_BUSY_RET(%r8)
 	leaq	-8(%rsp), %rax
@@ -103,19 +107,20 @@
 	cmpl	%eax, EPA_FR_GEN(%rsi)
 	jne	.Lexit_decline				/* something was turned on since its enter */
 	movl	EPA_FR_LIDX(%rsi), %edx
-	testl	%edx, %edx
-	jz	.Lexit_decline				/* counted in the shared table */
-	/* l = th + size + (lidx - 1) * 48 */
-	leaq	(%rdx,%rdx,2), %rdx
-	shlq	$4, %rdx
-	leaq	EPA_TH_SIZE-EPA_LOCAL_SIZE(%r9,%rdx), %rdi	/* l */
+	addl	%edx, %edx				/* 2 lidx */
+	jz	.Lexit_decline				/* lidx 0: counted in the shared table */
+	/* l = th + size + (lidx - 1) * 48 = th + size - 48 + 6 lidx * 8 */
+	leaq	(%rdx,%rdx,2), %rdx			/* 6 lidx */
+	leaq	EPA_TH_SIZE-EPA_LOCAL_SIZE(%r9,%rdx,8), %rdi	/* l */
 	movl	%ecx, EPA_TH_DEPTH(%r9)			/* pop */
 	addq	$1, EPA_LOCAL_EXITS(%rdi)
-	testb	$EPA_CTL_NOTIME, %r11b
-	jz	16f					/* timed: its latency below */
+	.if \count
 	movq	$0, %fs:EPA_TLS_BUSY(%r8)		/* counted only */
 	ret
-16:	movq	EPA_FR_TS(%rsi), %r9
+	.else
+	testb	$EPA_CTL_NOTIME, %r11b
+	jnz	7f					/* counted only */
+	movq	EPA_FR_TS(%rsi), %r9
 	testq	%r9, %r9
 	jz	7f					/* entered untimed */
 	/* ns = (now - ts) * tsc_mult >> 32, 0 if the clock went back */
@@ -165,6 +170,7 @@
 6:	movq	%rax, %rdi
 	movq	%rcx, %rsi
 	jmp	ep_cyg_minmax_tail			/* clears the busy word */
+	.endif
 .endm
 
 /* FILTERED_OUT full, adj: the control word (r11) has a bit that sends hooks
@@ -245,6 +251,10 @@ __cyg_profile_func_enter:
 	jne	ep_cyg_enter_full			/* inside a hook (a signal), or a stale word */
 	movq	edgeprobe_proc+EPA_PROC_HDR(%rip), %rax
 	movq	EPA_HDR_CONTROL(%rax), %r11		/* control | gen << 32 */
+	cmpb	$EPA_CTL_NOTIME, %r11b
+	jne	.Lenter_any				/* not counting only, or more than that */
+	ENTER_BODY count=1
+.Lenter_any:
 	testb	$EPA_CTL_SLOWPATH, %r11b
 	jnz	.Lenter_ctl
 	ENTER_BODY
@@ -273,6 +283,10 @@ __cyg_profile_func_exit:
 	jne	ep_cyg_exit_full
 	movq	edgeprobe_proc+EPA_PROC_HDR(%rip), %rax
 	movq	EPA_HDR_CONTROL(%rax), %r11		/* control | gen << 32 */
+	cmpb	$EPA_CTL_NOTIME, %r11b
+	jne	.Lexit_any				/* not counting only, or more than that */
+	EXIT_BODY count=1
+.Lexit_any:
 	testb	$EPA_CTL_SLOWPATH, %r11b
 	jnz	.Lexit_ctl
 	EXIT_BODY

@@ -119,6 +119,7 @@ EPA_CHECK(offsetof(struct ep_tls, slot) == EPA_TLS_SLOT && offsetof(struct ep_tl
 EPA_CHECK(offsetof(struct ep_proc, hdr) == EPA_PROC_HDR && offsetof(struct ep_proc, funcs) == EPA_PROC_FUNCS &&
               offsetof(struct ep_proc, tsc_mult) == EPA_PROC_TSC_MULT &&
               offsetof(struct ep_proc, lmask) == EPA_PROC_LMASK &&
+              offsetof(struct ep_proc, lmask_x2) == EPA_PROC_LMASK_X2 &&
               offsetof(struct ep_proc, fast_depth) == EPA_PROC_FAST_DEPTH &&
               offsetof(struct ep_proc, stack_off) == EPA_PROC_STACK_OFF,
           "ep_proc");

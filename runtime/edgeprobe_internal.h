@@ -167,10 +167,12 @@ struct ep_proc {
 	uint32_t stack_depth;
 	uint32_t stack_off;
 	uint32_t nlocal;          /* local_funcs */
-	int tsc;                  /* 1: rdtsc, 0: clock_gettime */
+	/* lmask << 1: the assembly hooks' cache index times two, which an
+	 * address's scale turns into the entry's offset without a shift */
+	uint32_t lmask_x2;
 	char *base;               /* region */
 	uint32_t fmask;           /* max_funcs - 1 */
-	uint32_t max_probe;
+	int tsc;                  /* 1: rdtsc, 0: clock_gettime */
 	/* second line */
 	uint32_t thread_size;
 	uint32_t max_threads;
@@ -240,13 +242,16 @@ EP_SHARED void ep_pop_to(struct ep_thread *th, uint32_t lo);
 EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, uint64_t sp, uint64_t site, int mark);
 EP_SHARED_COLD void ep_skip_exit(struct ep_thread *th, uint32_t k);
 EP_SHARED_COLD uint32_t ep_filter_verdict(struct ep_thread *th, uint64_t cg);
-EP_SHARED_COLD int ep_trace_held(struct ep_thread *th, uint32_t kind, uint64_t key, uint32_t depth);
+EP_SHARED_COLD int ep_trace_held(struct ep_thread *th, uint32_t kind, uint64_t key, uint32_t depth, uint32_t gen);
 EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, int deep);
 EP_SHARED void ep_thread_dtor(void *v);
 
 /* edgeprobe_rings.c */
-EP_SHARED void ep_trace(struct ep_thread *th, uint32_t kind, uint64_t key);
-EP_SHARED void ep_trace_ts(struct ep_thread *th, uint32_t kind, uint64_t key, uint64_t mono);
+/* kg: the event's kind | the gen of the word that decided it << 32 (one
+ * register: the traced hit pays for no more than before, D79) */
+#define EP_KG(kind, gen) ((uint64_t)(kind) | (uint64_t)(gen) << 32)
+EP_SHARED void ep_trace(struct ep_thread *th, uint64_t kg, uint64_t key);
+EP_SHARED void ep_trace_ts(struct ep_thread *th, uint32_t kind, uint64_t key, uint64_t mono, uint32_t gen);
 EP_SHARED_COLD void ep_trace_thread(struct ep_thread *th, pid_t tid);
 
 /* edgeprobe_args.c (argument capture, EP_CTL_ARGS) */
@@ -503,15 +508,46 @@ EP_INLINE int ep_filter_out(struct ep_thread *th, uint64_t cg, uint32_t depth) {
 	return depth >= lim;
 }
 
-EP_INLINE int ep_trace_at(struct ep_thread *th, uint32_t ctl, uint32_t kind, uint64_t key, uint32_t depth) {
-	if (unlikely(ctl & EP_CTL_FILTER)) {
-		if (ep_filter_out(th, ep_ctl_gen(), depth))
+/* Test builds only (-DEP_TEST_PARK; internal/capture TestTraceStrayEvent):
+ * a function of the program called once a hook has decided its event and
+ * before it writes it, so that a test can hold a thread there while one
+ * capture ends and the next starts. Never in the library users get. */
+#ifdef EP_TEST_PARK
+extern void edgeprobe_test_park(uint64_t key, uint32_t kind) __attribute__((weak));
+#define EP_TEST_PARK_POINT(key, kind)                                                                              \
+	do {                                                                                                       \
+		if (edgeprobe_test_park)                                                                           \
+			edgeprobe_test_park(key, kind);                                                            \
+	} while (0)
+#else
+#define EP_TEST_PARK_POINT(key, kind) ((void)0)
+#endif
+
+/* A call's event under the control|gen word cg (D79): the filters are cg's
+ * (its EP_CTL_FILTER bit, and the header's filter words read after it),
+ * and the event is stamped with cg's gen, so that a capture can tell an
+ * event decided under its own words from one decided under an earlier
+ * capture's (a hook preempted across the switch writes it late). Returns
+ * whether it went to the ring. */
+EP_INLINE int ep_trace_cg(struct ep_thread *th, uint64_t cg, uint32_t kind, uint64_t key, uint32_t depth) {
+	uint32_t gen = (uint32_t)(cg >> 32);
+	if (unlikely((uint32_t)cg & EP_CTL_FILTER)) {
+		if (ep_filter_out(th, cg, depth))
 			return 0;
 		if (LOAD(&ep.hdr->filter_min_ns))
-			return ep_trace_held(th, kind, key, depth);
+			return ep_trace_held(th, kind, key, depth, gen);
 	}
-	ep_trace(th, kind, key);
+	EP_TEST_PARK_POINT(key, kind);
+	ep_trace(th, EP_KG(kind, gen), key);
 	return 1;
+}
+
+/* The event of a hook that read EP_CTL_TRACE in its control word ctl when
+ * it began: judged and stamped under the word read now (ep_trace_cg), which
+ * is the one a capture's filters are in force under. */
+EP_INLINE int ep_trace_at(struct ep_thread *th, uint32_t ctl, uint32_t kind, uint64_t key, uint32_t depth) {
+	(void)ctl;
+	return ep_trace_cg(th, ep_ctl_gen(), kind, key, depth);
 }
 
 /* ---- quotas (EP_CTL_QUOTA, D31) ---- */

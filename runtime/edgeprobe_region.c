@@ -408,13 +408,13 @@ EP_STATIC int ep_make_region(void) {
 	ep.hdr = h;
 	ep.funcs = (struct ep_func *)((char *)m + g.func_off);
 	ep.fmask = nf0 - 1;
-	ep.max_probe = h->max_probe;
 	ep_keys = (uint64_t *)((char *)m + g.keys_off);
 	ep_ffirst = nf0;
 	ep_fprobe = h->max_probe;
 	ep_fsegs_max = ep_log2(nf / nf0) + 1;
 	ep.nlocal = nl;
 	ep.lmask = nl ? nl - 1 : 0;
+	ep.lmask_x2 = ep.lmask << 1;
 	ep.stack_depth = sd;
 	ep.stack_off = (uint32_t)stack_off;
 	ep.thread_size = (uint32_t)tsize;

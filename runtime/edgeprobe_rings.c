@@ -39,15 +39,60 @@ EP_INLINE uint32_t ep_ring_size(struct ep_thread *th) {
 	return size;
 }
 
-/* An event of this thread (EDGEPROBE_TRACE); dropped and counted when the
- * ring is full. */
-EP_SHARED void ep_trace(struct ep_thread *th, uint32_t kind, uint64_t key) { ep_trace_ts(th, kind, key, ep_mono_ns()); }
+/* An event of this thread (EDGEPROBE_TRACE): kind, and the gen of the
+ * control|gen word that decided it, in kg (EP_KG); dropped and counted when
+ * the ring is full. */
+EP_SHARED void ep_trace(struct ep_thread *th, uint64_t kg, uint64_t key) {
+	ep_trace_ts(th, (uint32_t)kg, key, ep_mono_ns(), (uint32_t)(kg >> 32));
+}
+
+/* An event whose gen differs from the slot's last stamp: the stamp record
+ * first (D79), published with the event by one head update. A ring with
+ * room for the stamp only gets the stamp, and the event is counted
+ * dropped: the stamp must never be skipped, or the reader would take the
+ * event for one of the stamp before. Out of line: once per thread per
+ * capture. */
+EP_COLD void ep_trace_stamped(struct ep_thread *th, uint32_t kind, uint64_t key, uint64_t mono, uint32_t gen) {
+	uint32_t size = ep_ring_size(th);
+	uint64_t h = th->ring_head;
+	if (h - th->ring_tail_cache + 1 >= size) {
+		th->ring_tail_cache = __atomic_load_n(&th->ring_tail, __ATOMIC_ACQUIRE);
+		if (h - th->ring_tail_cache >= size) {
+			OWN_ADD(&th->ring_dropped, 1);
+			return;
+		}
+	}
+	struct ep_event *ring = ep_ring(th);
+	struct ep_event *s = ring + (h & (size - 1));
+	STORE(&s->tsk, ((uint64_t)EP_EV_DATA << EP_EV_KIND_SHIFT) | ((uint64_t)EP_DATA_GEN << EP_DATA_SUB_SHIFT) | gen);
+	STORE(&s->fn, 0);
+	h++;
+	th->ev_gen = gen;
+	if (h - th->ring_tail_cache >= size) {
+		__atomic_store_n(&th->ring_head, h, __ATOMIC_RELEASE);
+		OWN_ADD(&th->ring_dropped, 1);
+		return;
+	}
+	struct ep_event *e = ring + (h & (size - 1));
+	STORE(&e->tsk, ((uint64_t)kind << EP_EV_KIND_SHIFT) | (mono & EP_EV_TS_MASK));
+	STORE(&e->fn, key);
+	__atomic_store_n(&th->ring_head, h + 1, __ATOMIC_RELEASE);
+}
 
 /* The same with its CLOCK_MONOTONIC time given (events written after the
- * fact: a minimum-duration filter's held-back enters, D32). */
-EP_SHARED void ep_trace_ts(struct ep_thread *th, uint32_t kind, uint64_t key, uint64_t mono) {
+ * fact: a minimum-duration filter's held-back enters, D32). An event whose
+ * gen differs from the slot's last stamp gets a stamp record first
+ * (ep_trace_stamped). A slot's ev_gen starts at 0, which no capture's
+ * generation is (shm.Region.StartTrace skips it): events of gen 0
+ * (EDGEPROBE_TRACE=1 before any capture) go unstamped, and a capture takes
+ * an unstamped event for one from before it, which it is. */
+EP_SHARED void ep_trace_ts(struct ep_thread *th, uint32_t kind, uint64_t key, uint64_t mono, uint32_t gen) {
 	if (!ep.ring_events)
 		return;
+	if (unlikely(th->ev_gen != gen)) {
+		ep_trace_stamped(th, kind, key, mono, gen);
+		return;
+	}
 	uint32_t size = ep_ring_size(th);
 	uint64_t h = th->ring_head;
 	if (h - th->ring_tail_cache >= size) {

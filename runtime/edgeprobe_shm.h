@@ -49,7 +49,7 @@
 #include <stdint.h>
 
 #define EP_MAGIC 0x3142525045474445ull /* "EDGEPRB1" as little-endian bytes */
-#define EP_VERSION 6u /* 2: fentry_mode and the fentry_* counters (padding, zero, in version 1);
+#define EP_VERSION 7u /* 2: fentry_mode and the fentry_* counters (padding, zero, in version 1);
                         * 3: ep_func.gen in place of the 64th histogram bucket, ep_frame.gen;
                         * 4: ep_frame.sp (exits match entries by stack position), ep_func.deep_*
                         *    in place of histogram buckets 61 and 62, ep_thread loss counters;
@@ -67,7 +67,9 @@
                         *    filter_lim_cg, filter_lim (D58): a thread's
                         *    verdict on the trace filters, valid only because every reader that
                         *    sets filters starts a new generation (a version-5 reader does not,
-                        *    so it must not drive this runtime) */
+                        *    so it must not drive this runtime);
+                        * 7: EP_DATA_GEN stamp records in the rings and ep_thread.ev_gen (padding
+                        *    before, D79): each event says which control|gen word decided it */
 #define EP_HEADER_SIZE 4096u
 /* The function table's hash (see the layout above). */
 #define EP_HASH_MUL 0x9E3779B97F4A7C15ull
@@ -140,6 +142,15 @@
  * Words past the last are zero up to the end of the last cell. */
 #define EP_DATA_ARGS 1u
 #define EP_DATA_RET 2u
+/* A stamp (version 7, D79): the events after it in this ring, up to the next
+ * stamp, were decided under a control|gen word whose gen is the stamp's spec
+ * (its low 32 bits); fn is 0, slots 0. A hook writes one before an event
+ * whose word's gen differs from the slot's last stamp (ep_thread.ev_gen),
+ * published with the event in one head update. A capture keeps only events
+ * stamped with a generation at least the one it started its events in, so
+ * an event a hook decided under an earlier capture's word (a thread
+ * preempted inside the hook across the switch) is dropped, and counted. */
+#define EP_DATA_GEN 3u
 #define EP_DATA_SUB_SHIFT 60
 #define EP_DATA_SLOTS_SHIFT 52
 #define EP_DATA_SPEC_MASK ((1ull << 52) - 1)
@@ -325,7 +336,9 @@ struct ep_thread {
 	uint64_t hook_ticks;      /* 136: TSC ticks inside the sampled hooks */
 	uint64_t hook_samples;    /* 144: hooks sampled */
 	uint32_t sample_left;     /* 152: the owner's own: hooks until the next sampled one */
-	uint32_t _pad3;           /* 156 */
+	/* 156: the gen of the last stamp record (EP_DATA_GEN) in this slot's ring
+	 * (the owner's own, version 7; 0: none yet, and no capture's gen is 0) */
+	uint32_t ev_gen;
 	/* 160: the owner's own verdict on the trace filters (D58), made by the
 	 * cyg hooks once per control|gen word (edgeprobe_cyg.S): under the word
 	 * filter_out_cg the thread list leaves this thread out; under the word

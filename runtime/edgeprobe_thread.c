@@ -375,11 +375,18 @@ EP_SHARED_COLD void ep_exit_slow(struct ep_thread *th, uint64_t key, uint64_t sp
  * instruction, sequentially consistent), so a slot of the first epoch sees
  * qtrace_lo, stored before that epoch began. With EP_Q_TRACE th->quota_busy
  * stays 1 until the caller has written the event (ep_quota_done): the
- * capture's end waits for it (docs/runtime.md, "Rate limits"). */
-EP_INLINE int ep_quota_enter(struct ep_thread *th, struct ep_func *f) {
+ * capture's end waits for it (docs/runtime.md, "Rate limits").
+ * *cg: the control|gen word the event is decided and stamped under (D79),
+ * read after the CAS and before the range: a slot of a trace's first epoch
+ * was taken after that trace started its generation (stored before the
+ * epoch began), so its word is the trace's; and a word of the trace's
+ * generation is read before a range stored before it, so a slot of an
+ * earlier trace's epoch read with it finds the new range and no event. */
+EP_INLINE int ep_quota_enter(struct ep_thread *th, struct ep_func *f, uint64_t *cg) {
 	uint32_t e;
 	if (!ep_quota_take(f, &e, &th->quota_busy))
 		return EP_Q_SKIP;
+	*cg = __atomic_load_n((const uint64_t *)(const void *)&ep.hdr->control, __ATOMIC_ACQUIRE);
 	uint64_t qt = __atomic_load_n((const uint64_t *)(const void *)&ep.hdr->qtrace_lo, __ATOMIC_SEQ_CST);
 	uint32_t lo = (uint32_t)qt, hi = (uint32_t)(qt >> 32);
 	int r = EP_Q_CTL;
@@ -393,13 +400,16 @@ _Static_assert(offsetof(struct ep_header, qtrace_hi) == offsetof(struct ep_heade
                    offsetof(struct ep_header, qtrace_lo) % 8 == 0,
                "ep_quota_enter reads the trace's epoch range as one word");
 
-/* The enter event of a call ep_quota_enter counted (q), if it gets one. */
-EP_STATIC void ep_quota_event(struct ep_thread *th, uint32_t ctl, int q, uint64_t key, uint32_t depth) {
+/* The enter event of a call ep_quota_enter counted (q) under the word cg,
+ * if it gets one: by the epoch (EP_Q_TRACE), or by cg's own EP_CTL_TRACE
+ * outside a --rate trace (EP_Q_CTL), not by the control word the hook read
+ * when it began. */
+EP_STATIC void ep_quota_event(struct ep_thread *th, uint64_t cg, int q, uint64_t key, uint32_t depth) {
 	if (q == EP_Q_TRACE) {
-		ep_trace_at(th, ctl | EP_CTL_TRACE, EP_EV_ENTER, key, depth);
+		ep_trace_cg(th, cg, EP_EV_ENTER, key, depth);
 		__atomic_store_n(&th->quota_busy, 0, __ATOMIC_RELEASE); /* after the event's head */
-	} else if (q == EP_Q_CTL && (ctl & EP_CTL_TRACE)) {
-		ep_trace_at(th, ctl, EP_EV_ENTER, key, depth);
+	} else if (q == EP_Q_CTL && ((uint32_t)cg & EP_CTL_TRACE)) {
+		ep_trace_cg(th, cg, EP_EV_ENTER, key, depth);
 	}
 }
 
@@ -414,7 +424,8 @@ EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, ui
 		return 0;
 	}
 	int q = EP_Q_CTL;
-	if (unlikely(ctl & EP_CTL_QUOTA) && (q = ep_quota_enter(th, &ep.funcs[g])) == EP_Q_SKIP) {
+	uint64_t qcg = 0;
+	if (unlikely(ctl & EP_CTL_QUOTA) && (q = ep_quota_enter(th, &ep.funcs[g], &qcg)) == EP_Q_SKIP) {
 		/* over its quota: record nothing; a cyg call gets a skip frame so
 		 * that its exit records nothing either (beyond the shadow stack
 		 * there is no frame to mark: such a call is recorded, D31) */
@@ -466,8 +477,8 @@ EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, ui
 	}
 	SIGFENCE();
 	STORE(&th->depth, d + 1);
-	if (unlikely(q != EP_Q_CTL))
-		ep_quota_event(th, ctl, q, key, d);
+	if (unlikely(ctl & EP_CTL_QUOTA))
+		ep_quota_event(th, qcg, q, key, d);
 	else if (unlikely(ctl & EP_CTL_TRACE))
 		ep_trace_at(th, ctl, EP_EV_ENTER, key, d);
 	return 1;
@@ -483,7 +494,8 @@ EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, 
 		return;
 	}
 	int q = EP_Q_CTL;
-	if (unlikely(ctl & EP_CTL_QUOTA) && (q = ep_quota_enter(th, &ep.funcs[g])) == EP_Q_SKIP) {
+	uint64_t qcg = 0;
+	if (unlikely(ctl & EP_CTL_QUOTA) && (q = ep_quota_enter(th, &ep.funcs[g], &qcg)) == EP_Q_SKIP) {
 		OWN_ADD(&th->quota_skips, 1);
 		return;
 	}
@@ -493,7 +505,10 @@ EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, 
 		ADD(&ep.funcs[g].entries, 1);
 	if (deep)
 		ADD(&ep.funcs[g].deep_entries, 1);
-	ep_quota_event(th, ctl, q, key, th->depth);
+	if (unlikely(ctl & EP_CTL_QUOTA))
+		ep_quota_event(th, qcg, q, key, th->depth);
+	else if (ctl & EP_CTL_TRACE)
+		ep_trace_at(th, ctl, EP_EV_ENTER, key, th->depth);
 }
 
 /* ---- trace filters (D32) ---- */
@@ -549,7 +564,7 @@ EP_STATIC uint64_t ep_ticks_mono(uint64_t t) {
  * (beyond the shadow stack, entries without an exit probe, untimed, orphan
  * exits) are left out. Frames leave the stack with their flags cleared, so a
  * frame at or above the depth never holds a stale mark. */
-EP_SHARED_COLD int ep_trace_held(struct ep_thread *th, uint32_t kind, uint64_t key, uint32_t depth) {
+EP_SHARED_COLD int ep_trace_held(struct ep_thread *th, uint32_t kind, uint64_t key, uint32_t depth, uint32_t gen) {
 	if (depth >= ep.stack_depth || (kind != EP_EV_ENTER && kind != EP_EV_EXIT))
 		return 0;
 	struct ep_frame *frs = ep_frames(th), *fr = frs + depth;
@@ -566,7 +581,7 @@ EP_SHARED_COLD int ep_trace_held(struct ep_thread *th, uint32_t kind, uint64_t k
 		return 0;
 	uint64_t now = ep_ticks();
 	if (f & EP_FR_EMITTED) {
-		ep_trace_ts(th, EP_EV_EXIT, key, ep_ticks_mono(now));
+		ep_trace_ts(th, EP_EV_EXIT, key, ep_ticks_mono(now), gen);
 		return 1;
 	}
 	if (now <= fr->ts || ep_to_ns(now - fr->ts) < LOAD(&ep.hdr->filter_min_ns))
@@ -586,11 +601,11 @@ EP_SHARED_COLD int ep_trace_held(struct ep_thread *th, uint32_t kind, uint64_t k
 	for (uint32_t i = j; i < depth; i++) {
 		if (frs[i].flags != (ep_ | EP_FR_PENDING))
 			continue; /* a skipped frame between pending ones */
-		ep_trace_ts(th, EP_EV_ENTER, frs[i].fn, ep_ticks_mono(frs[i].ts));
+		ep_trace_ts(th, EP_EV_ENTER, frs[i].fn, ep_ticks_mono(frs[i].ts), gen);
 		frs[i].flags = ep_ | EP_FR_EMITTED;
 	}
-	ep_trace_ts(th, EP_EV_ENTER, key, ep_ticks_mono(fr->ts));
-	ep_trace_ts(th, EP_EV_EXIT, key, ep_ticks_mono(now));
+	ep_trace_ts(th, EP_EV_ENTER, key, ep_ticks_mono(fr->ts), gen);
+	ep_trace_ts(th, EP_EV_EXIT, key, ep_ticks_mono(now), gen);
 	return 1;
 }
 

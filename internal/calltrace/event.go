@@ -15,6 +15,10 @@ const (
 	// Lost: the runtime could not record Count events of the thread here
 	// (a full ring). Calls that span the gap may be cut short or unpaired.
 	Lost
+	// Unloaded: the process unloaded the object Func.Object (dlclose) here:
+	// the probes in it went with it, and so do the calls of its functions.
+	// The event is the process's (Thread is its id), on no thread's stack.
+	Unloaded
 )
 
 func (k Kind) String() string {
@@ -27,6 +31,8 @@ func (k Kind) String() string {
 		return "instant"
 	case Lost:
 		return "lost"
+	case Unloaded:
+		return "unloaded"
 	}
 	return "kind?"
 }

@@ -37,6 +37,9 @@ func NewMatcher(sink Sink) *Matcher {
 
 // Add takes one raw event, in its thread's order.
 func (m *Matcher) Add(e *Event) error {
+	if e.Kind == Unloaded {
+		return m.sink.Event(e) // the process's: no thread's calls change
+	}
 	th := m.threads[e.Thread]
 	if th == nil {
 		th = &thread{}

@@ -36,6 +36,16 @@ type TraceResult struct {
 	// that recorded calls under its rate limit: the quota is process-wide
 	// (D57), so those were held to the rate too.
 	QuotaHeld []string
+	// Stale is how many events were left out because their hook decided
+	// them under a control word from before the capture started (D79): a
+	// thread preempted inside a hook while the previous capture ended and
+	// this one started, writing late an event of the previous capture's
+	// filters.
+	Stale uint64
+	// Unloaded names the objects the process unloaded during the capture
+	// (D80), each when the capture saw it: calls of their functions end
+	// there. The trace holds an Unloaded event for each too.
+	Unloaded []UnloadedObject
 	// ArgFuncs is how many functions' arguments or return values were
 	// recorded; Notes say what --args/--retval matched but could not record.
 	ArgFuncs int
@@ -46,6 +56,14 @@ type TraceResult struct {
 	// Threads: per thread, the events kept and those its full ring
 	// dropped, busiest first.
 	Threads []ThreadDrops
+}
+
+// UnloadedObject is an object the process unloaded during a capture.
+type UnloadedObject struct {
+	Object string `json:"object"`
+	// AfterNs: how long into the capture it was seen gone (the capture
+	// looks every 50 ms).
+	AfterNs int64 `json:"after_ns"`
 }
 
 // ThreadDrops is one thread's share of a capture.
@@ -226,6 +244,9 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		ev := calltrace.Event{Kind: calltrace.Lost, Thread: tids[slot], TimeNs: ts, Count: delta}
 		sinkErr = m.Add(&ev)
 	}
+	// The capture's generation (D79): the events it keeps are those its
+	// hooks decided under a control|gen word of it or a later one.
+	stamps, gen0 := s.region.Stamps(), uint32(0)
 	drain := func(keep bool) {
 		for _, th := range s.region.Threads() {
 			if _, ok := tids[th.Index]; !ok {
@@ -241,6 +262,14 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 					return
 				}
 				if !keep || res.Limited || sinkErr != nil {
+					return
+				}
+				if stamps && (!e.Stamped || int32(e.Gen-gen0) < 0) {
+					// decided under a word from before the capture (its
+					// records, stamped alike, go with it)
+					if e.Kind == shm.EvEnter || e.Kind == shm.EvExit {
+						res.Stale++
+					}
 					return
 				}
 				if e.Kind == shm.EvData {
@@ -298,16 +327,32 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		// each call's event by the epoch its quota slot was counted in
 		// (D55): every call the quota records from now on is in the trace,
 		// none from before.
-		if _, err := s.region.StartQuotaTrace(ctl); err != nil {
+		if _, gen0, err = s.region.StartQuotaTrace(ctl); err != nil {
 			return nil, err
 		}
 		defer s.region.ClearQuotaTrace() // after the last drain
 		res.RateEpochs = 1
-	} else if err := s.region.SetControl(ctl, 0); err != nil {
+	} else if gen0, err = s.region.StartTrace(ctl); err != nil {
 		return nil, err
 	}
 	start := time.Now()
 	epochStart := start
+	// unloaded looks for objects the process unloaded (D80): each is said
+	// once, in the result, the notes and the trace (an Unloaded event).
+	gone := map[string]bool{}
+	unloaded := func() {
+		for _, path := range s.hp.Unmapped() {
+			if gone[path] || res.Limited || sinkErr != nil {
+				continue
+			}
+			gone[path] = true
+			after := time.Since(start)
+			res.Unloaded = append(res.Unloaded, UnloadedObject{Object: path, AfterNs: after.Nanoseconds()})
+			res.Notes = append(res.Notes, fmt.Sprintf("the process unloaded %s %s into the trace: the probes in it went with it", path, after.Round(time.Millisecond)))
+			ev := calltrace.Event{Kind: calltrace.Unloaded, Thread: int32(o.PID), TimeNs: monoNow(), Func: &calltrace.Function{Object: path}}
+			sinkErr = m.Add(&ev)
+		}
+	}
 	limitCtx, stopEarly := context.WithCancel(ctx)
 	defer stopEarly()
 	watchSeccomp := copiesStrings(plans)
@@ -318,6 +363,8 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		// mapping), instead of waiting out --duration.
 		if time.Since(lastLook) >= 50*time.Millisecond {
 			lastLook = time.Now()
+			drain(true) // the calls before an unload come before it in the trace
+			unloaded()
 			if how := s.endedAs(); how != "" {
 				drain(true)
 				res.Notes = append(res.Notes, fmt.Sprintf("the process %s %s into the trace; the trace ends there", how, elapsed.Round(time.Millisecond)))
@@ -373,8 +420,14 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 	offErr := s.region.SetControl(0, ctl)
 	res.Dropped = s.region.Counters().RingDropped - dropped0
 	drain(true) // what the rings hold is kept unless the limit was reached
+	if !s.region.Exited() && !s.gone() {
+		unloaded() // since the last look
+	}
 	for slot := range pend {
 		flush(slot, false)
+	}
+	if res.Stale > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("%d events left out: their hooks decided them before this capture started (a thread inside a hook while the previous capture ended)", res.Stale))
 	}
 	for _, th := range s.region.Threads() {
 		if d := th.RingDropped - slotDropped0[th.Index]; d > 0 {

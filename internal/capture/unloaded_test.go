@@ -72,3 +72,58 @@ func TestProfilePluginUnloaded(t *testing.T) {
 		t.Fatalf("reload: %q", o)
 	}
 }
+
+// TestTraceObjectUnloaded: a trace whose program unloads the plugin it has
+// probes in (reload.c, V2 "-": dlclose only) says so (D80): one line on
+// stderr naming the object, `unloaded_objects` in --json, and in the
+// Perfetto trace an "edgeprobe: object unloaded" instant on the process's
+// track, which `hotpatch replay` prints as a line naming it. The trace goes
+// on (other objects' calls are still traced) and ends as asked, exit 0.
+// Before, it said nothing of it (its end only skipped the unloaded object
+// when putting probes back).
+func TestTraceObjectUnloaded(t *testing.T) {
+	testutil.RequirePtrace(t)
+	rt := testutil.Runtime(t, "gcc")
+	v1 := testutil.Build(t, testutil.Spec{Sources: []string{"plugin.c"}, Shared: true, Name: "plug1.so"})
+	r := testutil.Run(t, "coldpatch", v1.Path)
+	if r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	list := filepath.Join(t.TempDir(), "plug1.json")
+	if err := os.WriteFile(list, []byte(r.Stdout), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	prog := testutil.Build(t, testutil.Spec{Sources: []string{"reload.c"}, NoInstr: true, LDFlags: []string{"-ldl"}})
+	goFile := filepath.Join(t.TempDir(), "go")
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + rt}, prog.Path, v1.Path, "-", goFile)
+	region, err := shm.OpenPID(p.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer region.Close()
+	out := filepath.Join(t.TempDir(), "t.pftrace")
+	c := runCapture(t, "trace", "--pid", fmt.Sprint(p.Pid), "--probes", list, "--enable", "plug_work", "--duration", "10m", "-o", out, "--json")
+	waitFor(t, "the trace to start", func() bool { return region.Control()&shm.CtlTrace != 0 })
+	touch(t, goFile)
+	if line := p.Line(); !strings.HasPrefix(line, "unloaded ") {
+		t.Fatalf("want the unloaded line, got %q", line)
+	}
+	var sum struct {
+		Calls    uint64           `json:"calls"`
+		Unloaded []UnloadedObject `json:"unloaded_objects"`
+	}
+	c.interruptInto(t, &sum)
+	if len(sum.Unloaded) != 1 || sum.Unloaded[0].Object != v1.Path || sum.Calls == 0 {
+		t.Errorf("summary %q: want plug_work's calls and unloaded_objects naming %s", c.out.String(), v1.Path)
+	}
+	if want := "hotpatch: trace: the process unloaded " + v1.Path; !strings.Contains(c.err.String(), want) {
+		t.Errorf("stderr %q: want %q", c.err.String(), want)
+	}
+	replay := run(t, "replay", out).Stdout
+	if want := "/* the process unloaded " + v1.Path + " here"; !strings.Contains(replay, want) || !strings.Contains(replay, "plug_work") {
+		t.Errorf("replay: want plug_work's calls and %q:\n%.2000s", want, replay)
+	}
+	if o, _ := p.Finish(); !strings.HasPrefix(o, "done ") {
+		t.Fatalf("reload: %q", o)
+	}
+}

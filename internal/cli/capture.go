@@ -349,7 +349,8 @@ per second (the calls over it are neither traced nor counted while the trace run
 			summary := map[string]any{"output": name, "format": format, "calls": res.Calls, "events": res.Events,
 				"dropped_events": res.Dropped, "unpaired_exits": res.Unpaired, "unwound_calls": res.Unwound, "open_calls": res.Open,
 				"duration_ns": res.Duration.Nanoseconds(), "stopped_at_max_calls": res.Limited, "arg_functions": res.ArgFuncs,
-				"ring_events": res.RingEvents, "ring_capacity": res.RingCapacity, "threads": res.Threads, "rate_epochs": res.RateEpochs, "rate_in_flight": res.RateInFlight, "quota_held": res.QuotaHeld}
+				"ring_events": res.RingEvents, "ring_capacity": res.RingCapacity, "threads": res.Threads, "rate_epochs": res.RateEpochs, "rate_in_flight": res.RateInFlight, "quota_held": res.QuotaHeld,
+				"stale_events": res.Stale, "unloaded_objects": res.Unloaded}
 			if n := res.SuggestRing(); n != 0 {
 				summary["suggested_ring_events"] = n
 			}

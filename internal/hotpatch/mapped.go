@@ -126,3 +126,21 @@ type unmappedError struct{ msg string }
 func (e *unmappedError) Error() string { return e.msg }
 
 func (e *unmappedError) Is(target error) bool { return target == ErrStale || target == ErrUnmapped }
+
+// Unmapped returns the paths of the session's targets that are no longer
+// mapped where the session found them (unloaded, or another file mapped
+// there since: stillMapped), checked now: a capture says so in its output
+// (an object unloaded during a trace, D80). Nil when the session has no
+// maps file (the process was going when it opened).
+func (s *Session) Unmapped() []string {
+	if s.maps == nil {
+		return nil
+	}
+	var out []string
+	for _, t := range s.targets {
+		if err := s.stillMapped(t); err != nil && errors.Is(err, ErrUnmapped) {
+			out = append(out, t.Object.Path)
+		}
+	}
+	return out
+}

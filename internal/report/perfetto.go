@@ -41,6 +41,11 @@ func threadUUID(pid int32, tid int32) uint64 {
 
 // Event implements calltrace.Sink.
 func (s *PerfettoSink) Event(e *calltrace.Event) error {
+	if e.Kind == calltrace.Unloaded {
+		// the process's: an instant on its own track, the object named
+		s.args = append(s.args[:0], perfetto.Arg{Name: "object", Kind: perfetto.ArgString, Str: e.Func.Object})
+		return s.w.Instant(e.TimeNs, s.proc, unloadedName, s.args)
+	}
 	track := threadUUID(s.pid, e.Thread)
 	if !s.threads[e.Thread] {
 		s.threads[e.Thread] = true
@@ -82,6 +87,10 @@ func (s *PerfettoSink) Event(e *calltrace.Event) error {
 
 // lostName names the instant that marks events a ring could not hold.
 const lostName = "edgeprobe: events lost"
+
+// unloadedName names the instant that marks an object the process unloaded
+// during the capture (calltrace.Unloaded; its annotation "object" names it).
+const unloadedName = "edgeprobe: object unloaded"
 
 // Close implements calltrace.Sink.
 func (s *PerfettoSink) Close() error { return s.w.Flush() }
@@ -174,7 +183,8 @@ var unreadableArg = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCom
 
 // ReplayPerfetto reads a Perfetto trace (one this package wrote, or any of
 // thread-track slices) and passes its calls to sink, in the file's order.
-// Slices on tracks that are not threads are skipped.
+// Slices on tracks that are not threads are skipped; an "object unloaded"
+// instant on the process's track is passed on as calltrace.Unloaded.
 func ReplayPerfetto(r io.Reader, sink calltrace.Sink) error {
 	pr := perfetto.NewReader(r)
 	funcs := map[string]*calltrace.Function{}
@@ -194,6 +204,19 @@ func ReplayPerfetto(r io.Reader, sink calltrace.Sink) error {
 		}
 		if err != nil {
 			return err
+		}
+		if e.Track != nil && e.Track.Tid == 0 && e.Type == perfetto.InstantEv && e.Name == unloadedName {
+			// the process's own: an object it unloaded (PerfettoSink)
+			f := &calltrace.Function{}
+			for _, a := range e.Args {
+				if a.Name == "object" {
+					f.Object = a.Str
+				}
+			}
+			if err := sink.Event(&calltrace.Event{Kind: calltrace.Unloaded, Thread: e.Track.Pid, TimeNs: e.TimeNs, Func: f}); err != nil {
+				return err
+			}
+			continue
 		}
 		if e.Track == nil || e.Track.Tid == 0 {
 			continue

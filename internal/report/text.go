@@ -86,8 +86,17 @@ func (s *TextSink) Event(e *calltrace.Event) error {
 	case calltrace.Lost:
 		s.flushPending(e.Thread, th)
 		s.line("", e.Thread, len(th.stack), fmt.Sprintf("/* %d events lost here: the ring was full */", e.Count))
+	case calltrace.Unloaded:
+		s.flushPending(e.Thread, th)
+		s.line("", e.Thread, 0, "/* "+UnloadedText(e.Func.Object)+" */")
 	}
 	return s.werr
+}
+
+// UnloadedText says that the process unloaded object (calltrace.Unloaded),
+// names escaped for a terminal.
+func UnloadedText(object string) string {
+	return "the process unloaded " + calltrace.Printable(object) + " here: its probes went with it"
 }
 
 func exitNote(e *calltrace.Event) string {

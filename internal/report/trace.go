@@ -88,6 +88,9 @@ func (t *Tracer) Event(e *calltrace.Event) error {
 	case calltrace.Instant:
 		th.events = append(th.events, traceEvent{Name: e.Func.Name, Cat: base(e.Func.Object), Ph: "i", S: "t", Ts: float64(e.TimeNs),
 			Pid: t.pid, Tid: e.Thread, Args: argMap(e.Args, nil)})
+	case calltrace.Unloaded:
+		th.events = append(th.events, traceEvent{Name: unloadedName, Ph: "i", S: "p", Ts: float64(e.TimeNs), Pid: t.pid, Tid: e.Thread,
+			Args: map[string]string{"object": e.Func.Object}})
 	case calltrace.Lost:
 		th.events = append(th.events, traceEvent{Name: lostName, Ph: "i", S: "t", Ts: float64(e.TimeNs), Pid: t.pid, Tid: e.Thread,
 			Args: map[string]string{"events": fmt.Sprint(e.Count)}})

@@ -205,3 +205,83 @@ func TestReplayHostileNames(t *testing.T) {
 		t.Fatalf("the replay does not show the escaped name %s three times:\n%s", want, txt.String())
 	}
 }
+
+// TestUnloadedInEveryFormat: an object the process unloaded during a
+// capture (calltrace.Unloaded, D80) is in every format: an "object
+// unloaded" instant of the process in Chrome JSON (its "object" argument)
+// and in Perfetto (replayed as the same line), a line in the text view.
+// The Matcher passes it on without touching any thread's calls: the call
+// still open at the end ends at its own thread's last event, not at the
+// unload's time.
+func TestUnloadedInEveryFormat(t *testing.T) {
+	const obj = "/opt/plug.so"
+	a := &calltrace.Function{Addr: 1, Name: "a", Object: "/bin/app"}
+	evs := []calltrace.Event{
+		{Kind: calltrace.Entry, Thread: 7, TimeNs: 100, Func: a},
+		{Kind: calltrace.Entry, Thread: 7, TimeNs: 120, Func: a},
+		{Kind: calltrace.Exit, Thread: 7, TimeNs: 140, Func: a},
+		{Kind: calltrace.Unloaded, Thread: 7, TimeNs: 900, Func: &calltrace.Function{Object: obj}},
+	}
+	play := func(sink calltrace.Sink) *calltrace.Matcher {
+		m := calltrace.NewMatcher(sink)
+		for i := range evs {
+			e := evs[i]
+			if err := m.Add(&e); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := m.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	line := "/* the process unloaded " + obj + " here: its probes went with it */"
+
+	tr := NewTracer(7)
+	if m := play(tr); m.Open != 1 || m.Calls != 2 {
+		t.Fatalf("matcher: open %d calls %d; want 1 and 2", m.Open, m.Calls)
+	}
+	var js bytes.Buffer
+	if err := tr.Write(&js); err != nil {
+		t.Fatal(err)
+	}
+	var doc struct{ TraceEvents []traceEvent }
+	if err := json.Unmarshal(js.Bytes(), &doc); err != nil {
+		t.Fatal(err)
+	}
+	found := 0
+	for _, e := range doc.TraceEvents {
+		switch {
+		case e.Name == unloadedName:
+			if e.Ph != "i" || e.S != "p" || e.Args["object"] != obj || e.Pid != 7 {
+				t.Errorf("chrome-json unloaded event %+v", e)
+			}
+			found++
+		case e.Ph == "X" && e.Name == "a" && e.Dur != nil && *e.Dur > 0.0401:
+			t.Errorf("the open call ends %.3f µs after it began: at the unload, not at its thread's last event", *e.Dur)
+		}
+	}
+	if found != 1 {
+		t.Errorf("chrome-json: %d unloaded events; want 1:\n%s", found, js.String())
+	}
+
+	var txt bytes.Buffer
+	play(NewTextSink(&txt))
+	if !strings.Contains(txt.String(), line) {
+		t.Errorf("text view:\n%s\nwant the line %q", txt.String(), line)
+	}
+
+	var pf bytes.Buffer
+	ps, err := NewPerfettoSink(&pf, 7, "app", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	play(ps)
+	var rep bytes.Buffer
+	if err := ReplayPerfetto(&pf, NewTextSink(&rep)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(rep.String(), line) || !strings.Contains(rep.String(), "a() {") {
+		t.Errorf("replayed Perfetto trace:\n%s\nwant a's calls and the line %q", rep.String(), line)
+	}
+}

@@ -7,14 +7,16 @@ package shm
 const Magic uint64 = 0x3142525045474445
 
 // Version is the layout version this package reads.
-const Version uint32 = 6
+const Version uint32 = 7
 
 // MinVersion is the oldest layout version this package still reads. Version
 // 5 made the function table a chain of segments with its keys in an array of
 // their own, after the rings, so older regions are not read. Version 6 only
 // named padding of the thread slot (D58: the verdict a thread keeps on the
 // trace filters, which this package's SetFilter renews and a reader of
-// version 5 would not), so a version-5 region reads the same.
+// version 5 would not), so a version-5 region reads the same. Version 7
+// stamps each ring's events with the generation they were decided under
+// (DataGen records, D79); older regions' events carry none (Stamped).
 const MinVersion uint32 = 5
 
 // The function table's hash (runtime/edgeprobe_shm.h: EP_HASH_MUL,
@@ -87,6 +89,10 @@ const (
 const (
 	DataArgs = 1 // after an EvEnter: argument registers, stack bytes, strings
 	DataRet  = 2 // after an EvExit: return registers, string
+	// DataGen (version 7, D79): the events after it in the ring, up to the
+	// next one, were decided under a control|gen word of this generation
+	// (Spec's low 32 bits). Consume keeps it to itself (Event.Gen).
+	DataGen = 3
 
 	dataSubShift   = 60
 	dataSlotsShift = 52
@@ -266,7 +272,7 @@ type threadSlot struct {
 	HookTicks      uint64
 	HookSamples    uint64
 	SampleLeft     uint32
-	_              uint32
+	EvGen          uint32 // version 7: the gen of the ring's last DataGen stamp (the owner's, D79)
 	FilterOutCg    uint64 // the owner's own verdict on the trace filters (D58): out under this control|gen word
 	FilterLimCg    uint64 // under this word, calls at depth FilterLim or deeper are out
 	FilterLim      uint32

@@ -42,7 +42,7 @@ func TestLayoutMatchesC(t *testing.T) {
 		"EP_FENTRY_USED": uint64(FentryUsed), "EP_FENTRY_EXITS": uint64(FentryExits),
 		"EP_FENTRY_EXITS_OFF": uint64(FentryExitsOff), "EP_FENTRY_SHSTK": uint64(FentrySHSTK),
 		"EP_EV_KIND_SHIFT": evKindShift, "EP_EV_TS_MASK": evTSMask,
-		"EP_EV_DATA": EvData, "EP_CTL_ARGS": uint64(CtlArgs), "EP_DATA_ARGS": DataArgs, "EP_DATA_RET": DataRet,
+		"EP_EV_DATA": EvData, "EP_CTL_ARGS": uint64(CtlArgs), "EP_DATA_ARGS": DataArgs, "EP_DATA_RET": DataRet, "EP_DATA_GEN": DataGen,
 		"EP_DATA_SUB_SHIFT": dataSubShift, "EP_DATA_SLOTS_SHIFT": dataSlotsShift, "EP_DATA_SPEC_MASK": dataSpecMask,
 		"EP_STR_MAX": StrMax, "EP_STACK_MAX": StackMax, "EP_STR_COMPLETE": StrComplete, "EP_STR_FAULT": StrFault,
 		"EP_ARGPLANS": ArgPlans, "EP_PLAN_ENTRY": PlanEntry, "EP_PLAN_EXIT": PlanExit, "EP_PLAN_RSTR": PlanRStr,

@@ -27,21 +27,25 @@ func (r *Region) qtrace() *uint64 { return (*uint64)(unsafe.Pointer(&r.mem[hdrQT
 // StartQuotaTrace turns on the control bits ctl (CtlTrace and what goes with
 // it) for a --rate trace and starts its first quota epoch, in the order the
 // hooks need (see above). Set the quota (SetQuota, CtlQuota) before. It
-// returns the first epoch.
-func (r *Region) StartQuotaTrace(ctl uint32) (uint32, error) {
+// returns the first epoch and, as StartTrace does, the trace's generation
+// (D79): started after the epoch range is stored and before the first
+// epoch begins, so a slot of the first epoch is always stamped with it or
+// a later one (the hook reads its word after the slot's CAS), and a word
+// of it read before the range (ep_quota_enter) finds the trace's range.
+func (r *Region) StartQuotaTrace(ctl uint32) (first, gen uint32, err error) {
 	if !r.writable {
-		return 0, r.readOnly()
+		return 0, 0, r.readOnly()
 	}
-	first := r.QuotaEpoch() + 1
+	first = r.QuotaEpoch() + 1
 	if first == 0 {
 		first = 1 // QtraceLo 0 means no such trace
 	}
 	atomic.StoreUint64(r.qtrace(), uint64(first))
-	if err := r.SetControl(ctl, 0); err != nil {
-		return 0, err
+	if gen, err = r.StartTrace(ctl); err != nil {
+		return 0, 0, err
 	}
 	atomic.StoreUint32((*uint32)(unsafe.Pointer(&r.mem[hdrQuotaE])), first)
-	return first, nil
+	return first, gen, nil
 }
 
 // EndQuotaTrace ends a --rate trace's last epoch: it seals every function's

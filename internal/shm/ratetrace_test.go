@@ -84,7 +84,8 @@ func TestRateTraceExact(t *testing.T) {
 				if _, err := r.NextQuotaEpoch(); err != nil { // the epoch before: filling now
 					t.Fatal(err)
 				}
-				if _, err := r.StartQuotaTrace(CtlTrace); err != nil {
+				_, gen, err := r.StartQuotaTrace(CtlTrace)
+				if err != nil {
 					t.Fatal(err)
 				}
 				for e := 1; e < epochs; e++ {
@@ -105,6 +106,12 @@ func TestRateTraceExact(t *testing.T) {
 					if _, err := r.Consume(th.Index, func(e Event) {
 						if e.Kind == EvEnter {
 							got[e.Addr&^KeyBare]++
+							// D79: a call of the trace's epochs is stamped
+							// with the trace's generation or a later one,
+							// whatever control word its hook read first
+							if !e.Stamped || int32(e.Gen-gen) < 0 {
+								t.Errorf("trace %d: an enter event of the trace's epochs stamped %d (stamped %v); the trace's generation is %d", i, e.Gen, e.Stamped, gen)
+							}
 						}
 					}); err != nil {
 						t.Fatal(err)

@@ -26,6 +26,9 @@ type Region struct {
 	writable bool
 	dataBuf  []uint64 // Consume's payload buffer for EvData records
 	file     *os.File // the region's file, for data's questions (nil: none)
+	// stamps: per slot, the generation of the last DataGen record Consume
+	// met in its ring (D79); a slot not in it has had none read yet.
+	stamps map[int]uint32
 }
 
 // Errors of OpenPID; test with errors.Is. ErrNoRuntime also matches
@@ -352,6 +355,30 @@ func (r *Region) SetFilter(maxDepth uint32, tids []int32, minNs uint32) error {
 	// functions: only a function's own generation makes a frame stale.)
 	atomic.AddUint32((*uint32)(unsafe.Pointer(&r.mem[hdrGen])), 1)
 	return nil
+}
+
+// StartTrace turns on the control bits ctl (CtlTrace and what goes with
+// it) in a process-wide generation of their own, which it returns: a hook
+// stamps each event with the generation of the control|gen word it decided
+// the event under (D79), so the events of this trace are those stamped
+// with it or a later one, and an event a hook decided under an earlier
+// trace's word, and wrote late, is told apart. Set the filters (SetFilter,
+// CtlFilter) before: every word of the new generation has them.
+func (r *Region) StartTrace(ctl uint32) (uint32, error) {
+	if !r.writable {
+		return 0, r.readOnly()
+	}
+	p := (*uint32)(unsafe.Pointer(&r.mem[hdrGen]))
+	gen := atomic.AddUint32(p, 1)
+	if gen == 0 {
+		// a slot's stamp starts at 0 (none): events of a generation 0
+		// would go unstamped, and be taken for older ones
+		gen = atomic.AddUint32(p, 1)
+	}
+	if err := r.SetControl(ctl, 0); err != nil {
+		return 0, err
+	}
+	return gen, nil
 }
 
 // QuotaEpoch is the current quota epoch.

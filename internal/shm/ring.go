@@ -21,7 +21,18 @@ type Event struct {
 	Sub  int
 	Spec uint64
 	Data []uint64
+	// Gen and Stamped (Consume, version 7 regions, D79): the generation of
+	// the control|gen word the hook decided this event under, as the last
+	// DataGen stamp before it in the ring says; Stamped is false when no
+	// stamp of this slot has been read yet (the event predates every stamp
+	// this reader saw) or the region has none (Stamps).
+	Gen     uint32
+	Stamped bool
 }
+
+// Stamps reports whether the runtime stamps its events with the generation
+// they were decided under (layout version 7, D79).
+func (r *Region) Stamps() bool { return r.hdr.Version >= 7 }
 
 func (r *Region) ring(slot int) (*threadSlot, uint64, error) {
 	if slot < 0 || uint64(slot) >= uint64(r.hdr.MaxThreads) {
@@ -123,7 +134,9 @@ func (r *Region) Events(slot int) ([]Event, error) {
 
 // Consume reads the unconsumed events of a thread slot, passes them to fn in
 // order and frees them for the producer. Only one consumer per slot may run
-// at a time. It returns the number of events consumed.
+// at a time. It returns the number of ring cells consumed. DataGen stamps
+// are not passed: each event carries the stamp in force (Event.Gen), which
+// this Region remembers per slot from one call to the next.
 func (r *Region) Consume(slot int, fn func(Event)) (int, error) {
 	s, base, err := r.ring(slot)
 	if err != nil {
@@ -136,6 +149,7 @@ func (r *Region) Consume(slot int, fn func(Event)) (int, error) {
 		return 0, nil
 	}
 	tail, head, size := r.window(s)
+	gen, stamped := r.stamps[slot]
 	for q := tail; q != head; {
 		e := r.eventAt(base, q, size)
 		n := uint64(1)
@@ -143,9 +157,21 @@ func (r *Region) Consume(slot int, fn func(Event)) (int, error) {
 			if n, r.dataBuf = r.dataAt(base, q, head, size, &e, r.dataBuf); n == 0 {
 				break // a record claiming cells not written: skip the rest
 			}
+			if e.Sub == DataGen && r.Stamps() {
+				gen, stamped = uint32(e.Spec), true
+				q += n
+				continue
+			}
 		}
+		e.Gen, e.Stamped = gen, stamped
 		fn(e)
 		q += n
+	}
+	if stamped {
+		if r.stamps == nil {
+			r.stamps = map[int]uint32{}
+		}
+		r.stamps[slot] = gen
 	}
 	atomic.StoreUint64(&s.RingTail, head)
 	return int(head - tail), nil

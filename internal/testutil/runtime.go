@@ -43,6 +43,14 @@ func RuntimeFiles(t testing.TB) (sources, headers []string) {
 // path, a private copy like every fixture.
 func Runtime(t testing.TB, cc string) string {
 	t.Helper()
+	return RuntimeWith(t, cc)
+}
+
+// RuntimeWith is Runtime built with extra compiler flags: a test build's
+// macros (-DEP_TEST_PARK: runtime/edgeprobe_internal.h's test hook point),
+// never the library users get.
+func RuntimeWith(t testing.TB, cc string, flags ...string) string {
+	t.Helper()
 	srcs, hdrs := RuntimeFiles(t)
 	rel := func(names []string) []string {
 		var out []string
@@ -52,7 +60,7 @@ func Runtime(t testing.TB, cc string) string {
 		return out
 	}
 	return Build(t, Spec{Compiler: cc, Opt: "-O2", Sources: rel(srcs), Deps: rel(hdrs), Shared: true,
-		NoInstr: true, Flags: RuntimeFlags, Name: "libedgeprobe.so"}).Path
+		NoInstr: true, Flags: append(append([]string(nil), RuntimeFlags...), flags...), Name: "libedgeprobe.so"}).Path
 }
 
 // RuntimeArchive builds the runtime as a static archive (libedgeprobe.a,

@@ -16,7 +16,7 @@ int main(void) {
 	C(EP_CTL_TRACE); C(EP_CTL_NOTIME); C(EP_CTL_PAUSE); C(EP_CTL_QUOTA); C(EP_CTL_FILTER); C(EP_FILTER_TIDS); C(EP_SLOT_OWNED);
 	C(EP_FENTRY_USED); C(EP_FENTRY_EXITS); C(EP_FENTRY_EXITS_OFF); C(EP_FENTRY_SHSTK);
 	C(EP_EV_ENTER); C(EP_EV_EXIT); C(EP_EV_THREAD); C(EP_EV_DATA); C(EP_CTL_ARGS);
-	C(EP_DATA_ARGS); C(EP_DATA_RET); C(EP_DATA_SUB_SHIFT); C(EP_DATA_SLOTS_SHIFT); C(EP_DATA_SPEC_MASK);
+	C(EP_DATA_ARGS); C(EP_DATA_RET); C(EP_DATA_GEN); C(EP_DATA_SUB_SHIFT); C(EP_DATA_SLOTS_SHIFT); C(EP_DATA_SPEC_MASK);
 	C(EP_STR_MAX); C(EP_STACK_MAX); C(EP_STR_COMPLETE); C(EP_STR_FAULT); C(EP_ARGPLANS);
 	C(EP_PLAN_ENTRY); C(EP_PLAN_EXIT); C(EP_PLAN_RSTR);
 	/* the spec accessors on a spec with every field set (Go: layoutSpec) */
@@ -50,7 +50,7 @@ int main(void) {
 	F(ep_thread, orphans); F(ep_thread, unmatched); F(ep_thread, local_full); F(ep_thread, ring_head);
 	F(ep_thread, ring_dropped); F(ep_thread, ring_tail_cache); F(ep_thread, index); F(ep_thread, quota_busy); F(ep_thread, ring_tail);
 	F(ep_thread, deep_lost); F(ep_thread, abandoned_hooks); F(ep_thread, fentry_restored); F(ep_thread, quota_skips);
-	F(ep_thread, sample_left); F(ep_thread, hook_ticks); F(ep_thread, hook_samples);
+	F(ep_thread, sample_left); F(ep_thread, ev_gen); F(ep_thread, hook_ticks); F(ep_thread, hook_samples);
 	F(ep_thread, filter_out_cg); F(ep_thread, filter_lim_cg); F(ep_thread, filter_lim);
 	F(ep_local, addr); F(ep_local, gidx); F(ep_local, hint); F(ep_local, entries); F(ep_local, exits); F(ep_local, sum_ns); F(ep_local, frame_ids);
 	F(ep_frame, fn); F(ep_frame, ts); F(ep_frame, sp); F(ep_frame, site); F(ep_frame, gidx); F(ep_frame, lidx); F(ep_frame, gen); F(ep_frame, flags);
