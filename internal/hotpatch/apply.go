@@ -31,6 +31,11 @@ const (
 // differ in more than one byte (a nop placeholder).
 var ErrNotFlippable = xmod.ErrNotFlippable
 
+// ErrSharedText: another process runs the target's text (it shares the
+// target's memory: clone with CLONE_VM, not a thread) and no tracer of
+// the target holds it, so only one-byte flips are safe there.
+var ErrSharedText = errors.New("another process runs this process's text untraced")
+
 // Action turns the probes a selector matches on or off; later actions win.
 type Action struct {
 	Enable   bool
@@ -152,6 +157,21 @@ func apply(ctx context.Context, req Request) (*Result, error) {
 		err = cerr
 	}
 	return res, err
+}
+
+// checkShared refuses a multi-byte protocol (what) while a process that
+// shares the target's memory runs untraced (ptrace.UntracedVMSharers): its
+// threads would meet the protocol's int3s with no tracer to catch the
+// SIGTRAP (review5: a clone(CLONE_VM) child of mt-like code died of
+// SIGTRAP at `--protocol int3 --enable work`, which said OK), and stop's
+// whole-site writes would not stop it. A one-byte flip is safe for any
+// executor (docs/protocols.md, flip).
+func (s *Session) checkShared(what string) error {
+	if others := s.tracer.UntracedVMSharers(); len(others) > 0 {
+		return fmt.Errorf("pid %d shares its memory with process %d (a clone with CLONE_VM, not a thread), which runs its text untraced: %s writes sites in more than one byte and could kill it with an int3 or tear an instruction under it; only one-byte flips are safe there (flip placeholders, --protocol flip): %w (nothing was written)",
+			s.pid, others[0], what, ErrSharedText)
+	}
+	return nil
 }
 
 // checkRequest makes, on the process's objects as a load is about to
@@ -397,6 +417,14 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	phases.Mark("prepare")
 	if err := s.attach(!p.onlyFlip); err != nil {
 		return nil, err
+	}
+	for _, proto := range []string{ProtoStop, ProtoInt3, ProtoInt3Async} {
+		if len(p.byProto[proto]) > 0 {
+			if err := s.checkShared(proto); err != nil {
+				return nil, err
+			}
+			break
+		}
 	}
 	if err := s.checkMapped(p.targets, start); err != nil {
 		return nil, err
@@ -787,6 +815,9 @@ func stateName(s xmod.State) string {
 // traced, so threads reaching their int3 meanwhile are held, not killed.
 func (s *Session) repair(ctx context.Context, sel []selected, int3Wait time.Duration) ([]RepairNote, error) {
 	if err := s.attach(true); err != nil {
+		return nil, err
+	}
+	if err := s.checkShared("repair"); err != nil {
 		return nil, err
 	}
 	sites := make([]xmod.Site, len(sel))

@@ -848,6 +848,18 @@ func (t *Tracer) isOurTrap(th *thread) bool {
 // execs or exits.
 func (t *Tracer) firstStop(kid, kind int) {
 	delete(t.kids, kid)
+	if kind == kidFork {
+		if sameVM(kid, liveTask(t.pid)) {
+			// clone(CLONE_VM) without CLONE_THREAD, reported as a fork:
+			// not a copy of the text but the very text, run by another
+			// process. Repairing "its copy" would write whole forms into
+			// ours mid-protocol, and detaching it would leave it to die
+			// of the next int3 it meets: it is traced like a vfork child,
+			// as one more thread (held at traps, synced), until it execs
+			// or exits.
+			kind = kidVfork
+		}
+	}
 	if kind == kidVfork {
 		t.stats.Vforks++
 		th := &thread{tid: kid, announced: true, kind: stopPlain}
