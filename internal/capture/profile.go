@@ -171,6 +171,11 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 			lastLook = time.Now()
 			if how := s.endedAs(); how != "" {
 				ended, endedHow = true, how
+			} else if s.unloadedEnabled() {
+				// An object the profile has probes in unloaded while none
+				// of its functions was due a toggle (their quotas not used
+				// up): no toggle would ever find it (D80).
+				ended, endedHow = true, "unloaded an object the profile had probes in"
 			} else if c, err := cpuTime(o.PID); err == nil {
 				cpuLast = c
 			}
@@ -249,6 +254,23 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 // functionsOf groups the enabled sites by the function they report, keyed
 // by its run-time address (what the runtime records). Sites whose function
 // was not recovered cannot be attributed and stay on for the whole profile.
+// unloadedEnabled reports whether an object the capture turned probes on
+// in is no longer mapped where it was (hotpatch.Session.Unmapped).
+func (s *session) unloadedEnabled() bool {
+	if s.enabled == nil {
+		return false
+	}
+	gone := s.hp.Unmapped()
+	for _, r := range s.enabled.Sites {
+		for _, g := range gone {
+			if r.Object == g {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func functionsOf(s *session) map[uint64]*quota {
 	qs := map[uint64]*quota{}
 	if s.enabled == nil {

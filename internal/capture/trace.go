@@ -75,8 +75,9 @@ type UnloadedObject struct {
 // QuietThread is a thread --tid named that recorded no event.
 type QuietThread struct {
 	Tid int `json:"tid"`
-	// RanNs is its time on a CPU during the capture; Gone: it had ended
-	// (or never existed) by the capture's end.
+	// RanNs is its time on a CPU while the events were on (-1: it began
+	// during the capture); Gone: it had ended (or never existed) by the
+	// capture's end.
 	RanNs int64  `json:"ran_ns"`
 	Gone  bool   `json:"gone"`
 	State string `json:"state,omitempty"` // its state at the end (R, S, D, T, t, ...)
@@ -440,6 +441,14 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 			res.Notes = append(res.Notes, fmt.Sprintf("%d threads were inside a hook when the --rate capture ended (stopped, killed, or left by a signal handler's longjmp): their calls' events may be missing", busy))
 		}
 	}
+	// each listed thread's CPU time while the events were on (D81): read
+	// before they go off, so what a thread runs after does not count
+	ran1 := map[int]time.Duration{}
+	for _, tid := range o.Tids {
+		if d, err := procfs.CPUTime(o.PID, tid); err == nil {
+			ran1[tid] = d
+		}
+	}
 	offErr := s.region.SetControl(0, ctl)
 	res.Dropped = s.region.Counters().RingDropped - dropped0
 	drain(true) // what the rings hold is kept unless the limit was reached
@@ -457,7 +466,7 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 			thread(tids[th.Index]).Dropped += d
 		}
 	}
-	res.QuietTids = quietTids(o, perTid, ran0)
+	res.QuietTids = quietTids(o, perTid, ran0, ran1)
 	for _, q := range res.QuietTids {
 		res.Notes = append(res.Notes, q.note())
 	}
@@ -483,8 +492,12 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 }
 
 // quietTids are the threads o.Tids names that recorded no event, with
-// their CPU time since ran0 (read when the events went on) and their state.
-func quietTids(o Options, perTid map[int32]*ThreadDrops, ran0 map[int]time.Duration) []QuietThread {
+// their CPU time from ran0 (read when the events went on) to ran1 (read just
+// before they went off) and their state now. The kernel adds a running
+// thread's time to the sum at each scheduler tick or when it leaves the
+// CPU, so the figure is within a tick of the truth; 0 is exact for a thread
+// that was off the CPUs throughout.
+func quietTids(o Options, perTid map[int32]*ThreadDrops, ran0, ran1 map[int]time.Duration) []QuietThread {
 	var out []QuietThread
 	for _, tid := range o.Tids {
 		if t := perTid[int32(tid)]; t != nil && t.Events+t.Dropped > 0 {
@@ -492,13 +505,13 @@ func quietTids(o Options, perTid map[int32]*ThreadDrops, ran0 map[int]time.Durat
 		}
 		q := QuietThread{Tid: tid}
 		st, err := procfs.ReadStat(o.PID, tid)
-		d, derr := procfs.CPUTime(o.PID, tid)
-		if err != nil || derr != nil || st.State == 'Z' || st.State == 'X' {
+		d1, ok1 := ran1[tid]
+		if err != nil || !ok1 || st.State == 'Z' || st.State == 'X' {
 			q.Gone = true
 		} else {
 			q.State = string(st.State)
-			if d0, ok := ran0[tid]; ok && d >= d0 {
-				q.RanNs = (d - d0).Nanoseconds()
+			if d0, ok := ran0[tid]; ok && d1 >= d0 {
+				q.RanNs = (d1 - d0).Nanoseconds()
 			} else {
 				q.RanNs = -1 // not known: it did not exist at the start
 			}
@@ -518,7 +531,7 @@ func (q QuietThread) note() string {
 	case q.RanNs < 0:
 		return fmt.Sprintf("thread %d (--tid) recorded no event: it started during the capture and made no traced call", q.Tid)
 	}
-	return fmt.Sprintf("thread %d (--tid) recorded no event: it ran %s on a CPU during the capture and made no traced call", q.Tid, time.Duration(q.RanNs).Round(time.Microsecond))
+	return fmt.Sprintf("thread %d (--tid) recorded no event: it ran %s on a CPU while the events were on (within a scheduler tick) and made no traced call", q.Tid, time.Duration(q.RanNs).Round(time.Microsecond))
 }
 
 // converter turns the runtime's ring events into calltrace events, naming

@@ -19,7 +19,20 @@ import (
 // and what it recorded, as when the process ends (before: its next toggle
 // was refused as a stale list and the profile failed, exit 1, nothing
 // written).
+//
+// With a quota no epoch uses up (--samples 1e9) the profile never toggles
+// plug_work again after turning it on, so no toggle can find the plugin
+// gone: its look every 50 ms asks whether an object it has probes in is
+// still mapped (D80). Before that, that profile ran its whole --duration
+// (the watchdog below; the case a loaded machine hit once with --samples
+// 100: plug_work on when the plugin went).
 func TestProfilePluginUnloaded(t *testing.T) {
+	for _, samples := range []string{"100", "1000000000"} {
+		t.Run("samples="+samples, func(t *testing.T) { profilePluginUnloaded(t, samples) })
+	}
+}
+
+func profilePluginUnloaded(t *testing.T, samples string) {
 	testutil.RequirePtrace(t)
 	rt := testutil.Runtime(t, "gcc")
 	v1 := testutil.Build(t, testutil.Spec{Sources: []string{"plugin.c"}, Shared: true, Name: "plug1.so"})
@@ -46,7 +59,7 @@ func TestProfilePluginUnloaded(t *testing.T) {
 	defer region.Close()
 	out := filepath.Join(t.TempDir(), "p.pprof")
 	stdout, stderr, done := startCapture(t, region, shm.CtlQuota, "profile", "--pid", fmt.Sprint(p.Pid), "--probes", list,
-		"--enable", "plug_work", "--duration", "10m", "--epoch", "50ms", "--samples", "100", "-o", out)
+		"--enable", "plug_work", "--duration", "10m", "--epoch", "50ms", "--samples", samples, "-o", out)
 	// Its loop runs (the first Apply returned) once a second epoch starts.
 	e0 := region.QuotaEpoch()
 	waitFor(t, "the profile's second epoch", func() bool { return region.QuotaEpoch() != e0 })
