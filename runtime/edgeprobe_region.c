@@ -277,7 +277,7 @@ EP_STATIC int ep_make_region(void) {
 	/* An anonymous memory file (D16): no name anyone else can plant, read
 	 * or truncate; the kernel frees it with the last mapping and descriptor,
 	 * however the process ends (exit, _exit, SIGKILL, exec: MFD_CLOEXEC). */
-	int fd = (int)syscall(SYS_memfd_create, "edgeprobe", 1u /* MFD_CLOEXEC */);
+	int fd = (int)syscall(SYS_memfd_create, "edgeprobe", 1u /* MFD_CLOEXEC */ | 2u /* MFD_ALLOW_SEALING */);
 	if (fd < 0) {
 		ep_say("cannot create the shared-memory file (memfd_create)", errno);
 		return -1;
@@ -317,6 +317,16 @@ EP_STATIC int ep_make_region(void) {
 	}
 	if (m == MAP_FAILED) {
 		ep_say("cannot map the shared-memory file", errno);
+		goto fail;
+	}
+	/* Sealed against shrinking, and the seals against change: a reader
+	 * maps the region at its size (hotpatch, often as root, in another
+	 * user's process), and a truncation by anyone would make its next
+	 * read a SIGBUS, which kills it. hotpatch maps only a region so
+	 * sealed. (The program itself could truncate the file before.) */
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
+		ep_say("cannot seal the shared-memory file", errno);
+		munmap(m, size);
 		goto fail;
 	}
 	/* A core dump reads every page of a shared mapping (and makes shmem

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/edgeprobe/edgeprobe/internal/procfs"
 )
 
@@ -101,6 +103,9 @@ func openTrusted(path string, pid int, owner uint32) (*Region, error) {
 	if st.Uid != owner {
 		return nil, fmt.Errorf("shm: pid %d: its %s is owned by uid %d, the process by uid %d: %w", pid, MemfdName, st.Uid, owner, ErrUntrusted)
 	}
+	if err := checkSealed(int(f.Fd())); err != nil {
+		return nil, fmt.Errorf("shm: pid %d: its %s %w: %w", pid, MemfdName, err, ErrUntrusted)
+	}
 	// The same open file: the descriptor number may be reused meanwhile.
 	r, err := mapFile(f, path, writable)
 	if err != nil {
@@ -112,6 +117,22 @@ func openTrusted(path string, pid int, owner uint32) (*Region, error) {
 		return nil, fmt.Errorf("shm: pid %d: its %s describes pid %d: %w", pid, MemfdName, got, ErrUntrusted)
 	}
 	return r, nil
+}
+
+// checkSealed refuses a region file that may shrink under a mapping of it:
+// a read of a page past its new end is a SIGBUS, which kills the reader
+// (review5: a program that truncated its own region made `hotpatch trace`
+// die with "fatal error: fault"). The runtime seals its memfd against
+// shrinking (and its seals against change) right after sizing it.
+func checkSealed(fd int) error {
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return fmt.Errorf("has no seals (%v): a runtime older than this hotpatch, or not a region", err)
+	}
+	if seals&unix.F_SEAL_SHRINK == 0 {
+		return errors.New("is not sealed against shrinking: a runtime older than this hotpatch, or not a region")
+	}
+	return nil
 }
 
 // Open maps the region file at path, read-write when permitted (needed for
