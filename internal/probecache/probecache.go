@@ -369,7 +369,9 @@ func (c *Cache) key(kind byte, fields ...any) [32]byte {
 // when an entry made from this file, unchanged, is there; otherwise it
 // reads and checks the JSON (errors name the file) and stores the result.
 func (c *Cache) List(path string) (*probelist.Index, error) {
-	f, err := procfs.Open(path) // a probe list: a regular file
+	// A regular file of a bounded size only (probelist.OpenFile): never a
+	// FIFO, a device or a file without end (D88).
+	f, r, err := probelist.OpenFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -385,7 +387,7 @@ func (c *Cache) List(path string) (*probelist.Index, error) {
 			return e.index, nil
 		}
 	}
-	data, err := io.ReadAll(f)
+	data, err := io.ReadAll(r)
 	if err != nil {
 		return nil, err
 	}
@@ -590,7 +592,7 @@ func (c *Cache) check(data []byte, key [32]byte, kind byte, f *os.File, src *sou
 		return entry{}, errStale
 	}
 	if was.racy() {
-		sum, err := contentHash(f)
+		sum, err := contentHash(f, src.size)
 		if err != nil || sum != was.content {
 			return entry{}, errStale
 		}
@@ -610,9 +612,10 @@ func (c *Cache) check(data []byte, key [32]byte, kind byte, f *os.File, src *sou
 	return e, nil
 }
 
-func contentHash(f *os.File) ([32]byte, error) {
+func contentHash(f *os.File, size int64) ([32]byte, error) {
 	h := sha256.New()
-	if _, err := io.Copy(h, io.NewSectionReader(f, 0, 1<<62)); err != nil {
+	// The size at the open: a file growing meanwhile is not read without end.
+	if _, err := io.Copy(h, io.NewSectionReader(f, 0, size)); err != nil {
 		return [32]byte{}, err
 	}
 	var sum [32]byte
