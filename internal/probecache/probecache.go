@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/edgeprobe/edgeprobe/internal/elfnote"
+	"github.com/edgeprobe/edgeprobe/internal/elfsafe"
 	"github.com/edgeprobe/edgeprobe/internal/elfscan"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/procfs"
@@ -447,8 +448,11 @@ func (c *Cache) Scan(pid int, o *procmaps.Object) (*probelist.Index, error) {
 			return e.index, nil
 		}
 	}
-	data := make([]byte, src.size)
-	if _, err := f.ReadAt(data, 0); err != nil {
+	// What the object's headers describe, not a tail nothing uses: the
+	// file may be another user's, with gigabytes of holes after its ELF
+	// (elfsafe.Extent, D88).
+	data, err := elfsafe.ReadObject(f)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", o.Path, err)
 	}
 	src.content = sha256.Sum256(data)
@@ -460,7 +464,7 @@ func (c *Cache) Scan(pid int, o *procmaps.Object) (*probelist.Index, error) {
 		c.store(key, kindScan, f, &src, nil, true)
 		return nil, noSites
 	}
-	list, _, err := elfscan.ScanReader(bytes.NewReader(data), src.size, o.Path, elfscan.Options{Placeholder: probelist.PlaceholderFlip})
+	list, _, err := elfscan.ScanBytes(data, o.Path, elfscan.Options{Placeholder: probelist.PlaceholderFlip})
 	if errors.Is(err, elfscan.ErrNoHookSites) {
 		c.store(key, kindScan, f, &src, nil, true)
 		return nil, noSites
