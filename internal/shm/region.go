@@ -136,14 +136,18 @@ func checkSealed(fd int) error {
 
 // Open maps the region file at path, read-write when permitted (needed for
 // SetControl and Consume), else read-only, and validates its header.
+//
+// Only a regular file is opened (procfs.OpenRegularFile): the file may be
+// another user's output, and a FIFO or a link to a device put in its place
+// must not be opened by root's hotpatch (D88).
 func Open(path string) (*Region, error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	f, err := procfs.OpenRegularFile(path, os.O_RDWR)
 	writable := err == nil
+	if err != nil && !errors.Is(err, procfs.ErrNotRegular) {
+		f, err = procfs.OpenRegularFile(path, os.O_RDONLY)
+	}
 	if err != nil {
-		f, err = os.Open(path)
-		if err != nil {
-			return nil, fmt.Errorf("shm: %w", err)
-		}
+		return nil, fmt.Errorf("shm: %w", err)
 	}
 	defer f.Close()
 	return mapFile(f, path, writable)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
 
@@ -153,4 +155,75 @@ func copyInto(t *testing.T, from, dir string) string {
 		t.Fatal(err)
 	}
 	return to
+}
+
+// TestOutputMapsReplaced (D88): `hotpatch stats --input FILE` names the
+// functions of an exited process from the maps copy its output file
+// carries, opening the objects listed there. The file and the objects are
+// the process's user's: after the run, a listed library replaced by a FIFO
+// held root's stats in open forever (os.Open of the path); a link to a
+// device had the device opened. Now only a regular file is opened (O_PATH
+// first, then that very file), and only the inode the process mapped: the
+// library's functions are left unnamed, the rest of the report is there.
+func TestOutputMapsReplaced(t *testing.T) {
+	bin, libdir := buildCounts(t, "gcc", "-O2")
+	dir := t.TempDir()
+	lib := copyInto(t, filepath.Join(libdir, "libfix.so"), dir)
+	out := filepath.Join(dir, "out")
+	mustRun(t, buildRuntime(t, "gcc"), bin, []string{"LD_LIBRARY_PATH=" + dir, "EDGEPROBE_OUTPUT=" + out}, "10")
+	if err := os.Remove(lib); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(lib, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	c := exec.CommandContext(ctx, testutil.Command(t, "hotpatch"), "stats", "--input", out)
+	var stdout, stderr strings.Builder
+	c.Stdout, c.Stderr = &stdout, &stderr
+	err := c.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("hotpatch stats --input: still running after 15 s (killed): it opened the FIFO put where the library was")
+	}
+	if err != nil || !strings.Contains(stdout.String(), "main") {
+		t.Fatalf("hotpatch stats --input: %v, stderr %q, stdout %.300q; want the report of the program's own functions", err, stderr.String(), stdout.String())
+	}
+}
+
+// TestOpenInputNotRegular (D88): `hotpatch stats --input PATH` where PATH,
+// another user's output file, has been replaced by a FIFO: root's
+// hotpatch opened it (O_RDWR, which as root does not wait; a link to a
+// device would have opened the device) before finding it empty. Now it is
+// refused in one line without being opened (an inotify watch sees no
+// open).
+func TestOpenInputNotRegular(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "out")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	in, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(in)
+	if _, err := unix.InotifyAddWatch(in, fifo, unix.IN_OPEN); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	c := exec.CommandContext(ctx, testutil.Command(t, "hotpatch"), "stats", "--input", fifo)
+	var stderr strings.Builder
+	c.Stderr = &stderr
+	err = c.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("hotpatch stats --input FIFO: still running after 15 s (killed)")
+	}
+	var buf [4096]byte
+	if n, _ := unix.Read(in, buf[:]); n > 0 {
+		t.Errorf("hotpatch stats --input opened the FIFO (stderr %q)", stderr.String())
+	}
+	if err == nil || strings.Count(stderr.String(), "\n") != 1 || !strings.Contains(stderr.String(), "not a regular file") {
+		t.Errorf("hotpatch stats --input FIFO: %v, stderr %q; want one line saying it is not a regular file", err, stderr.String())
+	}
 }
