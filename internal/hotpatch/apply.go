@@ -457,7 +457,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 			// exec, and the sites went with its old program.
 			err = fmt.Errorf("pid %d ran exec: the program whose probes these are is gone (%v): %w", s.pid, err, ptrace.ErrExited)
 		}
-		return nil, err
+		return nil, s.unloadedErr(err)
 	}
 	p.before = before
 	phases.Mark("before")
@@ -551,6 +551,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	if runErr == nil && afterErr != nil {
 		runErr = fmt.Errorf("reading sites back: %w", afterErr)
 	}
+	runErr = s.unloadedErr(runErr)
 	if runErr != nil {
 		switch {
 		case Gone(runErr) || processGone(s.pid):
@@ -561,6 +562,24 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 		runErr = fmt.Errorf("%w (sites now: %s)", runErr, Tally(res.Sites))
 	}
 	return res, runErr
+}
+
+// unloadedErr is err, a failed read or write of sites, said as ErrUnmapped
+// when an object of the session is no longer mapped where the session found
+// it: a plugin dlclose'd after the check of D77, or between a write and its
+// read-back, makes the access fail with an I/O error, and a capture ends
+// as it does for an unload a command finds first (profile: "unloaded an
+// object the profile had probes in") rather than failing (review6:
+// TestProfilePluginUnloaded failed so once, `reading sites back: read 5
+// bytes at 0x...: input/output error`). err itself otherwise.
+func (s *Session) unloadedErr(err error) error {
+	if err == nil || Gone(err) || errors.Is(err, ErrUnmapped) {
+		return err
+	}
+	if gone := s.Unmapped(); len(gone) > 0 {
+		return fmt.Errorf("%w; %s: %w", err, strings.Join(gone, ", "), ErrUnmapped)
+	}
+	return err
 }
 
 // allForms reports whether every state is active or inert.
