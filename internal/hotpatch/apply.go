@@ -202,9 +202,10 @@ type Session struct {
 	// regionTried: openRegion looked (a process without the runtime is
 	// not searched again on every enable).
 	regionTried bool
-	mem         *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
-	noSpans     bool        // every flip site written alone (SetSpanWrites)
-	inBatch     bool        // inside Batch: the tracer may not change
+	inflight    *inflightGuard // the runtime's in-flight table (guard), once found
+	mem         *ptrace.Mem    // reads without a tracer hand-off (nil: read through the tracer)
+	noSpans     bool           // every flip site written alone (SetSpanWrites)
+	inBatch     bool           // inside Batch: the tracer may not change
 	// threadMem: inside Batch, the target's memory as the tracer thread
 	// reaches it (ptrace.ThreadMem), lent for the Batch; nil outside.
 	threadMem *ptrace.ThreadMem
@@ -362,7 +363,7 @@ func (s *Session) attach(full bool) error {
 		return err
 	}
 	s.full = true
-	return nil
+	return s.awaitHandlers()
 }
 
 // Check makes the checks Apply makes of actions before it touches the
@@ -491,7 +492,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 		case proto == ProtoFlip:
 			r, err = s.flip(ctx, changes, res)
 		default:
-			r, err = run(ctx, s.tracer, proto, changes, int3Wait)
+			r, err = run(ctx, s.tracer, proto, changes, xmod.Int3Options{Wait: int3Wait, Guard: s.guard()})
 		}
 		res.Changed += r.Changed
 		res.Unchanged += r.Unchanged
@@ -735,8 +736,7 @@ func siteOf(s selected) xmod.Site {
 	}
 }
 
-func run(ctx context.Context, t *ptrace.Tracer, proto string, changes []xmod.Change, wait time.Duration) (xmod.Result, error) {
-	opts := xmod.Int3Options{Wait: wait}
+func run(ctx context.Context, t *ptrace.Tracer, proto string, changes []xmod.Change, opts xmod.Int3Options) (xmod.Result, error) {
 	switch proto {
 	case ProtoFlip:
 		return xmod.Flip(ctx, t, changes, xmod.FlipOptions{})
@@ -826,7 +826,7 @@ func (s *Session) repair(ctx context.Context, sel []selected, int3Wait time.Dura
 		sites[i] = siteOf(c)
 		byAddr[sites[i].Addr] = c
 	}
-	done, err := xmod.Repair(ctx, s.tracer, sites, xmod.Int3Options{Wait: int3Wait})
+	done, err := xmod.Repair(ctx, s.tracer, sites, xmod.Int3Options{Wait: int3Wait, Guard: s.guard()})
 	var notes []RepairNote
 	for _, r := range done {
 		c := byAddr[r.Site.Addr]

@@ -24,6 +24,9 @@ type Int3Options struct {
 	// relies on Wait alone. The time wait alone is unproven on this machine
 	// class (see docs/protocols.md); keep Sync unless measuring.
 	NoSync bool
+	// Guard, when set, lists every site in the target's in-flight table
+	// before its int3 is written (D89); nil: none (an old runtime, or none).
+	Guard Guard
 }
 
 func (o Int3Options) wait() time.Duration {
@@ -90,12 +93,27 @@ func Int3(ctx context.Context, t Tracer, changes []Change, opts Int3Options) (Re
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		held, err := int3Batch(ctx, t, todo, old, opts)
-		res.Held = held
-		if err == nil {
-			res.Changed = len(todo)
+		// A batch larger than the in-flight table is applied as several,
+		// each one whole protocol run (every site of a run listed).
+		n := len(todo)
+		if opts.Guard != nil && opts.Guard.Cap() > 0 && opts.Guard.Cap() < n {
+			n = opts.Guard.Cap()
 		}
-		return err
+		for i := 0; i < len(todo); i += n {
+			j := min(i+n, len(todo))
+			if i > 0 {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+			}
+			held, err := int3Batch(ctx, t, todo[i:j], old[i:j], opts)
+			res.Held += held
+			if err != nil {
+				return err
+			}
+			res.Changed += j - i
+		}
+		return nil
 	})
 	return res, err
 }
@@ -118,6 +136,13 @@ func int3Batch(ctx context.Context, t Tracer, todo []Change, old [][]byte, o Int
 			release()
 			return held, err
 		}
+	}
+	if err := guardRecord(o.Guard, todo); err != nil {
+		release()
+		return held, err
+	}
+	if o.Guard != nil {
+		defer o.Guard.Done()
 	}
 	for i, c := range todo {
 		if err := t.WriteMem(c.Site.Addr, []byte{int3}); err != nil {
@@ -275,6 +300,13 @@ func (a *Async) Start(ctx context.Context, changes []Change) (Result, error) {
 		if err != nil {
 			return err
 		}
+		if a.opts.Guard != nil && a.opts.Guard.Cap() > 0 && len(a.pending)+len(todo) > a.opts.Guard.Cap() {
+			return fmt.Errorf("%d site(s) in flight, %d more: %w (%d)", len(a.pending), len(todo), ErrGuardFull, a.opts.Guard.Cap())
+		}
+		if err := guardRecord(a.opts.Guard, todo); err != nil {
+			return err
+		}
+		defer a.guardDone()
 		for i, c := range todo {
 			if err := a.t.ForkForm(c.Site.Addr, old[i]); err != nil {
 				return err
@@ -295,6 +327,13 @@ func (a *Async) Start(ctx context.Context, changes []Change) (Result, error) {
 	return res, err
 }
 
+// guardDone tells the guard once no patch is outstanding.
+func (a *Async) guardDone() {
+	if a.opts.Guard != nil && len(a.pending) == 0 {
+		a.opts.Guard.Done()
+	}
+}
+
 // Finish advances every patch whose wait has elapsed and returns how many
 // remain outstanding. If the Sync fails nothing advances (every site stays
 // valid, guarded by its int3) and the error is returned.
@@ -303,6 +342,7 @@ func (a *Async) Finish(ctx context.Context) (int, error) {
 	err := a.t.Do(func() error {
 		err := a.finish(ctx)
 		n = len(a.pending)
+		a.guardDone()
 		return err
 	})
 	return n, err
@@ -413,6 +453,7 @@ func (a *Async) Drain(ctx context.Context) error {
 // one whose back bytes are written is completed after its barrier.
 func (a *Async) Abort() error {
 	return a.t.Do(func() error {
+		defer a.guardDone()
 		var errs []error
 		var second []*patch
 		for _, p := range append([]*patch(nil), a.pending...) {

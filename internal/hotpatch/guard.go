@@ -1,0 +1,184 @@
+package hotpatch
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/edgeprobe/edgeprobe/internal/ptrace"
+	"github.com/edgeprobe/edgeprobe/internal/shm"
+	"github.com/edgeprobe/edgeprobe/internal/xmod"
+)
+
+// EnvTestNoGuard makes hotpatch leave the runtime's in-flight table alone,
+// as with a runtime that has none (layout version 7 or older): for the
+// tests that measure that case's residual (TestKillNine's no-table rows).
+const EnvTestNoGuard = "EDGEPROBE_TEST_NO_GUARD"
+
+// ErrHandlerBusy: a thread of the target was still repairing sites in its
+// SIGTRAP handler (D90) when hotpatch gave up waiting for it.
+var ErrHandlerBusy = errors.New("a thread of the process is repairing sites in its SIGTRAP handler")
+
+// handlerWait bounds the wait for a handler's in-process repair: it makes
+// a few pwrites and two membarriers, so seconds mean a thread stopped in it
+// (SIGSTOP, a debugger) rather than one still working.
+const handlerWait = 10 * time.Second
+
+// inflightGuard is xmod.Guard over the runtime's in-flight table (D89): the
+// struct ep_inflight at addr in the target, written through the tracer.
+// The table is a union: entries are appended (after the sites, count is
+// written), never rewritten in place, so a hotpatch killed at any point
+// leaves every site that may hold an int3 listed; count goes back to 0 only
+// when no listed site holds an int3.
+type inflightGuard struct {
+	t      *ptrace.Tracer
+	addr   uint64
+	max    int
+	loaded bool
+	sites  []shm.InflightSite // the table's entries as this guard knows them
+	listed map[uint64]bool
+}
+
+// guard returns the session's in-flight guard, or nil (no runtime, or one
+// without the table, or EnvTestNoGuard).
+func (s *Session) guard() xmod.Guard {
+	if s.inflight != nil {
+		return s.inflight
+	}
+	if os.Getenv(EnvTestNoGuard) != "" {
+		return nil
+	}
+	s.openRegion()
+	if s.region == nil || s.tracer == nil {
+		return nil
+	}
+	h := s.region.Header()
+	if h.Version < 8 || h.Inflight == 0 || h.InflightMax == 0 {
+		return nil
+	}
+	s.inflight = &inflightGuard{t: s.tracer, addr: h.Inflight, max: int(min(h.InflightMax, shm.InflightMax)), listed: map[uint64]bool{}}
+	return s.inflight
+}
+
+func (g *inflightGuard) Cap() int { return g.max }
+
+func (g *inflightGuard) u64(off uint64) (uint64, error) {
+	var b [8]byte
+	if err := g.t.ReadMem(g.addr+off, b[:]); err != nil {
+		return 0, err
+	}
+	return binary.LittleEndian.Uint64(b[:]), nil
+}
+
+func (g *inflightGuard) setCount(n int) error {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], uint64(n))
+	return g.t.WriteMem(g.addr+shm.InflightCountOff, b[:])
+}
+
+// load reads what an earlier (killed) hotpatch left listed: it stays
+// listed until its sites are whole.
+func (g *inflightGuard) load() error {
+	if g.loaded {
+		return nil
+	}
+	n, err := g.u64(shm.InflightCountOff)
+	if err != nil {
+		return err
+	}
+	if n > uint64(g.max) {
+		n = uint64(g.max) // the handler reads no further either
+	}
+	if n > 0 {
+		b := make([]byte, n*shm.InflightSiteSize)
+		if err := g.t.ReadMem(g.addr+shm.InflightSitesOff, b); err != nil {
+			return err
+		}
+		g.sites = shm.DecodeInflightSites(b)
+		for _, e := range g.sites {
+			g.listed[e.Addr] = true
+		}
+	}
+	g.loaded = true
+	return nil
+}
+
+// Record appends the sites not yet listed, then the new count: an entry is
+// complete before the handler can read it.
+func (g *inflightGuard) Record(sites []xmod.Site) error {
+	if err := g.load(); err != nil {
+		return err
+	}
+	var buf []byte
+	var add []shm.InflightSite
+	for _, s := range sites {
+		if g.listed[s.Addr] {
+			continue
+		}
+		var err error
+		if buf, err = shm.EncodeInflightSite(buf, s.Addr, s.Active, s.Inert); err != nil {
+			return err
+		}
+		add = append(add, shm.DecodeInflightSites(buf[len(buf)-shm.InflightSiteSize:])...)
+	}
+	if len(add) == 0 {
+		return nil
+	}
+	if len(g.sites)+len(add) > g.max {
+		return fmt.Errorf("%d listed, %d more: %w (%d)", len(g.sites), len(add), xmod.ErrGuardFull, g.max)
+	}
+	if err := g.t.WriteMem(g.addr+shm.InflightSitesOff+uint64(len(g.sites))*shm.InflightSiteSize, buf); err != nil {
+		return err
+	}
+	if err := g.setCount(len(g.sites) + len(add)); err != nil {
+		return err
+	}
+	g.sites = append(g.sites, add...)
+	for _, e := range add {
+		g.listed[e.Addr] = true
+	}
+	return nil
+}
+
+// Done empties the table when no listed site holds an int3 (best effort:
+// a table left listed costs nothing but a scan in the handler).
+func (g *inflightGuard) Done() {
+	if len(g.sites) == 0 {
+		return
+	}
+	var b [1]byte
+	for _, e := range g.sites {
+		if err := g.t.ReadMem(e.Addr, b[:]); err != nil || b[0] == 0xcc {
+			return
+		}
+	}
+	if g.setCount(0) == nil {
+		g.sites = g.sites[:0]
+		clear(g.listed)
+	}
+}
+
+// awaitHandlers waits, once every thread is traced, until no thread of the
+// target is inside its SIGTRAP handler's in-process repair (D90): a handler
+// writes only after it has taken the table's lock and found its thread
+// untraced, so once the lock is seen free with every thread traced, no
+// handler writes again while this tracer holds the process.
+func (s *Session) awaitHandlers() error {
+	g, _ := s.guard().(*inflightGuard)
+	if g == nil {
+		return nil
+	}
+	deadline := time.Now().Add(handlerWait)
+	for {
+		lock, err := g.u64(shm.InflightLockOff)
+		if err != nil || lock == 0 {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pid %d: thread %d, after %v: %w", s.pid, lock, handlerWait, ErrHandlerBusy)
+		}
+		s.tracer.Pause(time.Millisecond) // serves the tracer's events meanwhile
+	}
+}

@@ -1,0 +1,151 @@
+package hotpatch
+
+import (
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edgeprobe/edgeprobe/internal/shm"
+	"github.com/edgeprobe/edgeprobe/internal/testutil"
+)
+
+// inflightCounters reads the runtime's in-flight table counters of a live
+// subject (D89): traps the SIGTRAP handler took, sites it repaired, traps
+// it had to wait out.
+func inflightCounters(t *testing.T, s *subject) (traps, repairs, holds uint64) {
+	t.Helper()
+	r, err := shm.OpenPID(s.Pid)
+	if err != nil {
+		t.Fatalf("the runtime's region: %v", err)
+	}
+	h := r.Header()
+	r.Close()
+	if h.Inflight == 0 {
+		t.Fatalf("the runtime's region (version %d) names no in-flight table", h.Version)
+	}
+	return s.Read64(h.Inflight + shm.InflightTrapsOff), s.Read64(h.Inflight + shm.InflightRepairsOff), s.Read64(h.Inflight + shm.InflightHoldsOff)
+}
+
+// killMidPatch starts `hotpatch --protocol int3 --enable work` with a
+// long first wait, and SIGKILLs it once a site holds its int3: the workers
+// run work() in a loop, so they meet the int3 with no tracer at once.
+func killMidPatch(t *testing.T, s *subject, env ...string) {
+	t.Helper()
+	args := append([]string{"--pid", fmt.Sprint(s.Pid), "--protocol", "int3", "--int3-wait", "10s", "--enable", "work"}, s.probeArgs...)
+	hp := exec.Command(testutil.Command(t, "hotpatch"), args...)
+	hp.Env = append(hp.Environ(), env...)
+	if err := hp.Start(); err != nil {
+		t.Fatal(err)
+	}
+	awaitMidPatch(t, s)
+	_ = hp.Process.Kill()
+	_ = hp.Wait()
+}
+
+// deathSignal waits for the subject's end and names the signal that ended
+// it ("exit" for an exit).
+func deathSignal(s *subject) string {
+	err := s.Wait()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return ws.Signal().String()
+		}
+	}
+	return "exit"
+}
+
+// TestKilledMidPatchSurvives: a hotpatch SIGKILLed with int3s in the text
+// of a process that runs the runtime. Four threads run the sites in a loop,
+// so they reach the int3s with no tracer: the runtime's SIGTRAP handler
+// (D89, D90) takes each trap, and either makes the sites whole itself
+// ("in-process") or, with EDGEPROBE_TRAP_REPAIR=0, holds the threads until
+// `hotpatch repair` does ("held"). Either way the target lives, every site
+// ends whole, and the probes then count as before. "no-table": hotpatch
+// does not list the sites (as with a runtime older than the table): the
+// handler does not recognise the trap and the process dies of SIGTRAP,
+// exactly as without the runtime (today's residual for old runtimes).
+func TestKilledMidPatchSurvives(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.Runtime(t, "gcc")
+	for _, mode := range []string{"in-process", "held", "no-table"} {
+		t.Run(mode, func(t *testing.T) {
+			var env []string
+			if mode == "held" {
+				env = append(env, "EDGEPROBE_TRAP_REPAIR=0")
+			}
+			s := startMTEnv(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "nop", true, lib, env)
+			s.expectFrozen(t, "cold binary at start")
+			var kenv []string
+			if mode == "no-table" {
+				kenv = append(kenv, EnvTestNoGuard+"=1")
+			}
+			killMidPatch(t, s, kenv...)
+			if mode == "no-table" {
+				if progressOrDeath(t, s, 1<<62) {
+					t.Fatal("unreachable")
+				}
+				if sig := deathSignal(s); sig != syscall.SIGTRAP.String() {
+					t.Fatalf("without the table the target died of %s, want SIGTRAP", sig)
+				}
+				return
+			}
+			if mode == "held" {
+				// The workers are held in the handler: wait until one is,
+				// then repair from outside.
+				deadline := time.Now().Add(time.Minute)
+				for {
+					if _, _, holds := inflightCounters(t, s); holds > 0 {
+						break
+					}
+					time.Sleep(time.Millisecond) // polling, not synchronisation
+					if !s.Alive() {
+						t.Fatalf("target died: %s", deathSignal(s))
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("no thread was held by the SIGTRAP handler in a minute")
+					}
+				}
+				torn := 0
+				for _, st := range s.states(t) {
+					if st.State == stateTorn {
+						torn++
+					}
+				}
+				r := command(t, "hotpatch", append([]string{"repair", "--pid", fmt.Sprint(s.Pid)}, s.probeArgs...)...)
+				if r.Code != 0 || torn == 0 || strings.Count(r.Stdout, "repaired ") != torn {
+					t.Fatalf("repair of %d mid-patch site(s): exit %d, stdout %q, stderr %q", torn, r.Code, r.Stdout, r.Stderr)
+				}
+			}
+			if !progressOrDeath(t, s, 20000) {
+				t.Fatalf("the target died after the kill: %s", deathSignal(s))
+			}
+			traps, repairs, holds := inflightCounters(t, s)
+			t.Logf("%s: handler took %d traps, repaired %d sites, held %d", mode, traps, repairs, holds)
+			if traps == 0 {
+				t.Fatal("no trap reached the runtime's SIGTRAP handler: the kill came too late to test anything")
+			}
+			if mode == "in-process" && repairs == 0 {
+				t.Fatal("the handler repaired nothing, yet the target runs")
+			}
+			if mode == "held" && repairs != 0 {
+				t.Fatalf("EDGEPROBE_TRAP_REPAIR=0, yet the handler repaired %d sites", repairs)
+			}
+			for _, st := range s.states(t) {
+				if st.State != "on" && st.State != "off" {
+					t.Fatalf("probe %d (%s %s) left %s: %s", st.ID, st.Kind, st.Function, st.State, st.Bytes)
+				}
+			}
+			// The probes count as before: work's on, then everything off.
+			s.hotpatch(t, "--protocol", "int3", "--enable", "work")
+			s.expectMoving(t, "work on after the kill", true, true)
+			s.hotpatch(t, "--protocol", "int3", "--disable", "*")
+			s.expectFrozen(t, "all off after the kill")
+			s.finish(t)
+		})
+	}
+}
