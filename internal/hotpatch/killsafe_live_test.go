@@ -149,3 +149,66 @@ func TestKilledMidPatchSurvives(t *testing.T) {
 		})
 	}
 }
+
+// runEnd runs bin with args and env and says how it ended: its stdout and
+// "exit N" or the signal that killed it.
+func runEnd(t *testing.T, env []string, bin string, args ...string) (string, string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(cmd.Environ(), env...)
+	out, err := cmd.Output()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return string(out), "exit 0"
+	case errors.As(err, &ee):
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return string(out), ws.Signal().String()
+		}
+		return string(out), fmt.Sprintf("exit %d", ee.ExitCode())
+	}
+	t.Fatalf("%s %v: %v", bin, args, err)
+	return "", ""
+}
+
+// TestTrapChain: the runtime's SIGTRAP handler (D89) hands every trap that
+// is not one of hotpatch's to the disposition the program had: a
+// SA_SIGINFO handler (with the siginfo: raise's SI_TKILL, an int3's
+// SI_KERNEL), a plain handler, SIG_DFL (the process dies of SIGTRAP, as
+// without the runtime, for raise and for an int3), SIG_IGN (raise ignored,
+// an int3 fatal as the kernel forces it). Each mode of the fixture runs
+// without the runtime, with it loaded after the disposition was set
+// (dlopen, as hotpatch loads it) and preloaded; all three must end alike.
+func TestTrapChain(t *testing.T) {
+	lib := testutil.Runtime(t, "gcc")
+	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Sources: []string{"trapchain.c"}, NoInstr: true})
+	want := map[string][2]string{
+		"siginfo": {"siginfo calls=2 codes=TKILL,KERNEL\n", "exit 0"},
+		"plain":   {"plain calls=2\n", "exit 0"},
+		"default": {"", syscall.SIGTRAP.String()},
+		"int3":    {"", syscall.SIGTRAP.String()},
+		"ignore":  {"ignore survived\n", "exit 0"},
+		"ignint3": {"", syscall.SIGTRAP.String()},
+	}
+	for _, mode := range []string{"siginfo", "plain", "default", "int3", "ignore", "ignint3"} {
+		t.Run(mode, func(t *testing.T) {
+			out, end := runEnd(t, nil, fx.Path, mode)
+			if w := want[mode]; out != w[0] || end != w[1] {
+				t.Fatalf("without the runtime: %q, %s; the fixture expects %q, %s", out, end, w[0], w[1])
+			}
+			for _, how := range []struct {
+				name string
+				env  []string
+				args []string
+			}{
+				{"dlopen", nil, []string{mode, lib}},
+				{"preload", []string{"LD_PRELOAD=" + lib}, []string{mode}},
+			} {
+				o, e := runEnd(t, how.env, fx.Path, how.args...)
+				if o != out || e != end {
+					t.Errorf("runtime %s: %q, %s; without it %q, %s", how.name, o, e, out, end)
+				}
+			}
+		})
+	}
+}
