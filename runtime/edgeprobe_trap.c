@@ -56,6 +56,20 @@ static struct sigaction ep_trap_prev; /* the disposition before ours */
 static int ep_trap_installed;
 static int ep_trap_sync; /* 1: membarrier SYNC_CORE registered; -1: unavailable */
 
+/* Test builds only (-DEP_TEST_PARK; internal/hotpatch TestHandlerRepairRace):
+ * called by a repairing handler, lock held, between choosing a site's byte
+ * 0 and writing it, so that a test can attach a hotpatch right there. */
+#ifdef EP_TEST_PARK
+extern void edgeprobe_test_trap_park(void) __attribute__((weak));
+#define EP_TRAP_PARK_POINT()                                                                                       \
+	do {                                                                                                       \
+		if (edgeprobe_test_trap_park)                                                                      \
+			edgeprobe_test_trap_park();                                                                \
+	} while (0)
+#else
+#define EP_TRAP_PARK_POINT() ((void)0)
+#endif
+
 EP_INLINE uint8_t ep_trap_byte(uint64_t addr) { return *(volatile const uint8_t *)addr; }
 
 /* The table entry at addr, or 0. */
@@ -179,6 +193,7 @@ EP_STATIC int ep_trap_repair(void) {
 				if (e->len < 1 || e->len >= EP_SITE_MAX || ep_trap_byte(e->addr) != 0xcc)
 					continue;
 				const uint8_t *f = ep_trap_form(e);
+				EP_TRAP_PARK_POINT();
 				if (f && ep_sys6(SYS_pwrite64, fd, (long)f, 1, (long)e->addr, 0, 0) == 1)
 					__atomic_fetch_add(&ep_inflight.repairs, 1, __ATOMIC_RELAXED);
 			}

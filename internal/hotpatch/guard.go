@@ -26,12 +26,23 @@ var ErrHandlerBusy = errors.New("a thread of the process is repairing sites in i
 // (SIGSTOP, a debugger) rather than one still working.
 const handlerWait = 10 * time.Second
 
+// EnvTestHandlerWait names a file hotpatch creates when it finds a thread
+// repairing in its SIGTRAP handler and starts waiting for it (awaitHandlers):
+// for TestHandlerRepairRace, which must know that the wait began.
+const EnvTestHandlerWait = "EDGEPROBE_TEST_HANDLER_WAIT"
+
 // inflightGuard is xmod.Guard over the runtime's in-flight table (D89): the
 // struct ep_inflight at addr in the target, written through the tracer.
-// The table is a union: entries are appended (after the sites, count is
-// written), never rewritten in place, so a hotpatch killed at any point
-// leaves every site that may hold an int3 listed; count goes back to 0 only
-// when no listed site holds an int3.
+// Entries are appended (the sites first, then count), never rewritten in
+// place while they may be needed, so a hotpatch killed at any point leaves
+// every site that may hold an int3 listed. They are not removed when a
+// protocol ends either: a thread may have executed a site's int3 before
+// the site was made whole and reach the runtime's handler later (a
+// SIGTRAP passed on by a tracer that did not arm the site, or a handler
+// entered and preempted before it read the table); the handler recognises
+// that stale trap only while the site is listed. Listing a site again
+// costs nothing (the table is read once per session); only when the table
+// is full are the entries of whole sites dropped (compact).
 type inflightGuard struct {
 	t      *ptrace.Tracer
 	addr   uint64
@@ -113,10 +124,12 @@ func (g *inflightGuard) Record(sites []xmod.Site) error {
 	}
 	var buf []byte
 	var add []shm.InflightSite
+	seen := map[uint64]bool{}
 	for _, s := range sites {
-		if g.listed[s.Addr] {
+		if g.listed[s.Addr] || seen[s.Addr] {
 			continue
 		}
+		seen[s.Addr] = true
 		var err error
 		if buf, err = shm.EncodeInflightSite(buf, s.Addr, s.Active, s.Inert); err != nil {
 			return err
@@ -127,7 +140,12 @@ func (g *inflightGuard) Record(sites []xmod.Site) error {
 		return nil
 	}
 	if len(g.sites)+len(add) > g.max {
-		return fmt.Errorf("%d listed, %d more: %w (%d)", len(g.sites), len(add), xmod.ErrGuardFull, g.max)
+		if err := g.compact(); err != nil {
+			return err
+		}
+		if len(g.sites)+len(add) > g.max {
+			return fmt.Errorf("%d listed, %d more: %w (%d)", len(g.sites), len(add), xmod.ErrGuardFull, g.max)
+		}
 	}
 	if err := g.t.WriteMem(g.addr+shm.InflightSitesOff+uint64(len(g.sites))*shm.InflightSiteSize, buf); err != nil {
 		return err
@@ -142,22 +160,43 @@ func (g *inflightGuard) Record(sites []xmod.Site) error {
 	return nil
 }
 
-// Done empties the table when no listed site holds an int3 (best effort:
-// a table left listed costs nothing but a scan in the handler).
-func (g *inflightGuard) Done() {
-	if len(g.sites) == 0 {
-		return
-	}
+// compact drops the entries of sites that hold no int3, moving the others
+// down one entry at a time in increasing order, count last: killed at any
+// point, every kept entry is still at its old index (not yet overwritten:
+// a write goes to an index no higher than the entry being read) or already
+// at its new one, and count still covers both.
+func (g *inflightGuard) compact() error {
 	var b [1]byte
+	var kept []shm.InflightSite
 	for _, e := range g.sites {
-		if err := g.t.ReadMem(e.Addr, b[:]); err != nil || b[0] == 0xcc {
-			return
+		if e.Len == 0 || e.Len >= shm.SiteMax {
+			continue // not an entry the handler reads either
 		}
+		if err := g.t.ReadMem(e.Addr, b[:]); err != nil {
+			return err
+		}
+		if b[0] != 0xcc {
+			continue
+		}
+		var buf []byte
+		buf, err := shm.EncodeInflightSite(buf, e.Addr, e.Active[:e.Len], e.Inert[:e.Len])
+		if err != nil {
+			return err
+		}
+		if err := g.t.WriteMem(g.addr+shm.InflightSitesOff+uint64(len(kept))*shm.InflightSiteSize, buf); err != nil {
+			return err
+		}
+		kept = append(kept, e)
 	}
-	if g.setCount(0) == nil {
-		g.sites = g.sites[:0]
-		clear(g.listed)
+	if err := g.setCount(len(kept)); err != nil {
+		return err
 	}
+	g.sites = kept
+	clear(g.listed)
+	for _, e := range kept {
+		g.listed[e.Addr] = true
+	}
+	return nil
 }
 
 // awaitHandlers waits, once every thread is traced, until no thread of the
@@ -171,10 +210,13 @@ func (s *Session) awaitHandlers() error {
 		return nil
 	}
 	deadline := time.Now().Add(handlerWait)
-	for {
+	for first := true; ; first = false {
 		lock, err := g.u64(shm.InflightLockOff)
 		if err != nil || lock == 0 {
 			return err
+		}
+		if p := os.Getenv(EnvTestHandlerWait); first && p != "" {
+			_ = os.WriteFile(p, nil, 0o644)
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("pid %d: thread %d, after %v: %w", s.pid, lock, handlerWait, ErrHandlerBusy)

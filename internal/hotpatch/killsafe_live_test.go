@@ -3,7 +3,9 @@ package hotpatch
 import (
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -211,4 +213,86 @@ func TestTrapChain(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHandlerRepairRace: a hotpatch that attaches while a thread's SIGTRAP
+// handler is repairing sites in-process (D90) must wait for it before it
+// reads a site. A test build of the runtime holds the handler right before
+// its byte-0 write, repair lock taken (trappark.c); then an int3 enable of
+// the same sites runs. It must wait (it says so: EnvTestHandlerWait); the
+// handler is let go, finishes, and the enable then finds the sites whole and turns them
+// on. Without the wait the enable repairs the sites itself and turns them
+// on, and the handler, let go afterwards, writes the byte 0 it chose
+// before over the new form: the site is left foreign (checked).
+func TestHandlerRepairRace(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.RuntimeWith(t, "gcc", "-DEP_TEST_PARK")
+	park := testutil.Build(t, testutil.Spec{Compiler: "gcc", Sources: []string{"trappark.c"}, Shared: true, NoInstr: true, Name: "libtrappark.so"}).Path
+	gate := filepath.Join(t.TempDir(), "go")
+	s := startMTEnv(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "nop", true, lib+":"+park, []string{"EP_TRAP_PARK=" + gate})
+	s.expectFrozen(t, "cold binary at start")
+	killMidPatch(t, s)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if _, err := os.Stat(gate + ".parked"); err == nil {
+			break
+		}
+		if !s.Alive() {
+			t.Fatalf("target died: %s", deathSignal(s))
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no handler reached its byte-0 write in a minute")
+		}
+		time.Sleep(time.Millisecond) // polling, not synchronisation
+	}
+	waitFile := filepath.Join(t.TempDir(), "waiting")
+	hp := exec.Command(testutil.Command(t, "hotpatch"), append([]string{"--pid", fmt.Sprint(s.Pid), "--protocol", "int3", "--enable", "work"}, s.probeArgs...)...)
+	hp.Env = append(hp.Environ(), EnvTestHandlerWait+"="+waitFile)
+	var stderr strings.Builder
+	hp.Stderr = &stderr
+	if err := hp.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- hp.Wait() }()
+	var err error
+	ended := false
+	for waiting := false; !waiting; {
+		select {
+		case err = <-done:
+			t.Errorf("the enable ended (%v) without waiting for the handler's repair", err)
+			waiting, ended = true, true
+		default:
+			if _, serr := os.Stat(waitFile); serr == nil {
+				waiting = true
+			} else {
+				time.Sleep(time.Millisecond) // polling, not synchronisation
+			}
+		}
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if !ended {
+		err = <-done
+	}
+	if err != nil {
+		t.Fatalf("enable: %v: %s", err, stderr.String())
+	}
+	if !progressOrDeath(t, s, 20000) {
+		t.Fatalf("the target died: %s", deathSignal(s))
+	}
+	if _, repairs, _ := inflightCounters(t, s); repairs == 0 {
+		t.Error("the handler repaired nothing")
+	}
+	for _, st := range s.states(t) {
+		if st.State != "on" && st.State != "off" {
+			t.Fatalf("probe %d (%s %s) left %s: %s", st.ID, st.Kind, st.Function, st.State, st.Bytes)
+		}
+		if st.Function == "work" && st.State != "on" {
+			t.Errorf("work's %s probe is %s after the enable", st.Kind, st.State)
+		}
+	}
+	s.expectMoving(t, "work on", true, true)
+	s.finish(t)
 }

@@ -20,11 +20,10 @@ type Guard interface {
 	// Cap is how many sites may be listed at once.
 	Cap() int
 	// Record lists sites before the first int3 of any of them is written;
-	// on error the protocol writes nothing and fails.
+	// on error the protocol writes nothing and fails. Sites stay listed
+	// after the protocol (a stale trap may reach the handler later): the
+	// guard decides when an entry may go.
 	Record(sites []Site) error
-	// Done says the protocol has finished (or given up) with the sites it
-	// listed; the guard forgets them once none of them holds an int3.
-	Done()
 }
 
 // guardRecord records the sites of todo with g (nil: nothing to do).

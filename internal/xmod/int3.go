@@ -141,9 +141,6 @@ func int3Batch(ctx context.Context, t Tracer, todo []Change, old [][]byte, o Int
 		release()
 		return held, err
 	}
-	if o.Guard != nil {
-		defer o.Guard.Done()
-	}
 	for i, c := range todo {
 		if err := t.WriteMem(c.Site.Addr, []byte{int3}); err != nil {
 			if !gone(err) {
@@ -306,7 +303,6 @@ func (a *Async) Start(ctx context.Context, changes []Change) (Result, error) {
 		if err := guardRecord(a.opts.Guard, todo); err != nil {
 			return err
 		}
-		defer a.guardDone()
 		for i, c := range todo {
 			if err := a.t.ForkForm(c.Site.Addr, old[i]); err != nil {
 				return err
@@ -327,13 +323,6 @@ func (a *Async) Start(ctx context.Context, changes []Change) (Result, error) {
 	return res, err
 }
 
-// guardDone tells the guard once no patch is outstanding.
-func (a *Async) guardDone() {
-	if a.opts.Guard != nil && len(a.pending) == 0 {
-		a.opts.Guard.Done()
-	}
-}
-
 // Finish advances every patch whose wait has elapsed and returns how many
 // remain outstanding. If the Sync fails nothing advances (every site stays
 // valid, guarded by its int3) and the error is returned.
@@ -342,7 +331,6 @@ func (a *Async) Finish(ctx context.Context) (int, error) {
 	err := a.t.Do(func() error {
 		err := a.finish(ctx)
 		n = len(a.pending)
-		a.guardDone()
 		return err
 	})
 	return n, err
@@ -453,7 +441,6 @@ func (a *Async) Drain(ctx context.Context) error {
 // one whose back bytes are written is completed after its barrier.
 func (a *Async) Abort() error {
 	return a.t.Do(func() error {
-		defer a.guardDone()
 		var errs []error
 		var second []*patch
 		for _, p := range append([]*patch(nil), a.pending...) {

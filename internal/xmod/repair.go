@@ -92,7 +92,6 @@ func repairBatch(t Tracer, rs []Repaired, o Int3Options) error {
 		if err := o.Guard.Record(sites); err != nil {
 			return fmt.Errorf("listing %d site(s) for the runtime's SIGTRAP handler: %w", len(sites), err)
 		}
-		defer o.Guard.Done()
 	}
 	for _, r := range rs {
 		if err := t.ForkForm(r.Site.Addr, r.Site.form(r.On)); err != nil {
