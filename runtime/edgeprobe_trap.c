@@ -25,9 +25,10 @@
  * the sites whole itself, as xmod.Repair would (back bytes of the form they
  * already are, inert where that is ambiguous; a core-serialising
  * membarrier; byte 0), only while holding the table's lock and only when no
- * tracer holds its thread (/proc/thread-self/status): a hotpatch that
- * attaches waits for the lock to be free before it reads a site, so the
- * handler never writes under a tracer's protocol. When it cannot (no
+ * tracer holds its thread or the leader (/proc/thread-self/status,
+ * /proc/self/status): a hotpatch seizes the leader first and then waits for
+ * the lock to be free before it reads a site, so the handler never writes
+ * under a tracer's protocol. When it cannot (no
  * membarrier SYNC_CORE, no /proc, a tracer present, another thread
  * repairing), it waits (nanosleep) and looks again: a tracer's repair, or
  * the other thread's, makes the byte change.
@@ -107,9 +108,10 @@ EP_STATIC long ep_trap_open(const char *path, int flags) {
 	return ep_sys6(SYS_openat, AT_FDCWD, (long)path, flags | O_CLOEXEC, 0, 0, 0);
 }
 
-/* Whether a tracer holds this thread: 1 (or unknown), 0 (none). */
-EP_STATIC int ep_trap_traced(void) {
-	long fd = ep_trap_open("/proc/thread-self/status", O_RDONLY);
+/* Whether a tracer holds the task of the status file at path: 1 (or
+ * unknown), 0 (none). */
+EP_STATIC int ep_trap_traced_at(const char *path) {
+	long fd = ep_trap_open(path, O_RDONLY);
 	if (fd < 0)
 		return 1;
 	char buf[2048];
@@ -133,8 +135,22 @@ EP_STATIC int ep_trap_traced(void) {
 	return 1;
 }
 
+/* Whether a tracer holds this thread or the process's leader. Every
+ * hotpatch session seizes the leader first (its lock) and then waits for
+ * the repair lock to be free (D90), so a handler that finds neither traced
+ * after taking the lock writes before any hotpatch reads a site. */
+EP_STATIC int ep_trap_traced(void) {
+	return ep_trap_traced_at("/proc/thread-self/status") || ep_trap_traced_at("/proc/self/status");
+}
+
 EP_STATIC int ep_trap_barrier(void) {
-	return ep_sys2(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE, 0) == 0;
+	long r = ep_sys2(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE, 0);
+	if (r == -EPERM) {
+		/* A fork child that inherited our flag but not the registration. */
+		ep_sys2(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_SYNC_CORE, 0);
+		r = ep_sys2(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED_SYNC_CORE, 0);
+	}
+	return r == 0;
 }
 
 /* Makes every listed site that holds an int3 over bytes of its own forms

@@ -203,9 +203,12 @@ type Session struct {
 	// not searched again on every enable).
 	regionTried bool
 	inflight    *inflightGuard // the runtime's in-flight table (guard), once found
-	mem         *ptrace.Mem    // reads without a tracer hand-off (nil: read through the tracer)
-	noSpans     bool           // every flip site written alone (SetSpanWrites)
-	inBatch     bool           // inside Batch: the tracer may not change
+	// handlersDone: awaitHandlers found no SIGTRAP handler repairing; with
+	// the leader seized since Open, none starts writing again (D90)
+	handlersDone bool
+	mem          *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
+	noSpans      bool        // every flip site written alone (SetSpanWrites)
+	inBatch      bool        // inside Batch: the tracer may not change
 	// threadMem: inside Batch, the target's memory as the tracer thread
 	// reaches it (ptrace.ThreadMem), lent for the Batch; nil outside.
 	threadMem *ptrace.ThreadMem
@@ -363,7 +366,7 @@ func (s *Session) attach(full bool) error {
 		return err
 	}
 	s.full = true
-	return s.awaitHandlers()
+	return nil
 }
 
 // Check makes the checks Apply makes of actions before it touches the
@@ -417,6 +420,9 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	}
 	phases.Mark("prepare")
 	if err := s.attach(!p.onlyFlip); err != nil {
+		return nil, err
+	}
+	if err := s.awaitHandlers(); err != nil {
 		return nil, err
 	}
 	for _, proto := range []string{ProtoStop, ProtoInt3, ProtoInt3Async} {
@@ -818,6 +824,9 @@ func (s *Session) repair(ctx context.Context, sel []selected, int3Wait time.Dura
 		return nil, err
 	}
 	if err := s.checkShared("repair"); err != nil {
+		return nil, err
+	}
+	if err := s.awaitHandlers(); err != nil {
 		return nil, err
 	}
 	sites := make([]xmod.Site, len(sel))

@@ -199,21 +199,31 @@ func (g *inflightGuard) compact() error {
 	return nil
 }
 
-// awaitHandlers waits, once every thread is traced, until no thread of the
-// target is inside its SIGTRAP handler's in-process repair (D90): a handler
-// writes only after it has taken the table's lock and found its thread
-// untraced, so once the lock is seen free with every thread traced, no
-// handler writes again while this tracer holds the process.
+// awaitHandlers waits, once per session, until no thread of the target is
+// inside its SIGTRAP handler's in-process repair (D90). The session has
+// held the leader since Open (the lock); a handler writes only after it has
+// taken the table's lock and found neither its thread nor the leader
+// traced, so once the lock is seen free no handler writes again while this
+// session holds the process. Called before the first read of a site that
+// a write depends on (Apply, repair).
 func (s *Session) awaitHandlers() error {
+	if s.handlersDone {
+		return nil
+	}
 	g, _ := s.guard().(*inflightGuard)
 	if g == nil {
+		s.handlersDone = true
 		return nil
 	}
 	deadline := time.Now().Add(handlerWait)
 	for first := true; ; first = false {
 		lock, err := g.u64(shm.InflightLockOff)
-		if err != nil || lock == 0 {
+		if err != nil {
 			return err
+		}
+		if lock == 0 {
+			s.handlersDone = true
+			return nil
 		}
 		if p := os.Getenv(EnvTestHandlerWait); first && p != "" {
 			_ = os.WriteFile(p, nil, 0o644)
