@@ -12,7 +12,8 @@
  * A trap is ours when si_code is SI_KERNEL (an int3 instruction; raise() and
  * kill() give SI_TKILL/SI_USER) and the PC - 1 (the int3 was executed) or the
  * PC (a tracer had rewound it to the site and died before resuming the
- * thread: the kernel then delivers the SIGTRAP of that stop with PC = site)
+ * thread: the kernel then delivers the SIGTRAP of that stop with PC = site;
+ * the site may be whole by then)
  * is the address of a site in the in-flight table (struct ep_inflight,
  * edgeprobe_shm.h), which hotpatch fills before it writes the first int3 of
  * a batch. Anything else goes to the disposition the program had before
@@ -277,8 +278,11 @@ EP_STATIC void ep_trap_handler(int sig, siginfo_t *si, void *ucv) {
 	uint64_t pc = (uint64_t)uc->uc_mcontext.gregs[REG_RIP];
 	struct ep_inflight_site *e = 0;
 	if (si->si_code == SI_KERNEL) {
+		/* PC - 1: the int3 just executed. PC: a dying tracer had rewound
+		 * the thread to the site (the site may be whole by now, made so
+		 * by another thread's handler: not a reason to die). */
 		e = ep_trap_find(pc - 1);
-		if (!e && ep_trap_byte(pc) == 0xcc)
+		if (!e)
 			e = ep_trap_find(pc);
 	}
 	if (!e) {
