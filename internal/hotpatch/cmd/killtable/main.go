@@ -80,6 +80,14 @@ func main() {
 		loads[r] += " .. " + loadavg()
 	}
 	table := render(results, loads, started)
+	// Read again: the document may have been edited during the runs.
+	if text, err = os.ReadFile(*doc); err != nil {
+		fail(err)
+	}
+	i, j = bytes.Index(text, []byte(begin)), bytes.Index(text, []byte(end))
+	if i < 0 || j < i {
+		fail(fmt.Errorf("%s: the %q ... %q block is gone", *doc, begin, end))
+	}
 	var b bytes.Buffer
 	b.Write(text[:i+len(begin)])
 	b.WriteString("\n")
