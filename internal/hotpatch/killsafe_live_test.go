@@ -296,3 +296,68 @@ func TestHandlerRepairRace(t *testing.T) {
 	s.expectMoving(t, "work on", true, true)
 	s.finish(t)
 }
+
+// TestForkAfterKill: children forked after hotpatch was killed with an int3
+// on a function only they run (forkkill.c's child_work) inherit the int3
+// with their copy of the text, and with it the runtime's handler and their
+// copy of the in-flight table: each repairs its own text and exits 0. The
+// parent, which never runs the function, keeps its int3 (mid-patch) until
+// `hotpatch repair`: the children did meet one. "no-table" (hotpatch lists
+// nothing): the children die of SIGTRAP.
+func TestForkAfterKill(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.Runtime(t, "gcc")
+	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"forkkill.c"}})
+	r := command(t, "coldpatch", "--placeholder", "nop", fx.Path)
+	if r.Code != 0 {
+		t.Fatalf("coldpatch: %s", r.Stderr)
+	}
+	list := filepath.Join(t.TempDir(), "probes.json")
+	if err := os.WriteFile(list, []byte(r.Stdout), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{"runtime", "no-table"} {
+		t.Run(mode, func(t *testing.T) {
+			s := &subject{probeArgs: []string{"--probes", list}}
+			s.Process = testutil.Start(t, []string{"LD_PRELOAD=" + lib}, fx.Path)
+			s.progress = s.Symbol(fx.Path, "forks")
+			var env []string
+			if mode == "no-table" {
+				env = append(env, EnvTestNoGuard+"=1")
+			}
+			args := append([]string{"--pid", fmt.Sprint(s.Pid), "--protocol", "int3", "--int3-wait", "10s", "--enable", "child_work"}, s.probeArgs...)
+			hp := exec.Command(testutil.Command(t, "hotpatch"), args...)
+			hp.Env = append(hp.Environ(), env...)
+			if err := hp.Start(); err != nil {
+				t.Fatal(err)
+			}
+			awaitMidPatch(t, s)
+			_ = hp.Process.Kill()
+			_ = hp.Wait()
+			if !progressOrDeath(t, s, 50) {
+				t.Fatalf("the parent died: %s", deathSignal(s))
+			}
+			torn := 0
+			for _, st := range s.states(t) {
+				if st.State == stateTorn {
+					torn++
+				}
+			}
+			if torn == 0 {
+				t.Fatal("no site of the parent is mid-patch: its children had no int3 to meet")
+			}
+			rr := command(t, "hotpatch", append([]string{"repair", "--pid", fmt.Sprint(s.Pid)}, s.probeArgs...)...)
+			if rr.Code != 0 || strings.Count(rr.Stdout, "repaired ") != torn {
+				t.Fatalf("repair of %d site(s): exit %d, %q, %q", torn, rr.Code, rr.Stdout, rr.Stderr)
+			}
+			out, _ := s.Finish()
+			t.Logf("%s: %s", mode, strings.TrimSpace(out))
+			switch {
+			case mode == "runtime" && !strings.Contains(out, " bad=0 "):
+				t.Errorf("children forked after the kill failed: %q", out)
+			case mode == "no-table" && !strings.Contains(out, fmt.Sprintf("lastsig=%d", syscall.SIGTRAP)):
+				t.Errorf("without the table the children should die of SIGTRAP: %q", out)
+			}
+		})
+	}
+}
