@@ -422,8 +422,13 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	if err := s.attach(!p.onlyFlip); err != nil {
 		return nil, err
 	}
-	if err := s.awaitHandlers(); err != nil {
-		return nil, err
+	// Flip writes byte 0 of whole sites only, which a SIGTRAP handler
+	// never writes (it writes sites holding int3, which flip refuses):
+	// only the other protocols wait for one (D90).
+	if !p.onlyFlip {
+		if err := s.awaitHandlers(); err != nil {
+			return nil, err
+		}
 	}
 	for _, proto := range []string{ProtoStop, ProtoInt3, ProtoInt3Async} {
 		if len(p.byProto[proto]) > 0 {

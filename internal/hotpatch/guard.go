@@ -204,8 +204,15 @@ func (g *inflightGuard) compact() error {
 // held the leader since Open (the lock); a handler writes only after it has
 // taken the table's lock and found neither its thread nor the leader
 // traced, so once the lock is seen free no handler writes again while this
-// session holds the process. Called before the first read of a site that
-// a write depends on (Apply, repair).
+// session holds the process. Called before the sites are read for any
+// protocol but flip (int3 and int3-async write int3s, which a handler
+// would repair; stop, for simplicity) and before a repair (which writes
+// sites holding int3, as a handler does). Flip is left out: it writes byte
+// 0 of whole sites only (a site holding int3 is repaired first, through
+// repair), and a handler writes only sites holding int3; its span writes
+// check every probe site they cover for a whole form right before the write
+// (docs/protocols.md, "Batches at page speed"), so a site a handler is
+// repairing makes the span fall back to one-byte writes.
 func (s *Session) awaitHandlers() error {
 	if s.handlersDone {
 		return nil
