@@ -151,7 +151,15 @@ func TestKillNine(t *testing.T) {
 				time.Sleep(time.Duration(rng.Int63n(int64(span))))
 				_ = hp.Process.Kill()
 				_ = hp.Wait()
-				if !progressOrDeath(t, s, 20000) {
+				alive := progressOrDeath(t, s, 20000)
+				var listed cmdResult
+				if alive {
+					// A death right after the progress is a death too (the
+					// list fails on a dead process).
+					listed = command(t, "hotpatch", append([]string{"--pid", fmt.Sprint(s.Pid), "list", "--json"}, s.probeArgs...)...)
+					alive = listed.Code == 0 || s.Alive()
+				}
+				if !alive {
 					err := s.Wait()
 					var ee *exec.ExitError
 					sig := "exit"
@@ -171,7 +179,14 @@ func TestKillNine(t *testing.T) {
 					restart()
 					continue
 				}
-				for _, st := range s.states(t) {
+				if listed.Code != 0 {
+					t.Fatalf("trial %d: list: exit %d: %s", trial, listed.Code, listed.Stderr)
+				}
+				var sts []ProbeState
+				if err := json.Unmarshal([]byte(listed.Stdout), &sts); err != nil {
+					t.Fatalf("trial %d: list --json: %v", trial, err)
+				}
+				for _, st := range sts {
 					if st.State == stateTorn {
 						torn++
 					}
