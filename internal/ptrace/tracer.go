@@ -654,9 +654,27 @@ func memWrite(fd int, addr uint64, b []byte) error {
 func (t *Tracer) pump() bool {
 	got := false
 	for {
-		t.prewind()
+		// Once an int3 of ours may be in the text, every event is looked
+		// at before it is reaped (prewind), and the one looked at is the
+		// one reaped: Wait4(-1) could reap another thread's stop that
+		// arrived meanwhile, unseen.
+		which := -1
+		if len(t.traps) > 0 {
+			pid, err := t.prewind()
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil || pid <= 0 {
+				if err == unix.ECHILD && len(t.threads) > 0 {
+					t.threads = map[int]*thread{}
+					t.exited = true
+				}
+				return got
+			}
+			which = pid
+		}
 		var ws unix.WaitStatus
-		wpid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL|unix.WNOTHREAD, nil)
+		wpid, err := unix.Wait4(which, &ws, unix.WNOHANG|unix.WALL|unix.WNOTHREAD, nil)
 		if err == unix.EINTR {
 			continue
 		}
@@ -688,34 +706,33 @@ func (t *Tracer) pump() bool {
 // cldTrapped is si_code CLD_TRAPPED: a traced child stopped.
 const cldTrapped = 4
 
-func (t *Tracer) prewind() {
-	if len(t.traps) == 0 {
-		return // no int3 of ours was ever written: nothing to look for
+// It returns the pid of the event it looked at (0: none) and waitid's error.
+func (t *Tracer) prewind() (int, error) {
+	pid, code, status, err := peekWait()
+	if err != nil || pid <= 0 {
+		return 0, err
 	}
-	pid, code, status, ok := peekWait()
-	if !ok || code != cldTrapped || status != int32(unix.SIGTRAP) {
-		return
+	if code != cldTrapped || status != int32(unix.SIGTRAP) {
+		return pid, nil
 	}
 	th := t.threads[pid]
 	if th == nil || th.prewound {
-		return
+		return pid, nil
 	}
-	si, err := getSiginfo(pid)
-	if err != nil || si.Code != 0x80 /* SI_KERNEL */ {
-		return
+	si, serr := getSiginfo(pid)
+	if serr != nil || si.Code != 0x80 /* SI_KERNEL */ {
+		return pid, nil
 	}
 	var regs Regs
-	if err := unix.PtraceGetRegs(pid, &regs); err != nil {
-		return
-	}
-	if t.traps[regs.Rip-1] == nil {
-		return
+	if unix.PtraceGetRegs(pid, &regs) != nil || t.traps[regs.Rip-1] == nil {
+		return pid, nil
 	}
 	regs.Rip--
 	if unix.PtraceSetRegs(pid, &regs) == nil {
 		th.prewound = true
 		t.stats.Prewound++
 	}
+	return pid, nil
 }
 
 func (t *Tracer) handle(wpid int, ws unix.WaitStatus) {
