@@ -115,7 +115,11 @@ EP_STATIC int ep_trap_traced_at(const char *path) {
 	long fd = ep_trap_open(path, O_RDONLY);
 	if (fd < 0)
 		return 1;
-	char buf[2048];
+	/* TracerPid is the 8th line, after Name (a 15-character comm, at most
+	 * 60 bytes escaped) and six short ones: 512 bytes reach it, and keep
+	 * the handler's frame small for a program whose alternate signal stack
+	 * is only MINSIGSTKSZ. */
+	char buf[512];
 	long n = ep_sys6(SYS_read, fd, (long)buf, sizeof buf - 1, 0, 0, 0);
 	ep_sys1(SYS_close, fd);
 	if (n <= 0)
