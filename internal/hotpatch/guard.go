@@ -7,7 +7,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"github.com/edgeprobe/edgeprobe/internal/xmod"
 )
@@ -44,7 +43,7 @@ const EnvTestHandlerWait = "EDGEPROBE_TEST_HANDLER_WAIT"
 // costs nothing (the table is read once per session); only when the table
 // is full are the entries of whole sites dropped (compact).
 type inflightGuard struct {
-	t      *ptrace.Tracer
+	t      xmod.Mem // the session's tracer (a fake in guard_test.go)
 	addr   uint64
 	max    int
 	loaded bool
