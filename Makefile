@@ -6,7 +6,7 @@ RUNTIME_CFLAGS = -O2 -g -fPIC -shared -fno-plt -pthread -ftls-model=initial-exec
                  -fvisibility=hidden -Wall -Wextra -Werror
 RUNTIME_SRC    = $(wildcard runtime/*.c runtime/*.h runtime/*.S)
 
-.PHONY: all build test test-long test-short vet fuzz demo bench bench-quick gobench clean FORCE
+.PHONY: all build test test-long test-short vet fuzz demo bench bench-quick gobench killtable clean FORCE
 
 all: build
 
@@ -52,6 +52,11 @@ test: build vet
 EDGEPROBE_SOAK ?= 30s
 test-long: build vet
 	EDGEPROBE_LONG=1 EDGEPROBE_SOAK=$(EDGEPROBE_SOAK) $(TESTSUMMARY) -budget 60m -- $(GOFLAGS) -count=1 -timeout 60m ./...
+
+# docs/protocols.md's "SIGKILL and repair" table, from two runs of the SIGKILL soak
+# (TestKillNine, 100 kills per row; about 10 minutes a run on two cores).
+killtable: build
+	nice -n 19 $(GO) run ./internal/hotpatch/cmd/killtable -runs 2 -doc docs/protocols.md
 
 test-short: build
 	$(GO) test $(GOFLAGS) -short ./...

@@ -44,6 +44,7 @@ EP_STATIC void ep_atfork_child(void) {
 	 * here (the parent's mapping and descriptor stay, unused) and makes no
 	 * region of its own. */
 	int nosys = ep_sys_off();
+	ep_trap_forked();
 	int had = __atomic_exchange_n(&ep_state, 0, __ATOMIC_ACQ_REL) == 2;
 	SIGFENCE();
 	ep_early_drops = 0;
@@ -233,6 +234,10 @@ EP_STATIC void ep_write_output(void) {
 __attribute__((constructor, no_instrument_function)) static void ep_ctor(void) {
 	ep_tls.busy = EP_BUSY_HARD;
 	SIGFENCE();
+	/* Before the region: a hotpatch that finds the region may list sites
+	 * in the in-flight table at once (D89). Not under seccomp (D56). */
+	if (!ep_sys_off())
+		ep_trap_install();
 	ep_ensure_init();
 	if (!ep_atfork_done && pthread_atfork(ep_atfork_prepare, ep_atfork_parent, ep_atfork_child) == 0)
 		ep_atfork_done = 1;

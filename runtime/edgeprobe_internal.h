@@ -245,6 +245,10 @@ EP_SHARED_COLD uint32_t ep_filter_verdict(struct ep_thread *th, uint64_t cg);
 EP_SHARED_COLD int ep_trace_held(struct ep_thread *th, uint32_t kind, uint64_t key, uint32_t depth, uint32_t gen);
 EP_SHARED void ep_count_entry(struct ep_thread *th, uint64_t key, uint32_t ctl, int deep);
 EP_SHARED void ep_thread_dtor(void *v);
+/* edgeprobe_trap.c (D89): the SIGTRAP handler and its in-flight table */
+EP_HIDDEN extern struct ep_inflight ep_inflight;
+EP_SHARED void ep_trap_install(void);
+EP_SHARED void ep_trap_forked(void);
 
 /* edgeprobe_rings.c */
 /* kg: the event's kind | the gen of the word that decided it << 32 (one

@@ -404,6 +404,9 @@ EP_STATIC int ep_make_region(void) {
 	h->calib_ns = ep_cal_ns;
 	h->init_mono = ep_mono_ns();
 	h->state = EP_STATE_RUNNING;
+	/* version 8 (D89): where hotpatch lists the sites it puts an int3 on */
+	h->inflight = (uint64_t)(uintptr_t)&ep_inflight;
+	h->inflight_max = EP_INFLIGHT_MAX;
 	uint32_t ctl = 0;
 	if (ep_env_u64("EDGEPROBE_TRACE", 0, 1))
 		ctl |= EP_CTL_TRACE;

@@ -49,7 +49,7 @@
 #include <stdint.h>
 
 #define EP_MAGIC 0x3142525045474445ull /* "EDGEPRB1" as little-endian bytes */
-#define EP_VERSION 7u /* 2: fentry_mode and the fentry_* counters (padding, zero, in version 1);
+#define EP_VERSION 8u /* 2: fentry_mode and the fentry_* counters (padding, zero, in version 1);
                         * 3: ep_func.gen in place of the 64th histogram bucket, ep_frame.gen;
                         * 4: ep_frame.sp (exits match entries by stack position), ep_func.deep_*
                         *    in place of histogram buckets 61 and 62, ep_thread loss counters;
@@ -69,7 +69,10 @@
                         *    sets filters starts a new generation (a version-5 reader does not,
                         *    so it must not drive this runtime);
                         * 7: EP_DATA_GEN stamp records in the rings and ep_thread.ev_gen (padding
-                        *    before, D79): each event says which control|gen word decided it */
+                        *    before, D79): each event says which control|gen word decided it;
+                        * 8: header.inflight, inflight_max (D89): where the process keeps the
+                        *    table of sites an int3 protocol has put an int3 on (struct
+                        *    ep_inflight, in the runtime's own memory, not in the region) */
 #define EP_HEADER_SIZE 4096u
 /* The function table's hash (see the layout above). */
 #define EP_HASH_MUL 0x9E3779B97F4A7C15ull
@@ -271,7 +274,14 @@ struct ep_header {
 	uint32_t _pad5;            /* 420 */
 	uint64_t nosys_threads;    /* 424: threads whose first hook came under nosys: not recorded */
 	uint64_t nosys_skips;      /* 432: in-hook system calls left out under nosys (their decision made without them) */
-	uint64_t _pad4[201];       /* 440 .. 2048 */
+	/* 440: the address, in the process, of its struct ep_inflight (version
+	 * 8, D89): hotpatch writes there (through /proc/PID/mem) the sites it is
+	 * about to put an int3 on; 0: no table (an older runtime's region reads
+	 * 0 here) */
+	uint64_t inflight;
+	uint32_t inflight_max;     /* 448: its capacity (EP_INFLIGHT_MAX) */
+	uint32_t _pad7;            /* 452 */
+	uint64_t _pad4[199];       /* 456 .. 2048 */
 	/* argument capture plans (version 5) */
 	struct ep_argplan argplan[EP_ARGPLANS]; /* 2048 .. 4096 */
 };
@@ -389,6 +399,38 @@ struct ep_event {
 	uint64_t fn;  /* 8: key, or tid for EP_EV_THREAD */
 };
 
+/* The in-flight table (version 8, D89; docs/protocols.md, "SIGKILL and
+ * repair"). It lives in the runtime's own memory (.bss), not in the region:
+ * a forked child gets a copy of it together with the copy of the text it
+ * describes, and a vfork child shares both. hotpatch writes it through
+ * /proc/PID/mem while it traces the process: the sites first, then count,
+ * before the first int3 of them is written; count 0 once no int3 of its
+ * own is left. The runtime's SIGTRAP handler reads it when a trap at one
+ * of these sites reaches the process, i.e. when no tracer took it (the
+ * tracer was killed). */
+#define EP_INFLIGHT_MAX 16384u
+#define EP_SITE_MAX 16u
+struct ep_inflight_site {
+	uint64_t addr;   /* 0: the site's run-time address */
+	uint32_t len;    /* 8: its length, 1..15 */
+	uint32_t _pad;   /* 12 */
+	uint8_t active[EP_SITE_MAX]; /* 16: its active form (len bytes) */
+	uint8_t inert[EP_SITE_MAX];  /* 32: its inert form */
+};
+struct ep_inflight {
+	uint64_t count;   /* 0: sites valid (hotpatch writes it after them) */
+	/* 8: 0, or the tid of a thread whose SIGTRAP handler is repairing
+	 * sites in-process; a hotpatch attaching waits for 0 before it reads a
+	 * site, and a handler takes it (CAS from 0) only to write, and writes
+	 * only when no tracer holds its thread */
+	uint64_t lock;
+	uint64_t traps;   /* 16: traps at a listed site the handler took (no tracer took them) */
+	uint64_t repairs; /* 24: sites the handler made whole */
+	uint64_t holds;   /* 32: traps the handler could not repair at once (waited) */
+	uint64_t _pad[3]; /* 40 */
+	struct ep_inflight_site site[EP_INFLIGHT_MAX]; /* 64 */
+};
+
 #define EP_STATIC_ASSERT(c, m) _Static_assert(c, m)
 EP_STATIC_ASSERT(sizeof(struct ep_header) == EP_HEADER_SIZE, "header size");
 EP_STATIC_ASSERT(sizeof(struct ep_func) == 576, "ep_func size");
@@ -396,5 +438,7 @@ EP_STATIC_ASSERT(sizeof(struct ep_thread) == 192, "ep_thread size");
 EP_STATIC_ASSERT(sizeof(struct ep_local) == 48, "ep_local size");
 EP_STATIC_ASSERT(sizeof(struct ep_frame) == 48, "ep_frame size");
 EP_STATIC_ASSERT(sizeof(struct ep_event) == 16, "ep_event size");
+EP_STATIC_ASSERT(sizeof(struct ep_inflight_site) == 48, "ep_inflight_site size");
+EP_STATIC_ASSERT(sizeof(struct ep_inflight) == 64 + EP_INFLIGHT_MAX * 48, "ep_inflight size");
 
 #endif

@@ -208,9 +208,13 @@ type Session struct {
 	// regionTried: openRegion looked (a process without the runtime is
 	// not searched again on every enable).
 	regionTried bool
-	mem         *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
-	noSpans     bool        // every flip site written alone (SetSpanWrites)
-	inBatch     bool        // inside Batch: the tracer may not change
+	inflight    *inflightGuard // the runtime's in-flight table (guard), once found
+	// handlersDone: awaitHandlers found no SIGTRAP handler repairing; with
+	// the leader seized since Open, none starts writing again (D90)
+	handlersDone bool
+	mem          *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
+	noSpans      bool        // every flip site written alone (SetSpanWrites)
+	inBatch      bool        // inside Batch: the tracer may not change
 	// threadMem: inside Batch, the target's memory as the tracer thread
 	// reaches it (ptrace.ThreadMem), lent for the Batch; nil outside.
 	threadMem *ptrace.ThreadMem
@@ -439,6 +443,14 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	if err := s.attach(!p.onlyFlip); err != nil {
 		return nil, err
 	}
+	// Flip writes byte 0 of whole sites only, which a SIGTRAP handler
+	// never writes (it writes sites holding int3, which flip refuses):
+	// only the other protocols wait for one (D90).
+	if !p.onlyFlip {
+		if err := s.awaitHandlers(); err != nil {
+			return nil, err
+		}
+	}
 	for _, proto := range []string{ProtoStop, ProtoInt3, ProtoInt3Async} {
 		if len(p.byProto[proto]) > 0 {
 			if err := s.checkShared(proto); err != nil {
@@ -512,7 +524,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 		case proto == ProtoFlip:
 			r, err = s.flip(ctx, changes, res)
 		default:
-			r, err = run(ctx, s.tracer, proto, changes, int3Wait)
+			r, err = run(ctx, s.tracer, proto, changes, xmod.Int3Options{Wait: int3Wait, Guard: s.guard()})
 		}
 		res.Changed += r.Changed
 		res.Unchanged += r.Unchanged
@@ -775,8 +787,7 @@ func siteOf(s selected) xmod.Site {
 	}
 }
 
-func run(ctx context.Context, t *ptrace.Tracer, proto string, changes []xmod.Change, wait time.Duration) (xmod.Result, error) {
-	opts := xmod.Int3Options{Wait: wait}
+func run(ctx context.Context, t *ptrace.Tracer, proto string, changes []xmod.Change, opts xmod.Int3Options) (xmod.Result, error) {
 	switch proto {
 	case ProtoFlip:
 		return xmod.Flip(ctx, t, changes, xmod.FlipOptions{})
@@ -860,13 +871,16 @@ func (s *Session) repair(ctx context.Context, sel []selected, int3Wait time.Dura
 	if err := s.checkShared("repair"); err != nil {
 		return nil, err
 	}
+	if err := s.awaitHandlers(); err != nil {
+		return nil, err
+	}
 	sites := make([]xmod.Site, len(sel))
 	byAddr := map[uint64]selected{}
 	for i, c := range sel {
 		sites[i] = siteOf(c)
 		byAddr[sites[i].Addr] = c
 	}
-	done, err := xmod.Repair(ctx, s.tracer, sites, xmod.Int3Options{Wait: int3Wait})
+	done, err := xmod.Repair(ctx, s.tracer, sites, xmod.Int3Options{Wait: int3Wait, Guard: s.guard()})
 	var notes []RepairNote
 	for _, r := range done {
 		c := byAddr[r.Site.Addr]

@@ -117,6 +117,14 @@ func hooksLib(t *testing.T) string {
 // counting hooks (preloaded, or linked in for static builds).
 func startMT(t *testing.T, spec testutil.Spec, cold string, useList bool) *subject {
 	t.Helper()
+	return startMTEnv(t, spec, cold, useList, "", nil)
+}
+
+// startMTEnv is startMT with more libraries preloaded after the counting
+// hooks (the runtime, whose hooks the counting ones then shadow: its
+// constructor and SIGTRAP handler run, the counts stay the fixture's).
+func startMTEnv(t *testing.T, spec testutil.Spec, cold string, useList bool, preload string, extra []string) *subject {
+	t.Helper()
 	spec.Sources = []string{"mt.c"}
 	hooksAt := ""
 	var env []string
@@ -124,8 +132,9 @@ func startMT(t *testing.T, spec testutil.Spec, cold string, useList bool) *subje
 		spec.Sources = append(spec.Sources, "hooks.c")
 	} else {
 		hooksAt = hooksLib(t)
-		env = []string{"LD_PRELOAD=" + hooksAt}
+		env = []string{"LD_PRELOAD=" + strings.TrimSuffix(hooksAt+":"+preload, ":")}
 	}
+	env = append(env, extra...)
 	fx := testutil.Build(t, spec)
 	if hooksAt == "" {
 		hooksAt = fx.Path

@@ -1,6 +1,7 @@
 package ptrace
 
 import (
+	"encoding/binary"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -36,6 +37,25 @@ func getSiginfo(tid int) (siginfo, error) {
 		return si, e
 	}
 	return si, nil
+}
+
+// peekWait returns the next event of the calling thread's tracees without
+// consuming it (waitid with WNOWAIT): its pid, si_code (CLD_*) and
+// si_status (for a ptrace-stop, the stop's code: the signal, | event << 8).
+// pid is 0 when there is none; err is waitid's (ECHILD: no tracee left).
+func peekWait() (pid int, code, status int32, err error) {
+	var si siginfo
+	opts := unix.WEXITED | unix.WSTOPPED | unix.WNOHANG | unix.WNOWAIT | unix.WALL | unix.WNOTHREAD
+	_, _, e := unix.Syscall6(unix.SYS_WAITID, unix.P_ALL, 0, uintptr(unsafe.Pointer(&si)), uintptr(opts), 0, 0)
+	if e != 0 {
+		return 0, 0, 0, e
+	}
+	b := si.bytes()
+	pid = int(int32(binary.LittleEndian.Uint32(b[16:20])))
+	if pid <= 0 {
+		return 0, 0, 0, nil
+	}
+	return pid, si.Code, int32(binary.LittleEndian.Uint32(b[24:28])), nil
 }
 
 // listen issues PTRACE_LISTEN: a group-stopped tracee stays stopped, but we

@@ -37,6 +37,7 @@ type Stats struct {
 	GroupStops uint64 // group-stops kept with PTRACE_LISTEN
 	TrapsHeld  uint64 // threads held at an armed int3
 	StaleTraps uint64 // threads that hit an int3 already removed, rewound
+	Prewound   uint64 // SIGTRAP stops rewound to the site before they were reaped (prewind)
 	Syncs      uint64 // Sync rounds completed
 	Forks      uint64 // children forked while attached, repaired and detached before they ran
 	Vforks     uint64 // vfork children, traced like threads (they share our text) until exec or exit
@@ -80,6 +81,10 @@ type thread struct {
 	// inVfork: the thread is blocked in vfork until its child execs or
 	// exits; it is in the kernel, so Sync counts it as synced.
 	inVfork bool
+	// prewound: its SIGTRAP stop, still unreaped, was found at an address
+	// we armed and its PC already set back to the site (prewind); the stop
+	// is handled as such once reaped.
+	prewound bool
 }
 
 // Kinds of child a traced thread may create, from its ptrace event.
@@ -649,8 +654,27 @@ func memWrite(fd int, addr uint64, b []byte) error {
 func (t *Tracer) pump() bool {
 	got := false
 	for {
+		// Once an int3 of ours may be in the text, every event is looked
+		// at before it is reaped (prewind), and the one looked at is the
+		// one reaped: Wait4(-1) could reap another thread's stop that
+		// arrived meanwhile, unseen.
+		which := -1
+		if len(t.traps) > 0 {
+			pid, err := t.prewind()
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil || pid <= 0 {
+				if err == unix.ECHILD && len(t.threads) > 0 {
+					t.threads = map[int]*thread{}
+					t.exited = true
+				}
+				return got
+			}
+			which = pid
+		}
 		var ws unix.WaitStatus
-		wpid, err := unix.Wait4(-1, &ws, unix.WNOHANG|unix.WALL|unix.WNOTHREAD, nil)
+		wpid, err := unix.Wait4(which, &ws, unix.WNOHANG|unix.WALL|unix.WNOTHREAD, nil)
 		if err == unix.EINTR {
 			continue
 		}
@@ -665,6 +689,50 @@ func (t *Tracer) pump() bool {
 		got = true
 		t.handle(wpid, ws)
 	}
+}
+
+// prewind looks at the next event before it is reaped: if it is a SIGTRAP
+// signal-delivery-stop of one of our threads at an address we armed, the
+// thread's PC goes back to the site now, while the stop is unreaped. Reaping
+// a stop clears the tracee's exit code (the signal it will take when
+// resumed): a tracer killed between reaping a SIGTRAP stop and rewinding
+// the PC released the thread past the int3 with the signal gone, and it
+// ran the rest of the site as instructions (the SIGILL of D71, found with
+// a core in killsafe6: PC = site + 3, DF set and rbx pushed, i.e. it ran
+// 53 (push rbx) and fd (std) of a call's rel32). Rewound first, a tracer
+// that dies before reaping leaves the SIGTRAP to be delivered at PC = site
+// (the runtime's handler takes that, D89), one that dies after leaves the
+// thread at the site with no signal: it executes the int3 again.
+// cldTrapped is si_code CLD_TRAPPED: a traced child stopped.
+const cldTrapped = 4
+
+// It returns the pid of the event it looked at (0: none) and waitid's error.
+func (t *Tracer) prewind() (int, error) {
+	pid, code, status, err := peekWait()
+	if err != nil || pid <= 0 {
+		return 0, err
+	}
+	if code != cldTrapped || status != int32(unix.SIGTRAP) {
+		return pid, nil
+	}
+	th := t.threads[pid]
+	if th == nil || th.prewound {
+		return pid, nil
+	}
+	si, serr := getSiginfo(pid)
+	if serr != nil || si.Code != 0x80 /* SI_KERNEL */ {
+		return pid, nil
+	}
+	var regs Regs
+	if unix.PtraceGetRegs(pid, &regs) != nil || t.traps[regs.Rip-1] == nil {
+		return pid, nil
+	}
+	regs.Rip--
+	if unix.PtraceSetRegs(pid, &regs) == nil {
+		th.prewound = true
+		t.stats.Prewound++
+	}
+	return pid, nil
 }
 
 func (t *Tracer) handle(wpid int, ws unix.WaitStatus) {
@@ -710,6 +778,9 @@ func (t *Tracer) handle(wpid int, ws unix.WaitStatus) {
 	th.syncWant = false // any ptrace-stop is a kernel entry and exit
 	sig := int(ws.StopSignal())
 	event := int(ws) >> 16
+	if event != 0 || sig != int(unix.SIGTRAP) {
+		th.prewound = false // prewind marks only a SIGTRAP signal-delivery-stop
+	}
 	if event != unix.PTRACE_EVENT_VFORK {
 		// A thread blocked in vfork reports no stop until the vfork ends
 		// (its wait is killable only): any other stop means it is out.
@@ -795,6 +866,8 @@ func (t *Tracer) handle(wpid int, ws unix.WaitStatus) {
 // an address we own. At an armed address the thread is marked to be held; at
 // a disarmed one (a stale int3) its PC is rewound to the site.
 func (t *Tracer) isOurTrap(th *thread) bool {
+	prewound := th.prewound
+	th.prewound = false
 	if len(t.traps) == 0 {
 		return false
 	}
@@ -807,6 +880,9 @@ func (t *Tracer) isOurTrap(th *thread) bool {
 		return false
 	}
 	addr := regs.Rip - 1
+	if prewound {
+		addr = regs.Rip // set back before the stop was reaped (prewind)
+	}
 	tr := t.traps[addr]
 	if tr == nil {
 		return false

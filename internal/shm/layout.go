@@ -7,7 +7,7 @@ package shm
 const Magic uint64 = 0x3142525045474445
 
 // Version is the layout version this package reads.
-const Version uint32 = 7
+const Version uint32 = 8
 
 // MinVersion is the oldest layout version this package still reads. Version
 // 5 made the function table a chain of segments with its keys in an array of
@@ -17,6 +17,8 @@ const Version uint32 = 7
 // version 5 would not), so a version-5 region reads the same. Version 7
 // stamps each ring's events with the generation they were decided under
 // (DataGen records, D79); older regions' events carry none (Stamped).
+// Version 8 only names header padding: Inflight, the address of the
+// process's in-flight table (D89), 0 in older regions (no table).
 const MinVersion uint32 = 5
 
 // The function table's hash (runtime/edgeprobe_shm.h: EP_HASH_MUL,
@@ -226,8 +228,14 @@ type Header struct {
 	_            uint32
 	NosysThreads uint64 // threads whose first hook came under Nosys: not recorded
 	NosysSkips   uint64 // in-hook system calls left out under Nosys
-	_            [201]uint64
-	ArgPlan      [ArgPlans]argPlan // version 5
+	// version 8 (D89): the address, in the process, of its in-flight table
+	// (struct ep_inflight, the runtime's own memory), and its capacity; 0:
+	// no table (an older runtime)
+	Inflight    uint64
+	InflightMax uint32
+	_           uint32
+	_           [199]uint64
+	ArgPlan     [ArgPlans]argPlan // version 5
 }
 
 // funcEntry is struct ep_func.

@@ -31,6 +31,7 @@ func TestLayoutMatchesC(t *testing.T) {
 		"ep_header": reflect.TypeOf(Header{}), "ep_func": reflect.TypeOf(funcEntry{}),
 		"ep_thread": reflect.TypeOf(threadSlot{}), "ep_local": reflect.TypeOf(localEntry{}),
 		"ep_frame": reflect.TypeOf(frame{}), "ep_event": reflect.TypeOf(event{}), "ep_argplan": reflect.TypeOf(argPlan{}),
+		"ep_inflight_site": reflect.TypeOf(InflightSite{}), "ep_inflight": reflect.TypeOf(inflightHead{}),
 	}
 	const layoutSpec = 0x0f2a15a5c3e7
 	consts := map[string]uint64{
@@ -49,8 +50,9 @@ func TestLayoutMatchesC(t *testing.T) {
 		"SPEC_INT": uint64(SpecInt(layoutSpec)), "SPEC_SSE": uint64(SpecSSE(layoutSpec)), "SPEC_STR": uint64(SpecStr(layoutSpec)),
 		"SPEC_STACK": uint64(SpecStack(layoutSpec)), "SPEC_RINT": uint64(SpecRInt(layoutSpec)), "SPEC_RSSE": uint64(SpecRSSE(layoutSpec)),
 		"EP_HASH_MUL": hashMul, "EP_HASH_STEP": hashStep,
+		"EP_INFLIGHT_MAX": InflightMax, "EP_SITE_MAX": SiteMax,
 	}
-	sizes := map[string]uintptr{"ep_func": funcSize, "ep_thread": threadSize, "ep_local": localSize, "ep_frame": frameSize, "ep_event": eventSize, "ep_header": HeaderSize, "ep_argplan": 16}
+	sizes := map[string]uintptr{"ep_func": funcSize, "ep_thread": threadSize, "ep_local": localSize, "ep_frame": frameSize, "ep_event": eventSize, "ep_header": HeaderSize, "ep_argplan": 16, "ep_inflight_site": InflightSiteSize}
 	seenFields := map[string]int{}
 	sc := bufio.NewScanner(strings.NewReader(string(out)))
 	for sc.Scan() {

@@ -24,6 +24,9 @@ type Int3Options struct {
 	// relies on Wait alone. The time wait alone is unproven on this machine
 	// class (see docs/protocols.md); keep Sync unless measuring.
 	NoSync bool
+	// Guard, when set, lists every site in the target's in-flight table
+	// before its int3 is written (D89); nil: none (an old runtime, or none).
+	Guard Guard
 }
 
 func (o Int3Options) wait() time.Duration {
@@ -90,12 +93,27 @@ func Int3(ctx context.Context, t Tracer, changes []Change, opts Int3Options) (Re
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		held, err := int3Batch(ctx, t, todo, old, opts)
-		res.Held = held
-		if err == nil {
-			res.Changed = len(todo)
+		// A batch larger than the in-flight table is applied as several,
+		// each one whole protocol run (every site of a run listed).
+		n := len(todo)
+		if opts.Guard != nil && opts.Guard.Cap() > 0 && opts.Guard.Cap() < n {
+			n = opts.Guard.Cap()
 		}
-		return err
+		for i := 0; i < len(todo); i += n {
+			j := min(i+n, len(todo))
+			if i > 0 {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+			}
+			held, err := int3Batch(ctx, t, todo[i:j], old[i:j], opts)
+			res.Held += held
+			if err != nil {
+				return err
+			}
+			res.Changed += j - i
+		}
+		return nil
 	})
 	return res, err
 }
@@ -118,6 +136,10 @@ func int3Batch(ctx context.Context, t Tracer, todo []Change, old [][]byte, o Int
 			release()
 			return held, err
 		}
+	}
+	if err := guardRecord(o.Guard, todo); err != nil {
+		release()
+		return held, err
 	}
 	for i, c := range todo {
 		if err := t.WriteMem(c.Site.Addr, []byte{int3}); err != nil {
@@ -273,6 +295,12 @@ func (a *Async) Start(ctx context.Context, changes []Change) (Result, error) {
 		todo, old, unchanged, err := plan(a.t, cs)
 		res.Unchanged = unchanged
 		if err != nil {
+			return err
+		}
+		if a.opts.Guard != nil && a.opts.Guard.Cap() > 0 && len(a.pending)+len(todo) > a.opts.Guard.Cap() {
+			return fmt.Errorf("%d site(s) in flight, %d more: %w (%d)", len(a.pending), len(todo), ErrGuardFull, a.opts.Guard.Cap())
+		}
+		if err := guardRecord(a.opts.Guard, todo); err != nil {
 			return err
 		}
 		for i, c := range todo {

@@ -84,6 +84,15 @@ func repairBatch(t Tracer, rs []Repaired, o Int3Options) error {
 			_, _ = t.ReleaseTrap(r.Site.Addr)
 		}
 	}
+	if o.Guard != nil {
+		sites := make([]Site, len(rs))
+		for i, r := range rs {
+			sites[i] = r.Site
+		}
+		if err := o.Guard.Record(sites); err != nil {
+			return fmt.Errorf("listing %d site(s) for the runtime's SIGTRAP handler: %w", len(sites), err)
+		}
+	}
 	for _, r := range rs {
 		if err := t.ForkForm(r.Site.Addr, r.Site.form(r.On)); err != nil {
 			release()

@@ -40,7 +40,7 @@ int main(void) {
 	F(ep_header, func_drop_enters); F(ep_header, func_drop_exits); F(ep_header, threads_claimed);
 	F(ep_header, threads_active); F(ep_header, thread_overflows); F(ep_header, thread_drop_hits);
 	F(ep_header, preinit_drops); F(ep_header, late_drops); F(ep_header, fentry_mode);
-	F(ep_header, fentry_sites); F(ep_header, fentry_bad_sites); F(ep_header, fentry_unwound); F(ep_header, nosys); F(ep_header, nosys_threads); F(ep_header, nosys_skips);
+	F(ep_header, fentry_sites); F(ep_header, fentry_bad_sites); F(ep_header, fentry_unwound); F(ep_header, nosys); F(ep_header, nosys_threads); F(ep_header, nosys_skips); F(ep_header, inflight); F(ep_header, inflight_max);
 	F(ep_header, argplan); F(ep_argplan, key); F(ep_argplan, spec); S(ep_argplan);
 	F(ep_func, addr); F(ep_func, entries); F(ep_func, exits); F(ep_func, sum_ns); F(ep_func, min_inv);
 	F(ep_func, max_ns); F(ep_func, orphans); F(ep_func, unmatched); F(ep_func, hist);
@@ -55,5 +55,8 @@ int main(void) {
 	F(ep_local, addr); F(ep_local, gidx); F(ep_local, hint); F(ep_local, entries); F(ep_local, exits); F(ep_local, sum_ns); F(ep_local, frame_ids);
 	F(ep_frame, fn); F(ep_frame, ts); F(ep_frame, sp); F(ep_frame, site); F(ep_frame, gidx); F(ep_frame, lidx); F(ep_frame, gen); F(ep_frame, flags);
 	F(ep_event, tsk); F(ep_event, fn);
+	S(ep_inflight_site); F(ep_inflight_site, addr); F(ep_inflight_site, len); F(ep_inflight_site, active); F(ep_inflight_site, inert);
+	F(ep_inflight, count); F(ep_inflight, lock); F(ep_inflight, traps); F(ep_inflight, repairs); F(ep_inflight, holds); F(ep_inflight, site);
+	C(EP_INFLIGHT_MAX); C(EP_SITE_MAX);
 	return 0;
 }
