@@ -119,9 +119,12 @@ included), then from --probes lists, else sub_<address>.`,
   hotpatch stats --pid 4242 --sort p99 --json | jq '.functions[0]'
   EDGEPROBE_OUTPUT=run.ep LD_PRELOAD=bin/libedgeprobe.so ./app && hotpatch stats --input run.ep`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			if (tf.pid > 0) == (input != "") {
 				return usagef("give exactly one of --pid and --input")
+			}
+			if input != "" {
+				defer guardMapped(input, &err)()
 			}
 			var lists []*probelist.List
 			for _, f := range tf.probes {
@@ -134,7 +137,6 @@ included), then from --probes lists, else sub_<address>.`,
 			var (
 				region *shm.Region
 				sym    *report.Symbolizer
-				err    error
 			)
 			if input != "" {
 				if region, err = shm.Open(input); err != nil {

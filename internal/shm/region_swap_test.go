@@ -177,9 +177,10 @@ func TestOutputMapsReplaced(t *testing.T) {
 	if err := syscall.Mkfifo(lib, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	hp := testutil.Command(t, "hotpatch") // built before the bound starts
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	c := exec.CommandContext(ctx, testutil.Command(t, "hotpatch"), "stats", "--input", out)
+	c := exec.CommandContext(ctx, hp, "stats", "--input", out)
 	var stdout, stderr strings.Builder
 	c.Stdout, c.Stderr = &stdout, &stderr
 	err := c.Run()
@@ -210,9 +211,10 @@ func TestOpenInputNotRegular(t *testing.T) {
 	if _, err := unix.InotifyAddWatch(in, fifo, unix.IN_OPEN); err != nil {
 		t.Fatal(err)
 	}
+	hp := testutil.Command(t, "hotpatch") // built before the bound starts
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	c := exec.CommandContext(ctx, testutil.Command(t, "hotpatch"), "stats", "--input", fifo)
+	c := exec.CommandContext(ctx, hp, "stats", "--input", fifo)
 	var stderr strings.Builder
 	c.Stderr = &stderr
 	err = c.Run()
