@@ -361,3 +361,39 @@ func TestForkAfterKill(t *testing.T) {
 		})
 	}
 }
+
+// TestKilledAfterTrapReaped: hotpatch SIGKILLs itself (EDGEPROBE_TEST_KILL_AT
+// =trap-reaped) right after its tracer reaped the first SIGTRAP stop of a
+// thread at one of its int3s, before handling it: reaping cleared the
+// thread's signal, so the thread resumes with none, at whatever PC it has.
+// The tracer rewinds the PC before it reaps (prewind): the thread resumes
+// at the site, executes the int3 again with no tracer, and the runtime's
+// handler makes the site whole. Before prewind the thread resumed at site +
+// 1 and ran the call's rel32 as instructions: the target died (SIGILL or
+// SIGSEGV; checked by taking prewind out).
+func TestKilledAfterTrapReaped(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.Runtime(t, "gcc")
+	s := startMTEnv(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "nop", true, lib, nil)
+	s.expectFrozen(t, "cold binary at start")
+	args := append([]string{"--pid", fmt.Sprint(s.Pid), "--protocol", "int3", "--int3-wait", "10s", "--enable", "work"}, s.probeArgs...)
+	hp := exec.Command(testutil.Command(t, "hotpatch"), args...)
+	hp.Env = append(hp.Environ(), EnvTestKillAt+"=trap-reaped")
+	out, err := hp.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("hotpatch did not kill itself at a reaped trap: %v: %s", err, out)
+	}
+	if !progressOrDeath(t, s, 20000) {
+		t.Fatalf("the target died: %s", deathSignal(s))
+	}
+	for _, st := range s.states(t) {
+		if st.State != "on" && st.State != "off" {
+			t.Fatalf("probe %d (%s %s) left %s: %s", st.ID, st.Kind, st.Function, st.State, st.Bytes)
+		}
+	}
+	if traps, repairs, _ := inflightCounters(t, s); traps == 0 || repairs == 0 {
+		t.Errorf("the handler took %d traps and repaired %d sites; the thread should have met the int3 again", traps, repairs)
+	}
+	s.finish(t)
+}
