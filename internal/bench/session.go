@@ -307,8 +307,8 @@ func (h *Harness) reportSession(rates, cpu []float64, m *throughputSamples) {
 	sec := Section{Title: "7. Session mode: toggles from a script over one attach",
 		Text: fmt.Sprintf("`hotpatch session --pid N --probes LIST` on bench/toggle.c (row 3's target, %d executor thread(s)). "+
 			"Streamed: the harness writes %d commands (`enable probed` / `disable probed`, 2 probes each) to the session's stdin as fast as the pipe takes them and reads every JSON result; toggles/s = commands / (first write to last result), %d runs. "+
-			"Under toggling: row 3's method and ratios, but the toggler writes (and flushes) each %v, in one write, the command lines the rate asks for by then (a late tick made up in the next, %d ticks' worth at most) and sleeps in between instead of spinning; the session and the harness's result reader run on the harness's CPU (the executors keep theirs), and the achieved rate counts the results that came back in the window, not the lines sent; %d rounds of %v windows.",
-			h.Cfg.Executors, h.Cfg.SessionToggles, len(rates), burstTick, maxCatchUp, h.Cfg.Reps, h.Cfg.Window),
+			"Under toggling: row 3's method and ratios, but the toggler writes (and flushes) each %v, in one write, the command lines the rate asks for by then (a late tick made up in the next, %d ticks' worth at most) and sleeps in between instead of spinning; the session and the harness's result reader run on the harness's CPU (the executors keep theirs), and the achieved rate counts the results that came back in the window, not the lines sent; %d rounds, each rate in %d cycles of three %v windows (enabled, disabled, toggled; D91).",
+			h.Cfg.Executors, h.Cfg.SessionToggles, len(rates), burstTick, maxCatchUp, h.Cfg.Reps, cycles, h.Cfg.Window/cycles),
 		Head: []string{"measure", "value"}}
 	rs := Summarize(rates, h.TSC)
 	h.Rep.Set("session.toggles_per_s", rs.MedianNs)

@@ -59,6 +59,8 @@ type throughputRun struct {
 	// toggler, when set, is the toggling process's CPU time so far (ns):
 	// the session's share of a CPU in each window is reported with it.
 	toggler func() int64
+	// sub is one measured window's length (measure: Window / cycles).
+	sub time.Duration
 }
 
 func (h *Harness) startThroughput(ctx context.Context) (*throughputRun, error) {
@@ -108,19 +110,19 @@ func (r *throughputRun) window(ctx context.Context) (win, error) {
 		return win{}, err
 	}
 	t0 := time.Now()
-	time.Sleep(r.h.Cfg.Window)
+	time.Sleep(r.length())
 	b, err := r.t.Counts(ctx)
 	if err != nil {
 		return win{}, err
 	}
 	// Executors that got no CPU at all in the window (other load on their
-	// core) measured nothing: the window goes on, a Window at a time, until
+	// core) measured nothing: the window goes on, a window's length at a time, until
 	// they have run (stallLimit at most). The rates below are per executor
 	// CPU-second and per wall second of the whole window, and a toggled
 	// window in which they ran less than half the time is still set aside
 	// as starved (measure).
 	for deadline := t0.Add(stallLimit); (b.CPUNs <= a.CPUNs || b.Calls == a.Calls) && time.Now().Before(deadline); {
-		time.Sleep(r.h.Cfg.Window)
+		time.Sleep(r.length())
 		if b, err = r.t.Counts(ctx); err != nil {
 			return win{}, err
 		}
@@ -174,7 +176,7 @@ func (r *throughputRun) toggled(ctx context.Context, rate int) (w win, achieved 
 		done <- r.set(true)
 	}()
 	<-started
-	time.Sleep(r.h.Cfg.Window / 10)
+	time.Sleep(r.length() / 10)
 	count := func() int64 { return atomic.LoadInt64(&n) }
 	if r.completed != nil {
 		count = r.completed // sent is not done: count the results
@@ -274,96 +276,140 @@ func (m *throughputSamples) cell(rate int) *rateCell {
 	return c
 }
 
-// measure runs Reps rounds, each the steady enabled and disabled windows
-// then every toggle rate.
+// cycles is how many cycles of the three sub-windows (steady enabled,
+// steady disabled, toggled) measure one toggle rate in a round; each
+// sub-window is Window/cycles long, so every state still gets a Window of
+// calls per round and rate.
+const cycles = 4
+
+// measure runs Reps rounds. In each, every toggle rate gets its own
+// baselines, interleaved with it: cycles cycles of three sub-windows, the
+// probe steadily enabled, steadily disabled and toggled at the rate, the
+// odd cycles in the reverse order. The machine's speed drifts by several
+// percent over seconds (D91): a ratio against baselines measured seconds
+// before or after its toggled window carries that drift, and sub-windows
+// this close, in mirrored order, share it. A round's ratio for the rate
+// pools its cycles (calls, hook entries, CPU and wall time summed per
+// state).
 func (r *throughputRun) measure(ctx context.Context) (*throughputSamples, error) {
 	cfg := r.h.Cfg
 	m := &throughputSamples{cells: map[int]*rateCell{}}
-	// A steady window waits for the executors to run (window); one in
-	// which they never did fails the row. One in which they ran less than
-	// half the time (other load on their core) is taken again, twice at
-	// most: a starved baseline would make every toggled window of the round
-	// look faster than untoggled. A round whose baseline stays starved is
-	// set aside as its toggled windows would be.
+	r.sub = cfg.Window / cycles
+	// A window in which the executors ran less than half the time (other
+	// load on their core) says nothing about the cost of a toggle: a
+	// starved baseline would make its toggled window look faster than
+	// untoggled, a starved toggled window slower. Such a round is counted
+	// for its rate and set aside.
 	starved := func(w win) bool { return w.cpu < 0.5*w.wall*float64(cfg.Executors) }
-	steady := func() (win, error) {
-		for attempt := 0; ; attempt++ {
-			w, err := r.window(ctx)
-			if err != nil || !starved(w) || attempt == 2 {
-				return w, err
-			}
-			r.h.logf("steady window: executors on CPU %.0f%% of %.0f ms: taken again", 100*w.cpu/w.wall/float64(cfg.Executors), 1e3*w.wall)
-		}
-	}
 	for rep := 0; rep < cfg.Reps; rep++ {
-		if err := r.set(true); err != nil {
-			return nil, err
-		}
-		a, err := steady()
-		if err != nil {
-			return nil, err
-		}
-		if err := r.set(false); err != nil {
-			return nil, err
-		}
-		i, err := steady()
-		if err != nil {
-			return nil, err
-		}
-		if starved(a) || starved(i) {
-			r.h.logf("round %d: the steady baseline stayed starved: set aside", rep)
-			for _, rate := range cfg.Rates {
-				m.cell(rate).starved++
-			}
-			continue
-		}
-		ra, ri := a.calls/a.cpu, i.calls/i.cpu // calls per executor CPU-second
-		m.act, m.inert = append(m.act, ra), append(m.inert, ri)
-		m.actWall, m.inertWall = append(m.actWall, a.calls/a.wall), append(m.inertWall, i.calls/i.wall)
 		for _, rate := range cfg.Rates {
-			w, ach, err := r.toggled(ctx, rate)
+			a, i, t, ach, err := r.cycle(ctx, rate)
 			if err != nil {
-				return nil, fmt.Errorf("toggling at %s/s: %w", rateName(rate), err)
+				return nil, err
 			}
-			if w.enters > w.calls*1.01+1000 {
-				return nil, fmt.Errorf("toggling at %s/s: %.0f calls but %.0f hook entries", rateName(rate), w.calls, w.enters)
+			if t.enters > t.calls*1.01+1000 {
+				return nil, fmt.Errorf("toggling at %s/s: %.0f calls but %.0f hook entries", rateName(rate), t.calls, t.enters)
 			}
 			cl := m.cell(rate)
-			// A window where the executors hardly ran says nothing about the
-			// cost of a toggle: counted and reported, not used. (Other load
-			// is the usual cause; see the report for a stall seen here.)
-			if starved(w) {
-				r.h.logf("toggling at %s/s (achieved %.3g/s): executors on CPU %.0f%% of the %.0f ms window (%.0f calls, %.0f voluntary / %.0f involuntary switches): set aside as starved",
-					rateName(rate), ach, 100*w.cpu/w.wall/float64(cfg.Executors), 1e3*w.wall, w.calls, w.vol, w.invol)
+			if starved(a) || starved(i) || starved(t) {
+				r.h.logf("round %d at %s/s (achieved %.3g/s): executors on CPU %.0f%% / %.0f%% / %.0f%% (enabled / disabled / toggled; %.0f voluntary / %.0f involuntary switches toggled): set aside as starved",
+					rep, rateName(rate), ach, 100*a.cpu/a.wall/float64(cfg.Executors), 100*i.cpu/i.wall/float64(cfg.Executors),
+					100*t.cpu/t.wall/float64(cfg.Executors), t.vol, t.invol)
 				cl.starved++
 				continue
 			}
+			ra, ri := a.calls/a.cpu, i.calls/i.cpu // calls per executor CPU-second
+			ra0, ri0 := a.calls/a.wall, i.calls/i.wall
+			m.act, m.inert = append(m.act, ra), append(m.inert, ri)
+			m.actWall, m.inertWall = append(m.actWall, ra0), append(m.inertWall, ri0)
 			// The CPU time these calls would take without toggling: the
 			// enabled ones at the steady enabled rate, the rest at the
 			// steady disabled rate.
-			ideal := w.enters/ra + (w.calls-w.enters)/ri
-			ra0, ri0 := m.actWall[len(m.actWall)-1], m.inertWall[len(m.inertWall)-1]
-			idealWall := w.enters/ra0 + (w.calls-w.enters)/ri0
-			cl.calls = append(cl.calls, w.calls/w.wall)
-			cl.enters = append(cl.enters, w.enters/w.wall)
+			ideal := t.enters/ra + (t.calls-t.enters)/ri
+			idealWall := t.enters/ra0 + (t.calls-t.enters)/ri0
+			cl.calls = append(cl.calls, t.calls/t.wall)
+			cl.enters = append(cl.enters, t.enters/t.wall)
 			cl.achieved = append(cl.achieved, ach)
-			cl.ratio = append(cl.ratio, ideal/w.cpu)
-			cl.wallRatio = append(cl.wallRatio, idealWall/w.wall)
-			cl.vol, cl.invol = append(cl.vol, w.vol/w.wall), append(cl.invol, w.invol/w.wall)
-			cl.share = append(cl.share, w.cpu/w.wall/float64(cfg.Executors))
-			cl.toggler = append(cl.toggler, w.toggler/w.wall)
+			cl.ratio = append(cl.ratio, ideal/t.cpu)
+			cl.wallRatio = append(cl.wallRatio, idealWall/t.wall)
+			cl.vol, cl.invol = append(cl.vol, t.vol/t.wall), append(cl.invol, t.invol/t.wall)
+			cl.share = append(cl.share, t.cpu/t.wall/float64(cfg.Executors))
+			cl.toggler = append(cl.toggler, t.toggler/t.wall)
 		}
 	}
 	return m, nil
 }
 
+// cycle measures one rate's cycles and returns the pooled enabled,
+// disabled and toggled sub-windows and the achieved toggle rate (toggles
+// over the toggled sub-windows' wall time).
+func (r *throughputRun) cycle(ctx context.Context, rate int) (a, i, t win, achieved float64, err error) {
+	var toggles float64
+	for c := 0; c < cycles; c++ {
+		order := []int{0, 1, 2}
+		if c%2 == 1 {
+			order = []int{2, 1, 0}
+		}
+		for _, k := range order {
+			var w win
+			switch k {
+			case 0, 1:
+				if err = r.set(k == 0); err != nil {
+					return
+				}
+				if w, err = r.window(ctx); err == errNoProgress {
+					err = nil // a starved sub-window: the pooled window says so
+				}
+				if k == 0 {
+					a.add(w)
+				} else {
+					i.add(w)
+				}
+			case 2:
+				var ach float64
+				if w, ach, err = r.toggled(ctx, rate); err != nil {
+					err = fmt.Errorf("toggling at %s/s: %w", rateName(rate), err)
+					return
+				}
+				toggles += ach * w.wall
+				t.add(w)
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	if t.wall > 0 {
+		achieved = toggles / t.wall
+	}
+	return
+}
+
+// length is one measured window's: sub inside measure, else Window.
+func (r *throughputRun) length() time.Duration {
+	if r.sub > 0 {
+		return r.sub
+	}
+	return r.h.Cfg.Window
+}
+
+func (w *win) add(x win) {
+	w.calls += x.calls
+	w.enters += x.enters
+	w.cpu += x.cpu
+	w.wall += x.wall
+	w.vol += x.vol
+	w.invol += x.invol
+	w.toggler += x.toggler
+}
+
 func (h *Harness) reportThroughput(m *throughputSamples) {
 	med := func(s []float64) float64 { return Summarize(s, h.TSC).MedianNs }
 	sec := Section{Title: "3. Throughput under toggling (Chamith et al., Figure 12)",
-		Text: fmt.Sprintf("bench/toggle.c (flip placeholder), %d executor thread(s) pinned to CPU 1 calling `probed()` with counting hooks; the harness, pinned to CPU 0, flips the function's entry and exit probes (one xmod.Flip call per toggle) at each rate for a %v window; %d rounds, the rates interleaved with the steady baselines. "+
-			"Ratio = the time those calls would have taken without toggling (the calls that ran the hook at the steady enabled rate, the rest at the steady disabled rate, both measured in the same round) / the time they took: 1.0 means toggling cost nothing, and the observed on/off mix takes the duty cycle out of the figure. "+
+		Text: fmt.Sprintf("bench/toggle.c (flip placeholder), %d executor thread(s) pinned to CPU 1 calling `probed()` with counting hooks; the harness, pinned to CPU 0, flips the function's entry and exit probes (one xmod.Flip call per toggle). %d rounds; in each, every rate is measured against baselines of its own, interleaved with it: %d cycles of three %v windows (probe steadily enabled, steadily disabled, toggled at the rate), every other cycle in the reverse order, pooled per state (D91). "+
+			"Ratio = the time those calls would have taken without toggling (the calls that ran the hook at the steady enabled rate, the rest at the steady disabled rate, both measured in the same cycles) / the time they took: 1.0 means toggling cost nothing, and the observed on/off mix takes the duty cycle out of the figure. "+
 			"`ratio (wall)` uses wall-clock time (the paper's throughput; the JSON's throughput_ratio); `ratio (CPU)` uses the executors' CPU time (pthread_getcpuclockid), which leaves out time an executor spent off its CPU, whether other load took it or the toggling did. The context-switch rates show which.",
-			h.Cfg.Executors, h.Cfg.Window, h.Cfg.Reps),
+			h.Cfg.Executors, h.Cfg.Reps, cycles, h.Cfg.Window/cycles),
 		Head: []string{"toggle rate", "achieved toggles/s", "calls/s (wall)", "hook entries/s", "executor on CPU", "voluntary / involuntary switches/s", "ratio (wall)", "ratio (CPU)"}}
 	sec.Rows = append(sec.Rows, []string{"none, probe enabled", "0", fmt.Sprintf("%.3g", med(m.actWall)), "", "", "", "", fmt.Sprintf("%.3g calls per CPU-s", med(m.act))},
 		[]string{"none, probe disabled", "0", fmt.Sprintf("%.3g", med(m.inertWall)), "", "", "", "", fmt.Sprintf("%.3g calls per CPU-s", med(m.inert))})

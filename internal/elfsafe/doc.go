@@ -6,5 +6,8 @@
 // declares a gigabyte, and a file can point many section headers at it.
 // NewFile refuses what no toolchain writes and what inflates past
 // MaxInflate times its bytes (ErrInflated), before any section is read
-// (D84).
+// (D84). Extent says how much of a file its ELF headers describe, so that
+// a tail nothing describes (gigabytes of holes after a program's ELF cost
+// its owner nothing) is never read, and refuses an object describing more
+// than MaxObjectBytes (ErrTooLarge); ReadObject reads that much (D88).
 package elfsafe

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strings"
 )
@@ -18,8 +19,16 @@ const MaxInflate = 64
 // ErrInflated: a compressed section the file cannot honestly hold.
 var ErrInflated = errors.New("compressed section inflates past what it holds")
 
-// NewFile is elf.NewFile followed by Check.
+// NewFile is elf.NewFile followed by Check, after Extent's bound when r
+// tells its size (a file, a bytes.Reader, a SectionReader): debug/elf reads
+// the section-name table whole when it opens a file, and the symbol tables
+// when asked, whatever their headers declare.
 func NewFile(r io.ReaderAt) (*elf.File, error) {
+	if n, ok := sizeOf(r); ok {
+		if _, err := Extent(r, n); err != nil {
+			return nil, err
+		}
+	}
 	f, err := elf.NewFile(r)
 	if err != nil {
 		return nil, err
@@ -65,4 +74,17 @@ func Check(f *elf.File) error {
 		}
 	}
 	return nil
+}
+
+// sizeOf is r's size, when r can tell it.
+func sizeOf(r io.ReaderAt) (int64, bool) {
+	switch v := r.(type) {
+	case interface{ Size() int64 }:
+		return v.Size(), true
+	case interface{ Stat() (os.FileInfo, error) }:
+		if st, err := v.Stat(); err == nil && st.Mode().IsRegular() {
+			return st.Size(), true
+		}
+	}
+	return 0, false
 }

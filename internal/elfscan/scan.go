@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 
+	"github.com/edgeprobe/edgeprobe/internal/elfsafe"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 )
 
@@ -115,13 +116,38 @@ func ScanReader(r io.ReaderAt, size int64, path string, opts Options) (*probelis
 	if size < 0 {
 		return nil, nil, &Error{Path: path, Kind: ErrTruncated, Detail: fmt.Sprintf("size %d", size)}
 	}
-	data := make([]byte, size)
+	// What the headers describe, not a tail nothing uses (elfsafe.Extent).
+	n, err := elfsafe.Extent(r, size)
+	if err != nil {
+		return nil, nil, &Error{Path: path, Kind: ErrMalformed, Detail: err.Error()}
+	}
+	data := make([]byte, n)
 	if n, err := r.ReadAt(data, 0); n < len(data) {
 		if errors.Is(err, io.EOF) {
 			return nil, nil, &Error{Path: path, Where: atOffset(uint64(n)), Kind: ErrTruncated, Detail: "file ends early"}
 		}
 		return nil, nil, fmt.Errorf("%s: %w", path, err)
 	}
+	return scanBytes(data, path, placeholder)
+}
+
+// ScanBytes is ScanReader on an object already read (data is not copied;
+// it must not change while the result is used).
+func ScanBytes(data []byte, path string, opts Options) (*probelist.List, *Report, error) {
+	placeholder := opts.Placeholder
+	if placeholder == "" {
+		placeholder = probelist.PlaceholderFlip
+	}
+	if placeholder != probelist.PlaceholderFlip && placeholder != probelist.PlaceholderNop {
+		return nil, nil, fmt.Errorf("elfscan: unknown placeholder %q", opts.Placeholder)
+	}
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	return scanBytes(data, path, placeholder)
+}
+
+func scanBytes(data []byte, path, placeholder string) (*probelist.List, *Report, error) {
 	o, err := load(data, path)
 	if err != nil {
 		return nil, nil, err

@@ -167,7 +167,13 @@ func apply(ctx context.Context, req Request) (*Result, error) {
 // whole-site writes would not stop it. A one-byte flip is safe for any
 // executor (docs/protocols.md, flip).
 func (s *Session) checkShared(what string) error {
-	if others := s.tracer.UntracedVMSharers(); len(others) > 0 {
+	var others []int
+	if s.tracer != nil {
+		others = s.tracer.UntracedVMSharers()
+	} else {
+		others = ptrace.VMSharers(s.pid)
+	}
+	if len(others) > 0 {
 		return fmt.Errorf("pid %d shares its memory with process %d (a clone with CLONE_VM, not a thread), which runs its text untraced: %s writes sites in more than one byte and could kill it with an int3 or tear an instruction under it; only one-byte flips are safe there (flip placeholders, --protocol flip): %w (nothing was written)",
 			s.pid, others[0], what, ErrSharedText)
 	}
@@ -374,9 +380,24 @@ func (s *Session) attach(full bool) error {
 // of their object (ErrUnverified), the protocol (ErrNotFlippable). Nothing
 // is read from the process but its objects' files. What passes is kept for
 // the Apply of the same actions and protocol.
+//
+// It also looks for a process sharing the target's memory when the
+// protocols chosen write more than one byte (ErrSharedText, which Apply
+// refuses after attaching): the check came after the runtime load, which
+// a refused request must not make (D83, D87). Without a tracer (a request's
+// check before its load) every such process counts: none is traced before
+// hotpatch attaches, and attaching seizes only the target's threads.
 func (s *Session) Check(actions []Action, protocol string) error {
-	_, err := s.check(actions, protocol)
-	return err
+	p, err := s.check(actions, protocol)
+	if err != nil {
+		return err
+	}
+	for _, proto := range []string{ProtoStop, ProtoInt3, ProtoInt3Async} {
+		if len(p.byProto[proto]) > 0 {
+			return s.checkShared(proto)
+		}
+	}
+	return nil
 }
 
 func (s *Session) check(actions []Action, protocol string) (*prepared, error) {
@@ -448,7 +469,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 			// exec, and the sites went with its old program.
 			err = fmt.Errorf("pid %d ran exec: the program whose probes these are is gone (%v): %w", s.pid, err, ptrace.ErrExited)
 		}
-		return nil, err
+		return nil, s.unloadedErr(err)
 	}
 	p.before = before
 	phases.Mark("before")
@@ -542,6 +563,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	if runErr == nil && afterErr != nil {
 		runErr = fmt.Errorf("reading sites back: %w", afterErr)
 	}
+	runErr = s.unloadedErr(runErr)
 	if runErr != nil {
 		switch {
 		case Gone(runErr) || processGone(s.pid):
@@ -552,6 +574,24 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 		runErr = fmt.Errorf("%w (sites now: %s)", runErr, Tally(res.Sites))
 	}
 	return res, runErr
+}
+
+// unloadedErr is err, a failed read or write of sites, said as ErrUnmapped
+// when an object of the session is no longer mapped where the session found
+// it: a plugin dlclose'd after the check of D77, or between a write and its
+// read-back, makes the access fail with an I/O error, and a capture ends
+// as it does for an unload a command finds first (profile: "unloaded an
+// object the profile had probes in") rather than failing (review6:
+// TestProfilePluginUnloaded failed so once, `reading sites back: read 5
+// bytes at 0x...: input/output error`). err itself otherwise.
+func (s *Session) unloadedErr(err error) error {
+	if err == nil || Gone(err) || errors.Is(err, ErrUnmapped) {
+		return err
+	}
+	if gone := s.Unmapped(); len(gone) > 0 {
+		return fmt.Errorf("%w; %s: %w", err, strings.Join(gone, ", "), ErrUnmapped)
+	}
+	return err
 }
 
 // allForms reports whether every state is active or inert.

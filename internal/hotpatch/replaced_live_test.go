@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
@@ -182,4 +183,69 @@ func textDiff(t *testing.T, pid int, path string) string {
 		t.Fatalf("%s has no r-xp mapping in pid %d", path, pid)
 	}
 	return ""
+}
+
+// TestSessionUnloadedMidApply: a plugin unloaded after Apply's mapped
+// check (D77) passed and before its reads and writes of the sites (the
+// check is skipped here for as long as the test runs, which stands for an
+// unload landing in the window between the check and the accesses, or
+// between a write and its read-back): the access fails with an I/O error.
+// Before, that error was all Apply said, and a profile failed on it
+// (TestProfilePluginUnloaded, once: `reading sites back: read 5 bytes at
+// 0x...: input/output error`); now it is ErrUnmapped, as when the check
+// finds the object gone, and a capture ends as for an unload.
+func TestSessionUnloadedMidApply(t *testing.T) {
+	testutil.RequirePtrace(t)
+	hooks := hooksLib(t)
+	v1 := testutil.Build(t, testutil.Spec{Sources: []string{"plugin.c"}, Shared: true, Name: "plug1.so"})
+	r := command(t, "coldpatch", v1.Path)
+	if r.Code != 0 {
+		t.Fatal(r.Stderr)
+	}
+	list := filepath.Join(t.TempDir(), "plug1.json")
+	if err := os.WriteFile(list, []byte(r.Stdout), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	prog := testutil.Build(t, testutil.Spec{Sources: []string{"reload.c"}, NoInstr: true, LDFlags: []string{"-ldl"}})
+	goFile := filepath.Join(t.TempDir(), "go")
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks}, prog.Path, v1.Path, "-", goFile)
+	ses, err := Open(p.Pid, []string{list}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			ses.Close()
+		}
+	})
+	ses.mappedWithin = time.Hour
+	sel, err := probelist.ParseSelector("plug_work", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply := func(on bool) (*Result, error) {
+		return ses.Apply(context.Background(), []Action{{Enable: on, Selector: sel}}, ProtoAuto, 0)
+	}
+	if res, err := apply(true); err != nil || !res.OK {
+		t.Fatalf("before the unload: %+v, %v", res, err)
+	}
+	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if line := p.Line(); !strings.HasPrefix(line, "unloaded ") {
+		t.Fatalf("want `unloaded BASE1`, got %q", line)
+	}
+	res, err := apply(false)
+	if err == nil || !errors.Is(err, ErrUnmapped) {
+		t.Errorf("disable plug_work, the plugin unloaded after the check: %+v, %v; want ErrUnmapped", res, err)
+	}
+	t.Logf("%v", err)
+	closed = true
+	if err := ses.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := p.Finish(); !strings.HasPrefix(out, "done 1") {
+		t.Fatalf("reload: %q", out)
+	}
 }

@@ -1,11 +1,14 @@
 package hotpatch
 
 import (
+	"errors"
 	"fmt"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
 
@@ -38,6 +41,44 @@ func TestSharedTextProcess(t *testing.T) {
 		}
 		hotpatchOK(t, "--pid", pid, "--protocol", "flip", "--enable", "work")
 		hotpatchOK(t, "--pid", pid, "--protocol", "flip", "--disable", "work")
+		if out, _ := p.Finish(); !strings.Contains(out, "done child=alive") {
+			t.Fatalf("the program: %q", out)
+		}
+	})
+	// R6-2: without the runtime in the process, the refusal came after a
+	// load (the check needed the tracer): the runtime loaded, its region
+	// made, the hook slots rerouted, for a request then refused. Now the
+	// sharing process is looked for before the load (D87).
+	t.Run("noruntime", func(t *testing.T) {
+		t.Setenv(EnvRuntime, testutil.Runtime(t, "gcc"))
+		p := testutil.Start(t, nil, bin)
+		pid := fmt.Sprint(p.Pid)
+		for _, proto := range []string{"int3", "int3-async", "stop"} {
+			r := command(t, "hotpatch", "--pid", pid, "--protocol", proto, "--enable", "work")
+			if r.Code != 1 || strings.Count(r.Stderr, "\n") != 1 || !strings.Contains(r.Stderr, "shares its memory with process") {
+				t.Errorf("--protocol %s, no runtime: exit %d, stderr %q; want exit 1 and one line saying another process shares its memory", proto, r.Code, r.Stderr)
+			}
+			if reg, err := shm.OpenPID(p.Pid); err == nil || !errors.Is(err, shm.ErrNoRuntime) {
+				if err == nil {
+					reg.Close()
+				}
+				t.Fatalf("--protocol %s, refused, loaded the runtime first (stderr %q)", proto, r.Stderr)
+			}
+		}
+		cmd := exec.Command(testutil.Command(t, "hotpatch"), "session", "--pid", pid, "--protocol", "int3")
+		cmd.Stdin = strings.NewReader("enable work\n")
+		out, err := cmd.Output()
+		if err != nil || !strings.Contains(string(out), `"ok":false`) || !strings.Contains(string(out), "shares its memory with process") {
+			t.Errorf("session --protocol int3, enable work: %v, %q; want the command refused", err, out)
+		}
+		if reg, err := shm.OpenPID(p.Pid); err == nil || !errors.Is(err, shm.ErrNoRuntime) {
+			if err == nil {
+				reg.Close()
+			}
+			t.Fatalf("a session's int3 enable, refused, loaded the runtime first (%q)", out)
+		}
+		// What it was refused for, not the process: a flip loads and works.
+		hotpatchOK(t, "--pid", pid, "--protocol", "flip", "--enable", "work")
 		if out, _ := p.Finish(); !strings.Contains(out, "done child=alive") {
 			t.Fatalf("the program: %q", out)
 		}

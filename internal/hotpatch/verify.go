@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 
+	"github.com/edgeprobe/edgeprobe/internal/elfsafe"
 	"github.com/edgeprobe/edgeprobe/internal/elfscan"
 	"github.com/edgeprobe/edgeprobe/internal/probecache"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
@@ -238,12 +238,8 @@ func verifyNops(pid int, t *Target, nops []*probelist.Probe) error {
 		return err
 	}
 	defer f.Close()
-	st, err := f.Stat()
+	data, err := elfsafe.ReadObject(f) // what its headers describe (D88)
 	if err != nil {
-		return err
-	}
-	data := make([]byte, st.Size())
-	if _, err := f.ReadAt(data, 0); err != nil && err != io.EOF {
 		return fmt.Errorf("%s: %w", t.Object.Path, err)
 	}
 	for _, p := range nops {
@@ -257,7 +253,7 @@ func verifyNops(pid int, t *Target, nops []*probelist.Probe) error {
 		}
 		copy(data[off:], p.Active)
 	}
-	list, _, err := elfscan.ScanReader(bytes.NewReader(data), int64(len(data)), t.Object.Path, elfscan.Options{Placeholder: probelist.PlaceholderNop})
+	list, _, err := elfscan.ScanBytes(data, t.Object.Path, elfscan.Options{Placeholder: probelist.PlaceholderNop})
 	if err != nil && !errors.Is(err, elfscan.ErrNoHookSites) {
 		return fmt.Errorf("verifying %s: scanning %s with its listed sites restored: %w", t.Origin, t.Object.Path, err)
 	}

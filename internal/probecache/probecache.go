@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/edgeprobe/edgeprobe/internal/elfnote"
+	"github.com/edgeprobe/edgeprobe/internal/elfsafe"
 	"github.com/edgeprobe/edgeprobe/internal/elfscan"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/procfs"
@@ -369,7 +370,9 @@ func (c *Cache) key(kind byte, fields ...any) [32]byte {
 // when an entry made from this file, unchanged, is there; otherwise it
 // reads and checks the JSON (errors name the file) and stores the result.
 func (c *Cache) List(path string) (*probelist.Index, error) {
-	f, err := procfs.Open(path) // a probe list: a regular file
+	// A regular file of a bounded size only (probelist.OpenFile): never a
+	// FIFO, a device or a file without end (D88).
+	f, r, err := probelist.OpenFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -385,7 +388,7 @@ func (c *Cache) List(path string) (*probelist.Index, error) {
 			return e.index, nil
 		}
 	}
-	data, err := io.ReadAll(f)
+	data, err := io.ReadAll(r)
 	if err != nil {
 		return nil, err
 	}
@@ -445,8 +448,11 @@ func (c *Cache) Scan(pid int, o *procmaps.Object) (*probelist.Index, error) {
 			return e.index, nil
 		}
 	}
-	data := make([]byte, src.size)
-	if _, err := f.ReadAt(data, 0); err != nil {
+	// What the object's headers describe, not a tail nothing uses: the
+	// file may be another user's, with gigabytes of holes after its ELF
+	// (elfsafe.Extent, D88).
+	data, err := elfsafe.ReadObject(f)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", o.Path, err)
 	}
 	src.content = sha256.Sum256(data)
@@ -458,7 +464,7 @@ func (c *Cache) Scan(pid int, o *procmaps.Object) (*probelist.Index, error) {
 		c.store(key, kindScan, f, &src, nil, true)
 		return nil, noSites
 	}
-	list, _, err := elfscan.ScanReader(bytes.NewReader(data), src.size, o.Path, elfscan.Options{Placeholder: probelist.PlaceholderFlip})
+	list, _, err := elfscan.ScanBytes(data, o.Path, elfscan.Options{Placeholder: probelist.PlaceholderFlip})
 	if errors.Is(err, elfscan.ErrNoHookSites) {
 		c.store(key, kindScan, f, &src, nil, true)
 		return nil, noSites
@@ -590,7 +596,7 @@ func (c *Cache) check(data []byte, key [32]byte, kind byte, f *os.File, src *sou
 		return entry{}, errStale
 	}
 	if was.racy() {
-		sum, err := contentHash(f)
+		sum, err := contentHash(f, src.size)
 		if err != nil || sum != was.content {
 			return entry{}, errStale
 		}
@@ -610,9 +616,10 @@ func (c *Cache) check(data []byte, key [32]byte, kind byte, f *os.File, src *sou
 	return e, nil
 }
 
-func contentHash(f *os.File) ([32]byte, error) {
+func contentHash(f *os.File, size int64) ([32]byte, error) {
 	h := sha256.New()
-	if _, err := io.Copy(h, io.NewSectionReader(f, 0, 1<<62)); err != nil {
+	// The size at the open: a file growing meanwhile is not read without end.
+	if _, err := io.Copy(h, io.NewSectionReader(f, 0, size)); err != nil {
 		return [32]byte{}, err
 	}
 	var sum [32]byte

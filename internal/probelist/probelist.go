@@ -348,13 +348,14 @@ func Read(r io.Reader) (*List, error) {
 }
 
 // ReadFile reads the probe list at path; errors name the file.
+// It reads only a regular file, bounded (OpenFile).
 func ReadFile(path string) (*List, error) {
-	f, err := os.Open(path)
+	f, r, err := OpenFile(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	l, err := Read(f)
+	l, err := Read(r)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -340,4 +342,50 @@ func FuzzRead(f *testing.F) {
 			t.Fatalf("re-reading an accepted list failed: %v", err)
 		}
 	})
+}
+
+// TestOpenFileRefuses: OpenFile takes a regular file of at most
+// MaxFileBytes only, and reads no further than its size at the open; it
+// neither waits on a FIFO without a writer nor reads a device.
+func TestOpenFileRefuses(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	big := filepath.Join(dir, "big")
+	if err := os.WriteFile(big, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(big, MaxFileBytes+1); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"/dev/zero", "/dev/null", fifo, dir, big} {
+		f, _, err := OpenFile(path)
+		if err == nil {
+			f.Close()
+			t.Errorf("%s: opened", path)
+		} else if !errors.Is(err, ErrFormat) {
+			t.Errorf("%s: %v, want ErrFormat", path, err)
+		}
+	}
+	// A file that grows after the open is read to its size at the open.
+	good := filepath.Join(dir, "good")
+	if err := os.WriteFile(good, []byte("0123456789"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, r, err := OpenFile(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	w, err := os.OpenFile(good, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.WriteString("more")
+	w.Close()
+	if b, err := io.ReadAll(r); err != nil || string(b) != "0123456789" {
+		t.Errorf("read %q, %v; want the 10 bytes there at the open", b, err)
+	}
 }

@@ -313,7 +313,13 @@ func openMapped(pid int, m Mapping) (*os.File, error) {
 	if m.Deleted {
 		return nil, fmt.Errorf("%s (deleted): map_files: %w", m.Path, err)
 	}
-	f, err2 := procfs.Open(fmt.Sprintf("/proc/%d/root%s", pid, m.Path))
+	// The path is the process's user's to change: a regular file only, and
+	// no other kind of file's open run (a FIFO waits, a device's open has
+	// its effects: procfs.OpenRegular, D88).
+	f, err2 := procfs.OpenRegular(fmt.Sprintf("/proc/%d/root%s", pid, m.Path))
+	if errors.Is(err2, procfs.ErrNotRegular) {
+		return nil, fmt.Errorf("%s: %v; %v: %w", m.Path, err, err2, ErrNotELF)
+	}
 	if err2 != nil {
 		return nil, fmt.Errorf("%s: %v; %w", m.Path, err, err2)
 	}

@@ -3,13 +3,17 @@ package report
 import (
 	"bytes"
 	"debug/elf"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/edgeprobe/edgeprobe/internal/elfsafe"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 )
 
@@ -70,12 +74,34 @@ func ForMaps(maps []byte, lists []*probelist.List) (*Symbolizer, error) {
 			// lived in a memfd, which no longer exists: it has no probes to name.
 			return nil, fmt.Errorf("%s: %w", m.Path, procmaps.ErrNotELF)
 		}
-		return os.Open(m.Path)
+		return openListed(m.Path, m.Inode)
 	})
 	if err != nil {
 		return nil, err
 	}
-	return NewSymbolizer(objs, func(o *procmaps.Object) (*os.File, error) { return os.Open(o.Path) }, lists), nil
+	return NewSymbolizer(objs, func(o *procmaps.Object) (*os.File, error) { return openListed(o.Path, o.Inode) }, lists), nil
+}
+
+// openListed opens a path an output file's maps copy lists: the file is
+// the process's user's, and so are the paths and what they name now.
+// Only a regular file is opened, and no other kind of file's open is run
+// (procfs.OpenRegular: a FIFO put there waited forever, a link to a device
+// had root's hotpatch open it, D88); one that is not the inode the process
+// mapped is another program's and would name its functions wrongly.
+func openListed(path string, inode uint64) (*os.File, error) {
+	f, err := procfs.OpenRegular(path)
+	if errors.Is(err, procfs.ErrNotRegular) {
+		return nil, fmt.Errorf("%w: %w", err, procmaps.ErrNotELF)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var st unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &st) != nil || st.Ino != inode {
+		f.Close()
+		return nil, fmt.Errorf("%s: not the file the process mapped (inode %d): replaced since: %w", path, inode, procmaps.ErrNotELF)
+	}
+	return f, nil
 }
 
 func readSyms(f *os.File) []sym {

@@ -77,18 +77,15 @@ func ReadMemory(pid int) (Memory, error) {
 	if !found {
 		return Memory{}, fmt.Errorf("shm: pid %d maps no %s: %w (%w)", pid, MemfdName, ErrNoRuntime, os.ErrNotExist)
 	}
-	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
-	ents, _ := os.ReadDir(fdDir)
-	for _, e := range ents {
-		path := fdDir + "/" + e.Name()
-		if link, err := os.Readlink(path); err != nil || link != MemfdName && !strings.HasPrefix(link, MemfdName+" ") {
-			continue
-		}
+	// The region's file, taken from the process (takeFD): a stat of its
+	// /proc/PID/fd path would ask whatever file the program put there since.
+	_ = regionFiles(pid, func(f *os.File, _ int, err error) bool {
 		var st syscall.Stat_t
-		if syscall.Stat(path, &st) == nil {
-			m.AllocatedKiB = uint64(st.Blocks) * 512 / 1024
-			break
+		if err != nil || syscall.Fstat(int(f.Fd()), &st) != nil {
+			return false
 		}
-	}
+		m.AllocatedKiB = uint64(st.Blocks) * 512 / 1024
+		return true
+	})
 	return m, nil
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/bits"
 	"os"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"unsafe"
@@ -42,41 +41,44 @@ var (
 
 // OpenPID opens the live region of process pid: the runtime's memfd, found
 // among the process's descriptors (/proc/PID/fd, which needs the rights of
-// ptrace: the same user, or CAP_SYS_PTRACE) and opened through /proc. It is
-// trusted only if the file belongs to the process's owner and its header
-// names pid as the process sees itself (its pid namespace's number; a fork
-// child's inherited descriptor would name the parent).
+// ptrace: the same user, or CAP_SYS_PTRACE) and taken as the process's own
+// open file, never reopened by path (takeFD, D86). It is trusted only if
+// the file belongs to the process's owner and its header names pid as the
+// process sees itself (its pid namespace's number; a fork child's inherited
+// descriptor would name the parent).
 func OpenPID(pid int) (*Region, error) {
 	if pid <= 0 {
 		return nil, fmt.Errorf("shm: pid %d: %w", pid, ErrNoRuntime)
 	}
-	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
 	var st syscall.Stat_t
 	if err := syscall.Stat(fmt.Sprintf("/proc/%d", pid), &st); err != nil {
 		return nil, fmt.Errorf("shm: pid %d: no such process: %w (%w)", pid, ErrNoRuntime, os.ErrNotExist)
 	}
 	owner := st.Uid
-	ents, err := os.ReadDir(fdDir)
+	var r *Region
+	var firstErr error
+	err := regionFiles(pid, func(f *os.File, fd int, err error) bool {
+		if err == nil {
+			r, err = openTrusted(f, pid, owner)
+			if err == nil {
+				return true
+			}
+		} else {
+			err = fmt.Errorf("shm: pid %d: descriptor %d: %w", pid, fd, err)
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
+		return false
+	})
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("shm: pid %d: no such process: %w (%w)", pid, ErrNoRuntime, os.ErrNotExist)
 		}
 		return nil, fmt.Errorf("shm: pid %d: listing its descriptors needs ptrace rights (same user or CAP_SYS_PTRACE): %w", pid, err)
 	}
-	var firstErr error
-	for _, e := range ents {
-		path := fdDir + "/" + e.Name()
-		link, err := os.Readlink(path)
-		if err != nil || !strings.HasPrefix(link, MemfdName+" ") && link != MemfdName {
-			continue
-		}
-		r, err := openTrusted(path, pid, owner)
-		if err == nil {
-			return r, nil
-		}
-		if firstErr == nil {
-			firstErr = err
-		}
+	if r != nil {
+		return r, nil
 	}
 	if firstErr != nil {
 		return nil, firstErr
@@ -84,18 +86,12 @@ func OpenPID(pid int) (*Region, error) {
 	return nil, fmt.Errorf("shm: pid %d: %w (%w)", pid, ErrNoRuntime, os.ErrNotExist)
 }
 
-// openTrusted opens a candidate region and checks who owns it and whom it
-// describes before trusting any other byte.
-func openTrusted(path string, pid int, owner uint32) (*Region, error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	writable := err == nil
-	if err != nil {
-		f, err = os.Open(path)
-		if err != nil {
-			return nil, fmt.Errorf("shm: pid %d: %w", pid, err)
-		}
-	}
-	defer f.Close()
+// openTrusted maps f, a candidate region taken from process pid (takeFD:
+// a memfd of the runtime's name), after checking who owns it and that it
+// cannot shrink, and checks whom its header describes before trusting any
+// other byte. It is mapped read-write when the process opened it so (the
+// runtime does), else read-only.
+func openTrusted(f *os.File, pid int, owner uint32) (*Region, error) {
 	var st syscall.Stat_t
 	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
 		return nil, fmt.Errorf("shm: pid %d: %w", pid, err)
@@ -106,8 +102,11 @@ func openTrusted(path string, pid int, owner uint32) (*Region, error) {
 	if err := checkSealed(int(f.Fd())); err != nil {
 		return nil, fmt.Errorf("shm: pid %d: its %s %w: %w", pid, MemfdName, err, ErrUntrusted)
 	}
-	// The same open file: the descriptor number may be reused meanwhile.
-	r, err := mapFile(f, path, writable)
+	fl, err := unix.FcntlInt(f.Fd(), unix.F_GETFL, 0)
+	if err != nil {
+		return nil, fmt.Errorf("shm: pid %d: %w", pid, err)
+	}
+	r, err := mapFile(f, f.Name(), fl&unix.O_ACCMODE == unix.O_RDWR)
 	if err != nil {
 		return nil, fmt.Errorf("shm: pid %d: %w: %w", pid, ErrUntrusted, err)
 	}
@@ -137,14 +136,18 @@ func checkSealed(fd int) error {
 
 // Open maps the region file at path, read-write when permitted (needed for
 // SetControl and Consume), else read-only, and validates its header.
+//
+// Only a regular file is opened (procfs.OpenRegularFile): the file may be
+// another user's output, and a FIFO or a link to a device put in its place
+// must not be opened by root's hotpatch (D88).
 func Open(path string) (*Region, error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	f, err := procfs.OpenRegularFile(path, os.O_RDWR)
 	writable := err == nil
+	if err != nil && !errors.Is(err, procfs.ErrNotRegular) {
+		f, err = procfs.OpenRegularFile(path, os.O_RDONLY)
+	}
 	if err != nil {
-		f, err = os.Open(path)
-		if err != nil {
-			return nil, fmt.Errorf("shm: %w", err)
-		}
+		return nil, fmt.Errorf("shm: %w", err)
 	}
 	defer f.Close()
 	return mapFile(f, path, writable)
