@@ -73,11 +73,17 @@ func flipper(ctx context.Context, mem xmod.Mem, sites []xmod.Site) func(on bool)
 // waits until the executors have made liveCalls calls (they are pinned to
 // one core that other load may hold for a while), so neither half passes
 // for want of calls, and the target is known to have run its hooks.
+//
+// A call that entered its hook before the disable returned may count after
+// it (its thread preempted inside the hook): the disabled half starts from
+// counts taken once the executors have made calls since the disable, which
+// a thread only makes after its hook returned. The harness's targets run
+// one executor thread, for which that is a proof (toggle.c and many_main.c
+// add to their call count only after calls returned).
 func checkLive(ctx context.Context, t *Target, set func(on bool) error) error {
 	if err := set(true); err != nil {
 		return err
 	}
-	time.Sleep(5 * time.Millisecond) // calls already past their entry finish
 	a, err := t.Counts(ctx)
 	if err != nil {
 		return err
@@ -92,10 +98,13 @@ func checkLive(ctx context.Context, t *Target, set func(on bool) error) error {
 	if err := set(false); err != nil {
 		return err
 	}
-	time.Sleep(5 * time.Millisecond)
-	c, err := t.Counts(ctx)
+	off, err := t.Counts(ctx)
 	if err != nil {
 		return err
+	}
+	c, err := awaitCalls(ctx, t, off, liveCalls) // a hook begun before the disable has returned
+	if err != nil {
+		return fmt.Errorf("probes disabled: %w", err)
 	}
 	d, err := awaitCalls(ctx, t, c, liveCalls)
 	if err != nil {
