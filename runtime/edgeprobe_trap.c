@@ -88,13 +88,13 @@ EP_STATIC struct ep_inflight_site *ep_trap_find(uint64_t addr) {
 }
 
 /* The form a torn site is completed to, as xmod.Repair chooses (D19): the
- * form its back bytes already are; inert where both forms share them or
- * they are a mix of the two. 0: a back byte belongs to neither form (not
- * ours to write). */
-EP_STATIC const uint8_t *ep_trap_form(const struct ep_inflight_site *e) {
+ * form its back bytes (cur, as read) already are; inert where both forms
+ * share them or they are a mix of the two. 0: a back byte belongs to
+ * neither form (not ours to write). */
+EP_STATIC const uint8_t *ep_trap_form(const struct ep_inflight_site *e, const uint8_t *cur) {
 	int act = 1, ine = 1;
 	for (uint32_t i = 1; i < e->len; i++) {
-		uint8_t b = ep_trap_byte(e->addr + i);
+		uint8_t b = cur[i];
 		if (b != e->active[i])
 			act = 0;
 		if (b != e->inert[i])
@@ -103,6 +103,15 @@ EP_STATIC const uint8_t *ep_trap_form(const struct ep_inflight_site *e) {
 			return 0;
 	}
 	return act && !ine ? e->active : e->inert;
+}
+
+/* Reads a listed site through the /proc/self/mem descriptor fd: 1 when all
+ * of it was read. Entries stay listed after their object may have been
+ * unmapped (dlclose): a plain load there would fault inside the handler. */
+EP_STATIC int ep_trap_peek(long fd, const struct ep_inflight_site *e, uint8_t *cur) {
+	if (e->len < 1 || e->len >= EP_SITE_MAX)
+		return 0;
+	return ep_sys6(SYS_pread64, fd, (long)cur, e->len, (long)e->addr, 0, 0) == (long)e->len;
 }
 
 EP_STATIC long ep_trap_open(const char *path, int flags) {
@@ -190,16 +199,17 @@ EP_STATIC int ep_trap_repair(void) {
 		if (n > EP_INFLIGHT_MAX)
 			n = EP_INFLIGHT_MAX;
 		int ok = 1, any = 0;
+		uint8_t cur[EP_SITE_MAX];
 		for (uint64_t i = 0; i < n && ok; i++) {
 			struct ep_inflight_site *e = &ep_inflight.site[i];
-			if (e->len < 1 || e->len >= EP_SITE_MAX || ep_trap_byte(e->addr) != 0xcc)
+			if (!ep_trap_peek(fd, e, cur) || cur[0] != 0xcc)
 				continue;
-			const uint8_t *f = ep_trap_form(e);
+			const uint8_t *f = ep_trap_form(e, cur);
 			if (!f)
 				continue;
 			any = 1;
 			for (uint32_t j = 1; j < e->len; j++) {
-				if (ep_trap_byte(e->addr + j) == f[j])
+				if (cur[j] == f[j])
 					continue;
 				if (ep_sys6(SYS_pwrite64, fd, (long)(f + 1), e->len - 1, (long)(e->addr + 1), 0, 0) != (long)e->len - 1)
 					ok = 0;
@@ -211,9 +221,9 @@ EP_STATIC int ep_trap_repair(void) {
 		if (any && ok && ep_trap_barrier()) {
 			for (uint64_t i = 0; i < n; i++) {
 				struct ep_inflight_site *e = &ep_inflight.site[i];
-				if (e->len < 1 || e->len >= EP_SITE_MAX || ep_trap_byte(e->addr) != 0xcc)
+				if (!ep_trap_peek(fd, e, cur) || cur[0] != 0xcc)
 					continue;
-				const uint8_t *f = ep_trap_form(e);
+				const uint8_t *f = ep_trap_form(e, cur);
 				EP_TRAP_PARK_POINT();
 				if (f && ep_sys6(SYS_pwrite64, fd, (long)f, 1, (long)e->addr, 0, 0) == 1)
 					__atomic_fetch_add(&ep_inflight.repairs, 1, __ATOMIC_RELAXED);

@@ -13,13 +13,17 @@ import (
 // table, with a write budget after which every write fails (a hotpatch
 // killed there).
 type fakeMem struct {
-	b      map[uint64]byte
-	writes int // writes left; < 0: unlimited
+	b        map[uint64]byte
+	writes   int // writes left; < 0: unlimited
+	unmapped map[uint64]bool
 }
 
 var errKilled = errors.New("killed")
 
 func (m *fakeMem) ReadMem(addr uint64, b []byte) error {
+	if m.unmapped[addr] {
+		return errors.New("input/output error")
+	}
 	for i := range b {
 		b[i] = m.b[addr+uint64(i)]
 	}
@@ -126,5 +130,25 @@ func TestInflightGuardFull(t *testing.T) {
 	// Listing a site already listed costs nothing and succeeds.
 	if err := g.Record([]xmod.Site{fakeSite(1)}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestInflightGuardUnmapped: an entry whose site can no longer be read (its
+// object was unloaded) is dropped by a compaction, not an error that would
+// refuse every later int3 batch.
+func TestInflightGuardUnmapped(t *testing.T) {
+	m := &fakeMem{b: map[uint64]byte{}, writes: -1, unmapped: map[uint64]bool{}}
+	g := &inflightGuard{t: m, addr: fakeTable, max: 2, listed: map[uint64]bool{}}
+	if err := g.Record([]xmod.Site{fakeSite(0), fakeSite(1)}); err != nil {
+		t.Fatal(err)
+	}
+	m.b[fakeSite(1).Addr] = 0xcc
+	m.unmapped[fakeSite(0).Addr] = true
+	if err := g.Record([]xmod.Site{fakeSite(2)}); err != nil {
+		t.Fatalf("Record after an unmapped entry: %v", err)
+	}
+	got := m.listed(fakeTable)
+	if len(got) != 2 || !got[fakeSite(1).Addr] || !got[fakeSite(2).Addr] {
+		t.Fatalf("listed %v, want sites 1 and 2", got)
 	}
 }

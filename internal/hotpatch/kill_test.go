@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 // killTrials is the number of SIGKILLs per protocol: 100 with
@@ -165,12 +166,12 @@ func TestKillNine(t *testing.T) {
 					sig := "exit"
 					if errors.As(err, &ee) {
 						if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-							sig = ws.Signal().String()
+							sig = unix.SignalName(ws.Signal()) // "SIGTRAP": the table's "by" column
 						}
 					}
 					deaths++
 					bySig[sig]++
-					if sig != syscall.SIGTRAP.String() {
+					if sig != "SIGTRAP" {
 						t.Errorf("trial %d: target died of %s, not of an int3 left in its text", trial, sig)
 					}
 					if c.runtime {

@@ -1,6 +1,7 @@
 package hotpatch
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -360,4 +361,91 @@ func TestForkAfterKill(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestKilledAfterTrapReaped: hotpatch SIGKILLs itself (EDGEPROBE_TEST_KILL_AT
+// =trap-reaped) right after its tracer reaped the first SIGTRAP stop of a
+// thread at one of its int3s, before handling it: reaping cleared the
+// thread's signal, so the thread resumes with none, at whatever PC it has.
+// The tracer rewinds the PC before it reaps (prewind): the thread resumes
+// at the site, executes the int3 again with no tracer, and the runtime's
+// handler makes the site whole. Before prewind the thread resumed at site +
+// 1 and ran the call's rel32 as instructions: the target died (SIGILL or
+// SIGSEGV; checked by taking prewind out).
+func TestKilledAfterTrapReaped(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.Runtime(t, "gcc")
+	s := startMTEnv(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "nop", true, lib, nil)
+	s.expectFrozen(t, "cold binary at start")
+	args := append([]string{"--pid", fmt.Sprint(s.Pid), "--protocol", "int3", "--int3-wait", "10s", "--enable", "work"}, s.probeArgs...)
+	hp := exec.Command(testutil.Command(t, "hotpatch"), args...)
+	hp.Env = append(hp.Environ(), EnvTestKillAt+"=trap-reaped")
+	out, err := hp.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("hotpatch did not kill itself at a reaped trap: %v: %s", err, out)
+	}
+	if !progressOrDeath(t, s, 20000) {
+		t.Fatalf("the target died: %s", deathSignal(s))
+	}
+	for _, st := range s.states(t) {
+		if st.State != "on" && st.State != "off" {
+			t.Fatalf("probe %d (%s %s) left %s: %s", st.ID, st.Kind, st.Function, st.State, st.Bytes)
+		}
+	}
+	if traps, repairs, _ := inflightCounters(t, s); traps == 0 || repairs == 0 {
+		t.Errorf("the handler took %d traps and repaired %d sites; the thread should have met the int3 again", traps, repairs)
+	}
+	s.finish(t)
+}
+
+// TestHandlerSkipsUnmappedEntry: entries outlive their objects (a library
+// unloaded after its sites were listed). An entry at an unmapped address
+// is appended to the live target's table, as a listing from before an
+// unload would have left it; then hotpatch is killed mid-patch with four
+// threads running the sites. The handler's repair reads every listed site:
+// it must skip the unmapped one (it reads through /proc/self/mem) and
+// repair the others; with a plain load there it faulted inside the
+// handler and the target died of SIGSEGV (checked).
+func TestHandlerSkipsUnmappedEntry(t *testing.T) {
+	testutil.RequirePtrace(t)
+	lib := testutil.Runtime(t, "gcc")
+	s := startMTEnv(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "nop", true, lib, nil)
+	r, err := shm.OpenPID(s.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := r.Header().Inflight
+	r.Close()
+	entry, err := shm.EncodeInflightSite(nil, 0x1000, []byte{0xe8, 1, 2, 3, 4}, []byte{0x0f, 0x1f, 0x44, 0, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", s.Pid), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	n := s.Read64(table + shm.InflightCountOff)
+	if _, err := mem.WriteAt(entry, int64(table+shm.InflightSitesOff+n*shm.InflightSiteSize)); err != nil {
+		t.Fatal(err)
+	}
+	var count [8]byte
+	binary.LittleEndian.PutUint64(count[:], n+1)
+	if _, err := mem.WriteAt(count[:], int64(table+shm.InflightCountOff)); err != nil {
+		t.Fatal(err)
+	}
+	killMidPatch(t, s)
+	if !progressOrDeath(t, s, 20000) {
+		t.Fatalf("the target died: %s", deathSignal(s))
+	}
+	if _, repairs, _ := inflightCounters(t, s); repairs == 0 {
+		t.Fatal("the handler repaired nothing")
+	}
+	for _, st := range s.states(t) {
+		if st.State != "on" && st.State != "off" {
+			t.Fatalf("probe %d (%s %s) left %s: %s", st.ID, st.Kind, st.Function, st.State, st.Bytes)
+		}
+	}
+	s.finish(t)
 }

@@ -37,7 +37,7 @@ func AcquireLock(pid int, wait bool) (*Lock, error) {
 // AcquireLockContext is AcquireLock whose wait ends when ctx does.
 func AcquireLockContext(ctx context.Context, pid int, wait bool) (*Lock, error) {
 	for {
-		t, err := ptrace.Attach(pid, ptrace.Options{LeaderOnly: true})
+		t, err := ptrace.Attach(pid, ptrace.Options{LeaderOnly: true, KillAtTrap: os.Getenv(EnvTestKillAt) == "trap-reaped"})
 		if err == nil {
 			return &Lock{t: t}, nil
 		}

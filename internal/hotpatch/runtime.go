@@ -27,7 +27,9 @@ const EnvRuntime = "EDGEPROBE_RUNTIME"
 const EnvInjectThread = "EDGEPROBE_INJECT_THREAD"
 
 // EnvTestKillAt makes hotpatch SIGKILL itself at one step of a runtime
-// load (inject.Options.KillAt), for tests of a hotpatch killed mid-load.
+// load (inject.Options.KillAt), for tests of a hotpatch killed mid-load;
+// "trap-reaped": right after its tracer reaped a thread's SIGTRAP stop at
+// an armed int3 (ptrace.Options.KillAtTrap, TestKilledAfterTrapReaped).
 const EnvTestKillAt = "EDGEPROBE_TEST_KILL_AT"
 
 // RuntimeFile is the runtime's file name next to the hotpatch executable.

@@ -27,6 +27,11 @@ type Options struct {
 	// thread to report a stop (a thread in uninterruptible sleep reports only
 	// when it wakes). Zero means 5s.
 	StopTimeout time.Duration
+	// KillAtTrap (tests only) makes the calling process SIGKILL itself
+	// right after it reaped a SIGTRAP signal-delivery-stop while a trap is
+	// armed, before it handles the stop: a tracer killed in the window
+	// prewind exists for (TestKilledAfterTrapReaped).
+	KillAtTrap bool
 }
 
 // Stats counts what the event loop has seen since Attach.
@@ -703,6 +708,16 @@ func (t *Tracer) pump() bool {
 // that dies before reaping leaves the SIGTRAP to be delivered at PC = site
 // (the runtime's handler takes that, D89), one that dies after leaves the
 // thread at the site with no signal: it executes the int3 again.
+// armedAny reports whether a trap is armed now.
+func (t *Tracer) armedAny() bool {
+	for _, tr := range t.traps {
+		if tr.armed {
+			return true
+		}
+	}
+	return false
+}
+
 // cldTrapped is si_code CLD_TRAPPED: a traced child stopped.
 const cldTrapped = 4
 
@@ -780,6 +795,8 @@ func (t *Tracer) handle(wpid int, ws unix.WaitStatus) {
 	event := int(ws) >> 16
 	if event != 0 || sig != int(unix.SIGTRAP) {
 		th.prewound = false // prewind marks only a SIGTRAP signal-delivery-stop
+	} else if t.opts.KillAtTrap && t.armedAny() {
+		_ = unix.Kill(unix.Getpid(), unix.SIGKILL)
 	}
 	if event != unix.PTRACE_EVENT_VFORK {
 		// A thread blocked in vfork reports no stop until the vfork ends
