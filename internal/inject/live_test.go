@@ -371,19 +371,6 @@ func TestInjectRefusals(t *testing.T) {
 	})
 }
 
-func copyTo(t *testing.T, from, dir string) string {
-	t.Helper()
-	b, err := os.ReadFile(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	to := filepath.Join(dir, filepath.Base(from))
-	if err := os.WriteFile(to, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return to
-}
-
 // TestInjectNamespace: a target in its own mount and pid namespace, with a
 // private /tmp where the runtime file hotpatch reads does not exist (the
 // program checks), and its own /proc: the runtime still loads (through the
@@ -398,7 +385,7 @@ func TestInjectNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(private) })
-	rt := copyTo(t, testutil.Runtime(t, "gcc"), private)
+	rt := testutil.CopyInto(t, testutil.Runtime(t, "gcc"), private)
 	os.Chmod(rt, 0o644)
 	t.Setenv(hotpatch.EnvRuntime, rt)
 	// The program and its library go where both namespaces see them.
@@ -407,8 +394,8 @@ func TestInjectNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(stage) })
-	staged := copyTo(t, bin, stage)
-	copyTo(t, lib, stage)
+	staged := testutil.CopyInto(t, bin, stage)
+	testutil.CopyInto(t, lib, stage)
 	stop := filepath.Join(stage, "stop")
 	script := `mount -t tmpfs tmpfs /tmp && test ! -e "$1" && LD_LIBRARY_PATH="$2" exec "$4" "$3"`
 	cmd := exec.Command("unshare", "-m", "-p", "--fork", "--mount-proc", "sh", "-c", script, "sh", rt, stage, stop, staged)

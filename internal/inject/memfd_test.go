@@ -40,7 +40,7 @@ func TestLoadMemfdReplaced(t *testing.T) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	bin := copyTo(t, built, dir)
+	bin := testutil.CopyInto(t, built, dir)
 	victim := filepath.Join(dir, "root-only")
 	const precious = "root's own bytes\n"
 	if err := os.WriteFile(victim, []byte(precious), 0o600); err != nil {

@@ -48,8 +48,8 @@ func TestRegionFDSwapped(t *testing.T) {
 	if err := os.Chown(own, int(other.UID), int(other.GID)); err != nil {
 		t.Fatal(err)
 	}
-	bin := copyInto(t, built, dir)
-	lib := copyInto(t, buildRuntime(t, "gcc"), dir)
+	bin := testutil.CopyInto(t, built, dir)
+	lib := testutil.CopyInto(t, buildRuntime(t, "gcc"), dir)
 
 	cmd := other.Command(bin, own)
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib)
@@ -144,19 +144,6 @@ func drain(ch chan string) string {
 	}
 }
 
-func copyInto(t *testing.T, from, dir string) string {
-	t.Helper()
-	b, err := os.ReadFile(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	to := filepath.Join(dir, filepath.Base(from))
-	if err := os.WriteFile(to, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return to
-}
-
 // TestOutputMapsReplaced (D88): `hotpatch stats --input FILE` names the
 // functions of an exited process from the maps copy its output file
 // carries, opening the objects listed there. The file and the objects are
@@ -168,7 +155,7 @@ func copyInto(t *testing.T, from, dir string) string {
 func TestOutputMapsReplaced(t *testing.T) {
 	bin, libdir := buildCounts(t, "gcc", "-O2")
 	dir := t.TempDir()
-	lib := copyInto(t, filepath.Join(libdir, "libfix.so"), dir)
+	lib := testutil.CopyInto(t, filepath.Join(libdir, "libfix.so"), dir)
 	out := filepath.Join(dir, "out")
 	mustRun(t, buildRuntime(t, "gcc"), bin, []string{"LD_LIBRARY_PATH=" + dir, "EDGEPROBE_OUTPUT=" + out}, "10")
 	if err := os.Remove(lib); err != nil {

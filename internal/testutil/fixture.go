@@ -248,6 +248,16 @@ func compilerVersion(t testing.TB, cc string) string {
 	return string(out)
 }
 
+// CopyInto copies the executable file from into dir, under its own name,
+// and returns the copy's path: a fixture placed where a test's other user
+// or namespace can reach it.
+func CopyInto(t testing.TB, from, dir string) string {
+	t.Helper()
+	to := filepath.Join(dir, filepath.Base(from))
+	copyFile(t, from, to)
+	return to
+}
+
 func copyFile(t testing.TB, from, to string) {
 	t.Helper()
 	b, err := os.ReadFile(from)
