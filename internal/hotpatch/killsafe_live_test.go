@@ -38,7 +38,13 @@ func inflightCounters(t *testing.T, s *subject) (traps, repairs, holds uint64) {
 // run work() in a loop, so they meet the int3 with no tracer at once.
 func killMidPatch(t *testing.T, s *subject, env ...string) {
 	t.Helper()
-	args := append([]string{"--pid", fmt.Sprint(s.Pid), "--protocol", "int3", "--int3-wait", "10s", "--enable", "work"}, s.probeArgs...)
+	killMidPatchOf(t, s, "work", env...)
+}
+
+// killMidPatchOf is killMidPatch for the probes of fn.
+func killMidPatchOf(t *testing.T, s *subject, fn string, env ...string) {
+	t.Helper()
+	args := append([]string{"--pid", fmt.Sprint(s.Pid), "--protocol", "int3", "--int3-wait", "10s", "--enable", fn}, s.probeArgs...)
 	hp := exec.Command(testutil.Command(t, "hotpatch"), args...)
 	hp.Env = append(hp.Environ(), env...)
 	if err := hp.Start(); err != nil {
@@ -326,15 +332,7 @@ func TestForkAfterKill(t *testing.T) {
 			if mode == "no-table" {
 				env = append(env, EnvTestNoGuard+"=1")
 			}
-			args := append([]string{"--pid", fmt.Sprint(s.Pid), "--protocol", "int3", "--int3-wait", "10s", "--enable", "child_work"}, s.probeArgs...)
-			hp := exec.Command(testutil.Command(t, "hotpatch"), args...)
-			hp.Env = append(hp.Environ(), env...)
-			if err := hp.Start(); err != nil {
-				t.Fatal(err)
-			}
-			awaitMidPatch(t, s)
-			_ = hp.Process.Kill()
-			_ = hp.Wait()
+			killMidPatchOf(t, s, "child_work", env...)
 			if !progressOrDeath(t, s, 50) {
 				t.Fatalf("the parent died: %s", deathSignal(s))
 			}
