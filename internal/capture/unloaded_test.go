@@ -98,14 +98,7 @@ func TestTraceObjectUnloaded(t *testing.T) {
 	testutil.RequirePtrace(t)
 	rt := testutil.Runtime(t, "gcc")
 	v1 := testutil.Build(t, testutil.Spec{Sources: []string{"plugin.c"}, Shared: true, Name: "plug1.so"})
-	r := testutil.Run(t, "coldpatch", v1.Path)
-	if r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	list := filepath.Join(t.TempDir(), "plug1.json")
-	if err := os.WriteFile(list, []byte(r.Stdout), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	list := testutil.ProbeList(t, filepath.Join(t.TempDir(), "plug1.json"), v1.Path)
 	prog := testutil.Build(t, testutil.Spec{Sources: []string{"reload.c"}, NoInstr: true, LDFlags: []string{"-ldl"}})
 	goFile := filepath.Join(t.TempDir(), "go")
 	p := testutil.Start(t, []string{"LD_PRELOAD=" + rt}, prog.Path, v1.Path, "-", goFile)

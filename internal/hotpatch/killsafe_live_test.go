@@ -315,14 +315,7 @@ func TestForkAfterKill(t *testing.T) {
 	testutil.RequirePtrace(t)
 	lib := testutil.Runtime(t, "gcc")
 	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"forkkill.c"}})
-	r := command(t, "coldpatch", "--placeholder", "nop", fx.Path)
-	if r.Code != 0 {
-		t.Fatalf("coldpatch: %s", r.Stderr)
-	}
-	list := filepath.Join(t.TempDir(), "probes.json")
-	if err := os.WriteFile(list, []byte(r.Stdout), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	list := testutil.ProbeList(t, filepath.Join(t.TempDir(), "probes.json"), fx.Path, "--placeholder", "nop")
 	for _, mode := range []string{"runtime", "no-table"} {
 		t.Run(mode, func(t *testing.T) {
 			s := &subject{probeArgs: []string{"--probes", list}}

@@ -25,14 +25,7 @@ func TestLeaderExited(t *testing.T) {
 	hooks := hooksLib(t)
 	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}})
 	dir := filepath.Dir(fix.Path)
-	r := command(t, "coldpatch", fix.Path)
-	if r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	list := filepath.Join(dir, "leaderexit.json")
-	if err := os.WriteFile(list, []byte(r.Stdout), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	list := testutil.ProbeList(t, filepath.Join(dir, "leaderexit.json"), fix.Path)
 	p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks}, fix.Path)
 	awaitLeaderExited(t, p.Pid)
 	pid := fmt.Sprint(p.Pid)
@@ -65,14 +58,7 @@ func TestLeaderExitsMidSession(t *testing.T) {
 	testutil.RequirePtrace(t)
 	hooks := hooksLib(t)
 	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}})
-	r := command(t, "coldpatch", fix.Path)
-	if r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	list := filepath.Join(filepath.Dir(fix.Path), "leaderexit.json")
-	if err := os.WriteFile(list, []byte(r.Stdout), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
 	for _, proto := range []string{ProtoAuto, ProtoInt3} {
 		t.Run(proto, func(t *testing.T) {
 			p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks}, fix.Path, "late")

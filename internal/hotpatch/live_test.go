@@ -207,12 +207,7 @@ func TestSharedLibrary(t *testing.T) {
 	hooks := hooksLib(t)
 	lib := testutil.Build(t, testutil.Spec{Sources: []string{"lib.c"}, Shared: true, Name: "libfix.so", Flags: []string{"-Wl,-soname,libfix.so"}})
 	dir := filepath.Dir(lib.Path)
-	r := command(t, "coldpatch", lib.Path)
-	if r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	list := filepath.Join(dir, "libfix.json")
-	os.WriteFile(list, []byte(r.Stdout), 0o644)
+	list := testutil.ProbeList(t, filepath.Join(dir, "libfix.json"), lib.Path)
 	loop := testutil.Build(t, testutil.Spec{Sources: []string{"libloop.c"}, LDFlags: []string{lib.Path, "-Wl,-rpath," + dir}})
 	p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks}, loop.Path)
 	s := &subject{Process: p, enters: p.Symbol(hooks, "enters"), exits: p.Symbol(hooks, "exits"), progress: p.Symbol(loop.Path, "progress")}
@@ -503,12 +498,7 @@ func TestStrippedAfterColdpatch(t *testing.T) {
 	testutil.RequirePtrace(t)
 	testutil.RequireTool(t, "strip")
 	fx := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c", "hooks.c"}, Static: true, PIE: testutil.Bool(false)})
-	r := command(t, "coldpatch", fx.Path)
-	if r.Code != 0 {
-		t.Fatal(r.Stderr)
-	}
-	list := filepath.Join(t.TempDir(), "probes.json")
-	os.WriteFile(list, []byte(r.Stdout), 0o644)
+	list := testutil.ProbeList(t, filepath.Join(t.TempDir(), "probes.json"), fx.Path)
 	// Read the counters' addresses before the symbols go.
 	p := testutil.Start(t, nil, fx.Path)
 	enters, exits, progress := p.Symbol(fx.Path, "enters"), p.Symbol(fx.Path, "exits"), p.Symbol(fx.Path, "progress")

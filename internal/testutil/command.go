@@ -91,3 +91,18 @@ func RunOK(t testing.TB, name string, args ...string) Result {
 	}
 	return r
 }
+
+// ProbeList runs coldpatch on bin (with args before it, e.g. "--placeholder",
+// "nop") and writes the probe list it prints to path, which it returns; a
+// coldpatch that fails, or a list that cannot be written, fails the test.
+func ProbeList(t testing.TB, path, bin string, args ...string) string {
+	t.Helper()
+	r := Run(t, "coldpatch", append(args, bin)...)
+	if r.Code != 0 {
+		t.Fatalf("coldpatch %s: %s", bin, r.Stderr)
+	}
+	if err := os.WriteFile(path, []byte(r.Stdout), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
