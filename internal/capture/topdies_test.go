@@ -40,14 +40,24 @@ func TestTopTargetDies(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { sh.Process.Kill(); sh.Wait() })
+			// The shell's "echo $!" and the program's "ready <pid>" race for
+			// the pipe: take the two lines in either order, and insist they
+			// name the same process.
 			rd := bufio.NewReader(out)
-			first, _ := rd.ReadString('\n')
-			pid, err := strconv.Atoi(strings.TrimSpace(first))
-			if err != nil {
-				t.Fatalf("the shell printed %q, want the program's pid", first)
+			pid, readyPid := 0, 0
+			for i := 0; i < 2; i++ {
+				line, _ := rd.ReadString('\n')
+				line = strings.TrimSpace(line)
+				if rest, ok := strings.CutPrefix(line, "ready "); ok {
+					readyPid, _ = strconv.Atoi(rest)
+				} else if n, err := strconv.Atoi(line); err == nil {
+					pid = n
+				} else {
+					t.Fatalf("the shell printed %q, want the program's pid and its ready line", line)
+				}
 			}
-			if ready, _ := rd.ReadString('\n'); !strings.HasPrefix(ready, "ready ") {
-				t.Fatalf("the program printed %q, want its ready line", ready)
+			if pid == 0 || pid != readyPid {
+				t.Fatalf("the shell named pid %d and the program said ready %d: want one pid, both lines", pid, readyPid)
 			}
 			args := []string{"top", "--pid", fmt.Sprint(pid), "--interval", "50ms", "--count", "200", "--json"}
 			if enable {
