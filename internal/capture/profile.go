@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"sort"
 	"strings"
 	"time"
@@ -56,14 +57,21 @@ type quota struct {
 // hookTotals are the runtime's per-thread hook accounting, summed.
 type hookTotals struct{ ticks, samples, skips uint64 }
 
-func hooksOf(r *shm.Region) hookTotals {
+// hooksOf sums the slots' hook accounting; a sum past 2^64 is ErrOverflow
+// (D92), never a wrapped total.
+func hooksOf(r *shm.Region) (hookTotals, error) {
 	var h hookTotals
+	var c1, c2, c3 uint64
 	for _, t := range r.Threads() {
-		h.ticks += t.HookTicks
-		h.samples += t.HookSamples
-		h.skips += t.QuotaSkips
+		h.ticks, c1 = bits.Add64(h.ticks, t.HookTicks, 0)
+		h.samples, c2 = bits.Add64(h.samples, t.HookSamples, 0)
+		h.skips, c3 = bits.Add64(h.skips, t.QuotaSkips, 0)
+		if c1|c2|c3 != 0 {
+			return h, fmt.Errorf("pid %d: %w: %w: the threads' hook accounting (the program wrote its own counters, or they are corrupt)",
+				r.Header().Pid, shm.ErrUntrusted, shm.ErrOverflow)
+		}
 	}
-	return h
+	return h, nil
 }
 
 // Profile runs the bursty latency profiler for o.Duration.
@@ -90,7 +98,10 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 	// calls per function per epoch, exactly, however late we look. Turning
 	// a full function's probes off until the next epoch only saves the
 	// target the cost of its skipped calls.
-	hooks0 := hooksOf(s.region)
+	hooks0, err := hooksOf(s.region)
+	if err != nil {
+		return nil, err
+	}
 	if err := s.region.SetQuota(uint32(o.Samples)); err != nil {
 		return nil, err
 	}
@@ -227,12 +238,27 @@ func Profile(ctx context.Context, o ProfileOptions) (res *ProfileResult, err err
 	res.TargetCPU = cpu1 - cpu0
 	res.QuotaHeld = quotaHeld(s, quotas, before)
 	delta := deltas(s.region.Functions(), before)
+	if err := report.CheckSums(delta, s.sym); err != nil {
+		return nil, fmt.Errorf("pid %d: %w", o.PID, err)
+	}
 	res.Functions = report.Rows(delta, s.sym)
-	hooks1 := hooksOf(s.region)
-	res.Hooks = hooks1.skips - hooks0.skips
+	hooks1, err := hooksOf(s.region)
+	if err != nil {
+		return nil, err
+	}
+	// Growth only (D92): a count that went down, or totals past 2^64, are
+	// not the runtime's.
+	var cs [5]uint64
+	res.Hooks, cs[0] = bits.Sub64(hooks1.skips, hooks0.skips, 0)
 	for _, f := range delta {
-		res.Calls += f.Entries
-		res.Hooks += f.Entries + f.Exits
+		res.Calls, cs[1] = bits.Add64(res.Calls, f.Entries, cs[1])
+		res.Hooks, cs[2] = bits.Add64(res.Hooks, f.Entries, cs[2])
+		res.Hooks, cs[3] = bits.Add64(res.Hooks, f.Exits, cs[3])
+	}
+	_, cs[4] = bits.Sub64(hooks1.samples, hooks0.samples, 0)
+	if _, c := bits.Sub64(hooks1.ticks, hooks0.ticks, 0); cs[0]|cs[1]|cs[2]|cs[3]|cs[4]|c != 0 {
+		return nil, fmt.Errorf("pid %d: %w: %w: the profile's totals (the program wrote its own counters, or they are corrupt)",
+			o.PID, shm.ErrUntrusted, shm.ErrOverflow)
 	}
 	if res.Duration > 0 {
 		res.TogglesPerSec = float64(res.Toggles) / res.Duration.Seconds()
@@ -342,16 +368,27 @@ func deltas(now []shm.Func, before map[uint64]shm.Func) []shm.Func {
 	for _, f := range now {
 		b := before[f.Addr]
 		d := f
-		d.Entries -= b.Entries
-		d.Exits -= b.Exits
-		d.Orphans -= b.Orphans
-		d.Unmatched -= b.Unmatched
-		d.Samples -= b.Samples
-		d.SumNs -= b.SumNs
-		for i := range d.Hist {
-			d.Hist[i] -= b.Hist[i]
+		d.Overflow = append([]string(nil), f.Overflow...)
+		// The counters only grow: one that went down was not written by
+		// the runtime, and its difference would wrap (D92).
+		down := func(cur, prev *uint64, what string) {
+			if *cur < *prev {
+				d.Overflow = append(d.Overflow, what+" went down")
+				*cur = 0
+				return
+			}
+			*cur -= *prev
 		}
-		if d.Entries == 0 && d.Exits == 0 {
+		down(&d.Entries, &b.Entries, "entries")
+		down(&d.Exits, &b.Exits, "exits")
+		down(&d.Orphans, &b.Orphans, "orphan_exits")
+		down(&d.Unmatched, &b.Unmatched, "unmatched_entries")
+		down(&d.Samples, &b.Samples, "samples")
+		down(&d.SumNs, &b.SumNs, "total_ns")
+		for i := range d.Hist {
+			down(&d.Hist[i], &b.Hist[i], fmt.Sprintf("histogram bucket %d", i))
+		}
+		if d.Entries == 0 && d.Exits == 0 && len(d.Overflow) == 0 {
 			continue
 		}
 		out = append(out, d)

@@ -75,7 +75,19 @@ func Top(ctx context.Context, o Options, interval time.Duration, count int, show
 		return err == nil && st.State != 'Z' && st.State != 'X' && st.StartTime == st0.StartTime && !ranExec(maps, o.PID)
 	}
 	sampler := report.NewTopSampler(o.PID, sym)
-	sampler.Sample(region.Functions(), time.Now())
+	// Counts that wrap are an error naming the function (D92), never a rate.
+	functions := func() ([]shm.Func, error) {
+		fs := region.Functions()
+		if err := report.CheckSums(fs, sym); err != nil {
+			return nil, fmt.Errorf("pid %d: %w", o.PID, err)
+		}
+		return fs, nil
+	}
+	fs, err := functions()
+	if err != nil {
+		return err
+	}
+	sampler.Sample(fs, time.Now())
 	// A timer armed after each sample, not a ticker: when sampling or
 	// printing overruns an interval (a loaded machine), a ticker's pending
 	// tick would make the next snapshot cover a fraction of a millisecond.
@@ -88,7 +100,11 @@ func Top(ctx context.Context, o Options, interval time.Duration, count int, show
 		case <-t.C:
 		}
 		watch()
-		snap := sampler.Sample(region.Functions(), time.Now())
+		fs, err := functions()
+		if err != nil {
+			return err
+		}
+		snap := sampler.Sample(fs, time.Now())
 		t.Reset(interval)
 		snap.Exited = region.Exited() || !alive()
 		if err := show(snap); err != nil {

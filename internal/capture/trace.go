@@ -450,7 +450,16 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		}
 	}
 	offErr := s.region.SetControl(0, ctl)
-	res.Dropped = s.region.Counters().RingDropped - dropped0
+	// The drop counters only grow: a sum past 2^64 or one that went down
+	// is not the runtime's (D92), and its difference would wrap.
+	c1 := s.region.Counters()
+	if len(c1.Overflow) > 0 || c1.RingDropped < dropped0 {
+		if offErr == nil {
+			offErr = fmt.Errorf("pid %d: %w: %w: trace_ring_full (the program wrote its own counters, or they are corrupt)", o.PID, shm.ErrUntrusted, shm.ErrOverflow)
+		}
+	} else {
+		res.Dropped = c1.RingDropped - dropped0
+	}
 	drain(true) // what the rings hold is kept unless the limit was reached
 	if !s.region.Exited() && !s.gone() {
 		unloaded() // since the last look
@@ -462,7 +471,8 @@ func Trace(ctx context.Context, o Options, sink calltrace.Sink) (res *TraceResul
 		res.Notes = append(res.Notes, fmt.Sprintf("%d events left out: their hooks decided them before this capture started (a thread inside a hook while the previous capture ended)", res.Stale))
 	}
 	for _, th := range s.region.Threads() {
-		if d := th.RingDropped - slotDropped0[th.Index]; d > 0 {
+		if th.RingDropped > slotDropped0[th.Index] {
+			d := th.RingDropped - slotDropped0[th.Index]
 			thread(tids[th.Index]).Dropped += d
 		}
 	}

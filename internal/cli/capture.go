@@ -159,7 +159,13 @@ included), then from --probes lists, else sub_<address>.`,
 				}
 			}
 			defer region.Close()
-			st := report.Collect(region, sym)
+			st, err := report.Collect(region, sym)
+			if err != nil {
+				if input == "" {
+					return fmt.Errorf("pid %d: %w", tf.pid, err)
+				}
+				return fmt.Errorf("%s: %w", input, err)
+			}
 			// A tracer is a capture (or another hotpatch) at work, whose
 			// bits these are; with none, they were left by a killed one.
 			if input == "" && procfs.TracerPid(tf.pid, 0) == 0 {

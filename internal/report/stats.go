@@ -121,15 +121,33 @@ type Dropped struct {
 // Collect snapshots a region. Percentiles come from the log2 histogram, so
 // they are exact to within their bucket (a factor of two), clamped to the
 // observed min and max.
-func Collect(r *shm.Region, sym *Symbolizer) *Stats {
+//
+// Counts that wrap (a sum past 2^64, D92) are an error naming the function
+// or the counter, never a number.
+func Collect(r *shm.Region, sym *Symbolizer) (*Stats, error) {
 	h := r.Header()
-	st := &Stats{PID: int(h.Pid), Exited: r.Exited(), Functions: Rows(r.Functions(), sym)}
+	funcs := r.Functions()
+	if err := CheckSums(funcs, sym); err != nil {
+		return nil, err
+	}
 	c := r.Counters()
-	st.Dropped = Dropped{TableFull: c.FuncDropEnters + c.FuncDropExits, ThreadsFull: c.ThreadDropHits,
-		BeforeInit: c.PreinitDrops + c.LateDrops, Reentrant: c.ReentrantDrops, StackOverrun: c.StackOverflows, RingFull: c.RingDropped,
+	tableFull, ok1 := sum(c.FuncDropEnters, c.FuncDropExits)
+	beforeInit, ok2 := sum(c.PreinitDrops, c.LateDrops)
+	if !ok1 {
+		c.Overflow = append(c.Overflow, "function_table_full")
+	}
+	if !ok2 {
+		c.Overflow = append(c.Overflow, "outside_thread_life")
+	}
+	if err := CheckCounters(&c); err != nil {
+		return nil, err
+	}
+	st := &Stats{PID: int(h.Pid), Exited: r.Exited(), Functions: Rows(funcs, sym)}
+	st.Dropped = Dropped{TableFull: tableFull, ThreadsFull: c.ThreadDropHits,
+		BeforeInit: beforeInit, Reentrant: c.ReentrantDrops, StackOverrun: c.StackOverflows, RingFull: c.RingDropped,
 		Unmatched: c.Unmatched, Orphans: c.Orphans, DeepLost: c.DeepLost, Abandoned: c.AbandonedHooks,
 		FentryUnwound: c.FentryUnwound, FentryBadSites: c.FentryBadSites, FentryRestored: c.FentryRestored}
-	return st
+	return st, nil
 }
 
 // Rows names and summarises functions.

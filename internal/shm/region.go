@@ -37,7 +37,32 @@ type Region struct {
 var (
 	ErrNoRuntime = errors.New("no edgeprobe runtime region in the process")
 	ErrUntrusted = errors.New("region not trusted")
+	// ErrOverflow: a sum hotpatch forms of the region's counters (a
+	// function's shared counts plus its thread-cache counts, the histogram's
+	// buckets, the per-thread counters) passed 2^64, or a count went down
+	// between two reads. Counting real calls cannot do either (2^64 ns is
+	// 584 years of summed latency; the counters only grow), so the counts
+	// were written by something other than the runtime: the program itself,
+	// or a corruption (D92).
+	ErrOverflow = errors.New("counters wrap (a sum passed 2^64, or a count went down)")
 )
+
+// addSat is a+b held at 2^64-1 instead of wrapping; it appends what to
+// *over when it overflows (D92: every sum of counters is checked, none
+// wraps into a small, plausible number).
+func addSat(a, b uint64, over *[]string, what string) uint64 {
+	s, c := bits.Add64(a, b, 0)
+	if c == 0 {
+		return s
+	}
+	for _, w := range *over {
+		if w == what {
+			return ^uint64(0)
+		}
+	}
+	*over = append(*over, what)
+	return ^uint64(0)
+}
 
 // OpenPID opens the live region of process pid: the runtime's memfd, found
 // among the process's descriptors (/proc/PID/fd, which needs the rights of
@@ -428,14 +453,16 @@ func (r *Region) TicksToNs(ticks uint64) float64 {
 
 // HookCost is the mean time inside the runtime's hooks sampled while quotas
 // were on (one hook in 64 per thread, TSC), over every thread slot, and how
-// many hooks were sampled; 0 samples when none was (no quotas yet, or no TSC).
+// many hooks were sampled; 0 samples when none was (no quotas yet, or no TSC)
+// or when the sums overflow (ErrOverflow: not the runtime's numbers).
 func (r *Region) HookCost() (ns float64, samples uint64) {
 	var ticks uint64
+	var over []string
 	for _, t := range r.Threads() {
-		ticks += t.HookTicks
-		samples += t.HookSamples
+		ticks = addSat(ticks, t.HookTicks, &over, "hook_ticks")
+		samples = addSat(samples, t.HookSamples, &over, "hook_samples")
 	}
-	if samples == 0 {
+	if samples == 0 || len(over) > 0 { // not the runtime's numbers (D92): not measured
 		return 0, 0
 	}
 	return r.TicksToNs(ticks) / float64(samples), samples
@@ -528,14 +555,34 @@ type Func struct {
 	MinNs   uint64 // 0 when Samples == 0
 	MaxNs   uint64
 	Hist    [HistBuckets]uint64
+	// Overflow names the sums (entries, exits, total_ns, samples) that
+	// passed 2^64 when formed; each is held at 2^64-1. Non-empty means the
+	// counts were not written by the runtime (ErrOverflow, D92): report
+	// them as an error naming the function, never as numbers.
+	Overflow []string
 }
 
 // Balanced reports whether every tracked entry is accounted for: once the
 // process is quiet, each entry given a frame ended in exactly one of a
 // matched exit, an unmatched frame, or a frame still open:
 // Entries - DeepEntries == (Exits - Orphans - DeepExits) + Unmatched + Open.
+//
+// The equation is checked in integers, not modulo 2^64: counts that only
+// balance by wrapping (DeepEntries above Entries, say) are not balanced.
 func (f *Func) Balanced() bool {
-	return f.Entries-f.DeepEntries == f.Exits-f.Orphans-f.DeepExits+f.Unmatched+f.Open
+	if len(f.Overflow) > 0 || f.DeepEntries > f.Entries {
+		return false
+	}
+	out := f.Exits
+	for _, d := range []uint64{f.Orphans, f.DeepExits} {
+		if d > out {
+			return false
+		}
+		out -= d
+	}
+	out, c1 := bits.Add64(out, f.Unmatched, 0)
+	out, c2 := bits.Add64(out, f.Open, 0)
+	return c1|c2 == 0 && f.Entries-f.DeepEntries == out
 }
 
 // MeanNs is the mean latency, 0 without samples.
@@ -612,7 +659,7 @@ func (r *Region) Functions() []Func {
 		f.DeepExits = atomic.LoadUint64(&e.DeepExits)
 		for b := range f.Hist {
 			f.Hist[b] = atomic.LoadUint64(&e.Hist[b])
-			f.Samples += f.Hist[b]
+			f.Samples = addSat(f.Samples, f.Hist[b], &f.Overflow, "samples")
 		}
 		idx[uint32(i)] = len(out)
 		out = append(out, f)
@@ -630,9 +677,10 @@ func (r *Region) Functions() []Func {
 			if !ok {
 				continue // a cache entry is published after its table entry; a torn read only
 			}
-			out[k].Entries += atomic.LoadUint64(&l.Entries)
-			out[k].Exits += atomic.LoadUint64(&l.Exits)
-			out[k].SumNs += atomic.LoadUint64(&l.SumNs)
+			f := &out[k]
+			f.Entries = addSat(f.Entries, atomic.LoadUint64(&l.Entries), &f.Overflow, "entries")
+			f.Exits = addSat(f.Exits, atomic.LoadUint64(&l.Exits), &f.Overflow, "exits")
+			f.SumNs = addSat(f.SumNs, atomic.LoadUint64(&l.SumNs), &f.Overflow, "total_ns")
 		}
 	}
 	// Open frames: every stored frame below each claimed slot's depth.
@@ -747,6 +795,9 @@ type Counters struct {
 	Nosys        bool
 	NosysThreads uint64
 	NosysSkips   uint64
+	// Overflow names the per-thread sums above that passed 2^64 (held at
+	// 2^64-1): see Func.Overflow and ErrOverflow (D92).
+	Overflow []string
 }
 
 // Counters snapshots the drop and mismatch counters.
@@ -760,16 +811,17 @@ func (r *Region) Counters() Counters {
 		FentrySites: h.FentrySites, FentryBadSites: h.FentryBadSites, FentryUnwound: h.FentryUnwound,
 		Nosys: h.Nosys != 0, NosysThreads: h.NosysThreads, NosysSkips: h.NosysSkips,
 	}
+	o := &c.Overflow
 	for _, t := range r.Threads() {
-		c.ReentrantDrops += t.ReentrantDrops
-		c.StackOverflows += t.StackOverflows
-		c.Orphans += t.Orphans
-		c.Unmatched += t.Unmatched
-		c.LocalFull += t.LocalFull
-		c.RingDropped += t.RingDropped
-		c.DeepLost += t.DeepLost
-		c.AbandonedHooks += t.AbandonedHooks
-		c.FentryRestored += t.FentryRestored
+		c.ReentrantDrops = addSat(c.ReentrantDrops, t.ReentrantDrops, o, "reentrant")
+		c.StackOverflows = addSat(c.StackOverflows, t.StackOverflows, o, "shadow_stack_overflow")
+		c.Orphans = addSat(c.Orphans, t.Orphans, o, "orphan_exits")
+		c.Unmatched = addSat(c.Unmatched, t.Unmatched, o, "unmatched_entries")
+		c.LocalFull = addSat(c.LocalFull, t.LocalFull, o, "local_full")
+		c.RingDropped = addSat(c.RingDropped, t.RingDropped, o, "trace_ring_full")
+		c.DeepLost = addSat(c.DeepLost, t.DeepLost, o, "deep_frames_lost")
+		c.AbandonedHooks = addSat(c.AbandonedHooks, t.AbandonedHooks, o, "abandoned_hooks")
+		c.FentryRestored = addSat(c.FentryRestored, t.FentryRestored, o, "fentry_restored")
 	}
 	return c
 }
