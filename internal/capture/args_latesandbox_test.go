@@ -58,7 +58,7 @@ func lateSandbox(t *testing.T, mode string) {
 		"--duration", "2s", "--ring-events", "65536", "--format", "text", "-o", filepath.Join(dir, "t.txt"))
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
+	if err := testutil.StartBound(cmd); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the capture to record arguments", func() bool { return region.Control()&shm.CtlArgs != 0 })

@@ -411,7 +411,7 @@ func TestTraceAfterKilledCapture(t *testing.T) {
 	p, _ := startArgsLive(t, "-O2")
 	cmd := exec.Command(testutil.Command(t, "hotpatch"), "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "t_dmul", "--args", "t_dmul",
 		"--ring-events", "4096", "--duration", "5m", "-o", filepath.Join(t.TempDir(), "t.pftrace"))
-	if err := cmd.Start(); err != nil {
+	if err := testutil.StartBound(cmd); err != nil {
 		t.Fatal(err)
 	}
 	region, err := shm.OpenPID(p.Pid)

@@ -202,7 +202,7 @@ func TestStatsInput(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "run.ep")
 	cmd := exec.Command(fx.Path, "12")
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib, "EDGEPROBE_OUTPUT="+out)
-	if b, err := cmd.CombinedOutput(); err != nil {
+	if b, err := testutil.CombinedOutputBound(cmd); err != nil {
 		t.Fatalf("%v: %s", err, b)
 	}
 	r := testutil.Run(t, "hotpatch", "stats", "--input", out, "--json", "--sort", "name")

@@ -64,7 +64,7 @@ func TestHostileNamesEscaped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := top.Start(); err != nil {
+	if err := testutil.StartBound(top); err != nil {
 		t.Fatal(err)
 	}
 	sc := bufio.NewScanner(tout)

@@ -25,7 +25,7 @@ func TestFileSizeLimit(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "run.ep")
 			cmd := exec.Command("/bin/sh", "-c", `ulimit -f "$1" && shift && exec "$@"`, "sh", blocks, fx.Path, "12")
 			cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib, "EDGEPROBE_OUTPUT="+out)
-			b, err := cmd.CombinedOutput()
+			b, err := testutil.CombinedOutputBound(cmd)
 			if err != nil {
 				t.Fatalf("under ulimit -f %s the preloaded program failed: %v: %s", blocks, err, b)
 			}
@@ -59,7 +59,7 @@ func TestFileSizeLimit(t *testing.T) {
 		cmd.Env = append(os.Environ(), "EDGEPROBE_OUTPUT="+out)
 		var stdout, stderr strings.Builder
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		if err := cmd.Run(); err != nil {
+		if err := testutil.RunBound(cmd); err != nil {
 			t.Fatalf("without the preload under ulimit -f 100 the program failed: %v: %s", err, stderr.String())
 		}
 		want := stdout.String()
@@ -68,7 +68,7 @@ func TestFileSizeLimit(t *testing.T) {
 		cmd = exec.Command("/bin/sh", "-c", `ulimit -f "$1" && shift && exec "$@"`, "sh", "100", fx.Path, "12")
 		cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib, "EDGEPROBE_OUTPUT="+out)
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		if err := cmd.Run(); err != nil {
+		if err := testutil.RunBound(cmd); err != nil {
 			t.Fatalf("under ulimit -f 100 the preloaded program failed: %v: %s", err, stderr.String())
 		}
 		if stdout.String() != want {
@@ -96,7 +96,7 @@ func TestFileSizeLimitAtExit(t *testing.T) {
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib, "EDGEPROBE_OUTPUT="+out)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
+	err := testutil.RunBound(cmd)
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 3 {
 		t.Fatalf("want the program's own exit status 3, got %v (stderr %q)", err, stderr.String())
 	}

@@ -49,7 +49,7 @@ func TestTraceOutputPastFileSizeLimit(t *testing.T) {
 			cmd := exec.Command("sh", args...)
 			var stderr strings.Builder
 			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
+			if err := testutil.StartBound(cmd); err != nil {
 				t.Fatal(err)
 			}
 			done := make(chan error, 1)

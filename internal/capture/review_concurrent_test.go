@@ -29,7 +29,7 @@ func TestSecondCaptureRefused(t *testing.T) {
 		"--rate", "50", "--max-depth", "1", "--duration", "5m", "-o", filepath.Join(dir, "a.json"))
 	var firstErr strings.Builder
 	first.Stderr = &firstErr
-	if err := first.Start(); err != nil {
+	if err := testutil.StartBound(first); err != nil {
 		t.Fatal(err)
 	}
 	const bits = shm.CtlTrace | shm.CtlQuota | shm.CtlFilter

@@ -39,7 +39,7 @@ func TestReviewTraceAfterKilledQuotaOrFilter(t *testing.T) {
 			args := append([]string{c.args[0], "--pid", fmt.Sprint(p.Pid)}, c.args[1:]...)
 			args[len(args)-1] = filepath.Join(dir, args[len(args)-1])
 			cmd := exec.Command(testutil.Command(t, "hotpatch"), args...)
-			if err := cmd.Start(); err != nil {
+			if err := testutil.StartBound(cmd); err != nil {
 				t.Fatal(err)
 			}
 			waitFor(t, "the capture to turn its bit on", func() bool { return region.Control()&c.bit != 0 })

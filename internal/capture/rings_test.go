@@ -51,7 +51,7 @@ func TestTraceRingEvents(t *testing.T) {
 		cmd := exec.Command(testutil.Command(t, "hotpatch"), args...)
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		if err := cmd.Start(); err != nil {
+		if err := testutil.StartBound(cmd); err != nil {
 			t.Fatal(err)
 		}
 		defer cmd.Process.Kill()

@@ -42,7 +42,7 @@ func TestTraceArgsLateSandboxStopsCopies(t *testing.T) {
 		"--duration", "5m", "--format", "text", "-o", out)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
+	if err := testutil.StartBound(cmd); err != nil {
 		t.Fatal(err)
 	}
 	defer cmd.Process.Kill()

@@ -155,7 +155,7 @@ func runCapture(t *testing.T, args ...string) *capture {
 	t.Helper()
 	c := &capture{cmd: exec.Command(testutil.Command(t, "hotpatch"), args...)}
 	c.cmd.Stdout, c.cmd.Stderr = &c.out, &c.err
-	if err := c.cmd.Start(); err != nil {
+	if err := testutil.StartBound(c.cmd); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

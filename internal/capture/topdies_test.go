@@ -20,6 +20,7 @@ import (
 // With --enable too: the probes' restore on a dead process does not hang.
 func TestTopTargetDies(t *testing.T) {
 	testutil.RequirePtrace(t)
+	testutil.RequireTool(t, "setpriv")
 	lib := testutil.Runtime(t, "gcc")
 	fx := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c"}})
 	if r := testutil.Run(t, "coldpatch", fx.Path); r.Code != 0 {
@@ -28,8 +29,10 @@ func TestTopTargetDies(t *testing.T) {
 	for _, enable := range []bool{false, true} {
 		t.Run(fmt.Sprintf("enable=%v", enable), func(t *testing.T) {
 			// The program's parent is a shell that execs sleep, which never
-			// waits for it: once killed, the program stays a zombie.
-			sh := exec.Command("sh", "-c", `"$0" "$1" & echo $!; exec sleep 600`, fx.Path, t.TempDir()+"/stop")
+			// waits for it: once killed, the program stays a zombie. It
+			// dies with sleep (setpriv's parent-death signal), and sleep
+			// with the test: killed, the test binary leaves neither behind.
+			sh := exec.Command("sh", "-c", `setpriv --pdeathsig KILL "$0" "$1" & echo $!; exec sleep 600`, fx.Path, t.TempDir()+"/stop")
 			sh.Env = append(sh.Environ(), "LD_PRELOAD="+lib)
 			sh.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 			out, err := sh.StdoutPipe()
@@ -100,7 +103,7 @@ func topUntilEnd(t *testing.T, args []string, act func() error) (n int, exited b
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := top.Start(); err != nil {
+	if err := testutil.StartBound(top); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { top.Process.Kill(); top.Wait() })

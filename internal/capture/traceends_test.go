@@ -145,7 +145,7 @@ func startCapture(t *testing.T, region *shm.Region, on uint32, args ...string) (
 	cmd := exec.Command(testutil.Command(t, "hotpatch"), args...)
 	stdout, stderr = new(strings.Builder), new(strings.Builder)
 	cmd.Stdout, cmd.Stderr = stdout, stderr
-	if err := cmd.Start(); err != nil {
+	if err := testutil.StartBound(cmd); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan error, 1)

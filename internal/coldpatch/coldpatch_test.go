@@ -35,7 +35,7 @@ func runCounted(t *testing.T, bin, preload string) (string, int, int) {
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	if err := testutil.RunBound(cmd); err != nil {
 		t.Fatalf("%s: %v\n%s", bin, err, stderr.Bytes())
 	}
 	m := hooksLine.FindSubmatch(stderr.Bytes())

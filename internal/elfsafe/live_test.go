@@ -41,7 +41,7 @@ func TestInflatedProgram(t *testing.T) {
 	cmd.Env = append(os.Environ(), "EDGEPROBE_CACHE=off")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
-	err = cmd.Run()
+	err = testutil.RunBound(cmd)
 	rss := cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss // KiB
 	if err == nil || cmd.ProcessState.ExitCode() != 1 || strings.Count(stderr.String(), "\n") != 1 || !strings.Contains(stderr.String(), "compressed") {
 		t.Errorf("hotpatch: %v, stderr %q; want exit 1 and one line saying the section is compressed", err, stderr.String())
@@ -78,7 +78,7 @@ func TestSparseTail(t *testing.T) {
 		cmd.Env = append(os.Environ(), "EDGEPROBE_CACHE=off")
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
-		cmd.Run()
+		testutil.RunBound(cmd)
 		rss := cmd.ProcessState.SysUsage().(*syscall.Rusage).Maxrss // KiB
 		if out, _ := p.Finish(); !strings.Contains(out, "wrong=0") {
 			t.Errorf("the program: %q", out)

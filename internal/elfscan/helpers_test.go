@@ -150,7 +150,7 @@ func run(t *testing.T, path string, args ...string) runResult {
 	cmd := exec.Command(path, args...)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
+	err := testutil.RunBound(cmd)
 	var ee *exec.ExitError
 	if err != nil && !errors.As(err, &ee) {
 		t.Fatalf("run %s: %v", path, err)

@@ -134,7 +134,7 @@ func TestKillNine(t *testing.T) {
 			var runs []time.Duration
 			for i := 0; i < 3; i++ {
 				start := time.Now()
-				if out, err := exec.Command(bin, args(i%2 == 0)...).CombinedOutput(); err != nil {
+				if out, err := testutil.CombinedOutputBound(exec.Command(bin, args(i%2 == 0)...)); err != nil {
 					t.Fatalf("hotpatch: %v: %s", err, out)
 				}
 				runs = append(runs, time.Since(start))
@@ -145,7 +145,7 @@ func TestKillNine(t *testing.T) {
 			bySig := map[string]int{}
 			for trial := 0; trial < killTrials(); trial++ {
 				hp := exec.Command(bin, args(trial%2 == 0)...)
-				if err := hp.Start(); err != nil {
+				if err := testutil.StartBound(hp); err != nil {
 					t.Fatal(err)
 				}
 				// A random point of the run: a timer, not synchronisation.

@@ -47,7 +47,7 @@ func killMidPatchOf(t *testing.T, s *subject, fn string, env ...string) {
 	args := append([]string{"--pid", fmt.Sprint(s.Pid), "--protocol", "int3", "--int3-wait", "10s", "--enable", fn}, s.probeArgs...)
 	hp := exec.Command(testutil.Command(t, "hotpatch"), args...)
 	hp.Env = append(hp.Environ(), env...)
-	if err := hp.Start(); err != nil {
+	if err := testutil.StartBound(hp); err != nil {
 		t.Fatal(err)
 	}
 	awaitMidPatch(t, s)
@@ -165,7 +165,7 @@ func runEnd(t *testing.T, env []string, bin string, args ...string) (string, str
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(cmd.Environ(), env...)
-	out, err := cmd.Output()
+	out, err := testutil.OutputBound(cmd)
 	var ee *exec.ExitError
 	switch {
 	case err == nil:
@@ -257,7 +257,7 @@ func TestHandlerRepairRace(t *testing.T) {
 	hp.Env = append(hp.Environ(), EnvTestHandlerWait+"="+waitFile)
 	var stderr strings.Builder
 	hp.Stderr = &stderr
-	if err := hp.Start(); err != nil {
+	if err := testutil.StartBound(hp); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -371,7 +371,7 @@ func TestKilledAfterTrapReaped(t *testing.T) {
 	args := append([]string{"--pid", fmt.Sprint(s.Pid), "--protocol", "int3", "--int3-wait", "10s", "--enable", "work"}, s.probeArgs...)
 	hp := exec.Command(testutil.Command(t, "hotpatch"), args...)
 	hp.Env = append(hp.Environ(), EnvTestKillAt+"=trap-reaped")
-	out, err := hp.CombinedOutput()
+	out, err := testutil.CombinedOutputBound(hp)
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Fatalf("hotpatch did not kill itself at a reaped trap: %v: %s", err, out)

@@ -52,7 +52,7 @@ func TestProbeListNotAFile(t *testing.T) {
 		cmd := exec.CommandContext(ctx, hp, "--pid", pid, "--probes", c.path, "--enable", "work")
 		var stderr strings.Builder
 		cmd.Stderr = &stderr
-		err := cmd.Run()
+		err := testutil.RunBound(cmd)
 		held := ctx.Err() != nil
 		cancel()
 		var rss int64

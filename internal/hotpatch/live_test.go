@@ -311,7 +311,7 @@ func TestRefusals(t *testing.T) {
 	// attach is the lock, so a second one is refused naming the holder, and
 	// with --wait it runs once the holder is done.
 	holder := exec.Command(testutil.Command(t, "hotpatch"), "--pid", pid, "--protocol", "int3", "--int3-wait", "1s", "--enable", "leaf")
-	if err := holder.Start(); err != nil {
+	if err := testutil.StartBound(holder); err != nil {
 		t.Fatal(err)
 	}
 	awaitMidPatch(t, s)
@@ -323,7 +323,7 @@ func TestRefusals(t *testing.T) {
 	waiter := exec.Command(testutil.Command(t, "hotpatch"), "--pid", pid, "--wait", "--enable", "work")
 	var waiterErr bytes.Buffer
 	waiter.Stderr = &waiterErr
-	if err := waiter.Start(); err != nil {
+	if err := testutil.StartBound(waiter); err != nil {
 		t.Fatal(err)
 	}
 	if err := holder.Wait(); err != nil {
@@ -366,7 +366,7 @@ func TestInterrupted(t *testing.T) {
 			hp := exec.Command(testutil.Command(t, "hotpatch"), args...)
 			var stderr bytes.Buffer
 			hp.Stderr = &stderr
-			if err := hp.Start(); err != nil {
+			if err := testutil.StartBound(hp); err != nil {
 				t.Fatal(err)
 			}
 			awaitMidPatch(t, s)
@@ -424,7 +424,7 @@ func TestKilledMidPatch(t *testing.T) {
 			pid := fmt.Sprint(s.Pid)
 			args := append([]string{"--pid", pid, "--protocol", "int3", "--int3-wait", "10s", "--enable", "main"}, s.probeArgs...)
 			hp := exec.Command(testutil.Command(t, "hotpatch"), args...)
-			if err := hp.Start(); err != nil {
+			if err := testutil.StartBound(hp); err != nil {
 				t.Fatal(err)
 			}
 			awaitMidPatch(t, s)

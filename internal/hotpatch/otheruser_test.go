@@ -66,7 +66,7 @@ func TestOtherUser(t *testing.T) {
 		cmd.Env = []string{"HOME=/nonexistent", "EDGEPROBE_CACHE=off", "PATH=/usr/bin:/bin"}
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
-		err := cmd.Run()
+		err := testutil.RunBound(cmd)
 		if ee, ok := err.(*exec.ExitError); ok {
 			return ee.ExitCode(), stderr.String()
 		}

@@ -53,7 +53,7 @@ func startSession(t *testing.T, s *subject, args ...string) *session {
 		t.Fatal(err)
 	}
 	ss.out = bufio.NewReaderSize(out, 1<<20)
-	if err := ss.cmd.Start(); err != nil {
+	if err := testutil.StartBound(ss.cmd); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

@@ -67,7 +67,7 @@ func TestSharedTextProcess(t *testing.T) {
 		}
 		cmd := exec.Command(testutil.Command(t, "hotpatch"), "session", "--pid", pid, "--protocol", "int3")
 		cmd.Stdin = strings.NewReader("enable work\n")
-		out, err := cmd.Output()
+		out, err := testutil.OutputBound(cmd)
 		if err != nil || !strings.Contains(string(out), `"ok":false`) || !strings.Contains(string(out), "shares its memory with process") {
 			t.Errorf("session --protocol int3, enable work: %v, %q; want the command refused", err, out)
 		}

@@ -63,7 +63,7 @@ func load(t testing.TB, pid int, runtime string, extra ...string) inject.Result 
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d %s %s", helperEnv, pid, runtime, strings.Join(extra, " ")))
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	out, err := testutil.OutputBound(cmd)
 	if err != nil {
 		t.Fatalf("load into pid %d: %v: %s", pid, err, stderr.String())
 	}

@@ -82,7 +82,7 @@ func TestKilledDuringLoad(t *testing.T) {
 		hp := exec.Command(testutil.Command(t, "hotpatch"), "--pid", fmt.Sprint(p.Pid), "--enable", "work", "--runtime", big)
 		stderr.Reset()
 		hp.Stderr = &stderr
-		if err := hp.Start(); err != nil {
+		if err := testutil.StartBound(hp); err != nil {
 			t.Fatal(err)
 		}
 		done := make(chan error, 1)
@@ -299,7 +299,7 @@ func hotpatchAtStep(t *testing.T, pid int, step, thread string) (string, error) 
 	hp.Env = append(os.Environ(), "EDGEPROBE_TEST_KILL_AT="+step, "EDGEPROBE_INJECT_THREAD="+thread)
 	var stderr strings.Builder
 	hp.Stderr = &stderr
-	err := hp.Run()
+	err := testutil.RunBound(hp)
 	return stderr.String(), err
 }
 

@@ -398,14 +398,14 @@ func TestInjectNamespace(t *testing.T) {
 	testutil.CopyInto(t, lib, stage)
 	stop := filepath.Join(stage, "stop")
 	script := `mount -t tmpfs tmpfs /tmp && test ! -e "$1" && LD_LIBRARY_PATH="$2" exec "$4" "$3"`
-	cmd := exec.Command("unshare", "-m", "-p", "--fork", "--mount-proc", "sh", "-c", script, "sh", rt, stage, stop, staged)
+	cmd := exec.Command("unshare", "-m", "-p", "--fork", "--kill-child", "--mount-proc", "sh", "-c", script, "sh", rt, stage, stop, staged)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
+	if err := testutil.StartBound(cmd); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -660,7 +660,7 @@ func TestRefusedBeforeLoad(t *testing.T) {
 	}
 	cmd := exec.Command(testutil.Command(t, "hotpatch"), "session", "--pid", pid)
 	cmd.Stdin = strings.NewReader("enable no_such_function\n")
-	out, err := cmd.Output()
+	out, err := testutil.OutputBound(cmd)
 	if err != nil || !strings.Contains(string(out), `"ok":false`) || !strings.Contains(string(out), "no probe matched") {
 		t.Errorf("session: %v, %q; want the command refused as matching nothing", err, out)
 	}

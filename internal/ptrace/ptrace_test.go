@@ -44,7 +44,7 @@ func start(t *testing.T, args ...string) *target {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := tg.cmd.Start(); err != nil {
+	if err := testutil.StartBound(tg.cmd); err != nil {
 		t.Fatal(err)
 	}
 	tg.pid = tg.cmd.Process.Pid

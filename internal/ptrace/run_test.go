@@ -212,7 +212,7 @@ func TestRunSignals(t *testing.T) {
 	cmd := exec.Command(fix.Path, strconv.Itoa(n))
 	var out bytes.Buffer
 	cmd.Stdout = &out
-	if err := cmd.Start(); err != nil {
+	if err := testutil.StartBound(cmd); err != nil {
 		t.Fatal(err)
 	}
 	pid := cmd.Process.Pid

@@ -25,7 +25,7 @@ func startSysret(t *testing.T) (*exec.Cmd, *bufio.Reader) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	if err := testutil.StartBound(cmd); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

@@ -33,7 +33,7 @@ func TestVforkMarkFailedClone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	if err := testutil.StartBound(cmd); err != nil {
 		t.Fatal(err)
 	}
 	done := false

@@ -381,7 +381,7 @@ func TestFentryFlipWhileHijacked(t *testing.T) {
 			stdout, _ := cmd.StdoutPipe()
 			var stderr strings.Builder
 			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
+			if err := testutil.StartBound(cmd); err != nil {
 				t.Fatal(err)
 			}
 			defer cmd.Process.Kill()
@@ -416,7 +416,7 @@ func mustRunInput(t testing.TB, lib, bin string, env []string, input string, arg
 		cmd.Env = append(cmd.Env, "LD_PRELOAD="+lib)
 	}
 	cmd.Stdin = strings.NewReader(input)
-	o, err := cmd.Output()
+	o, err := testutil.OutputBound(cmd)
 	if err != nil {
 		t.Fatalf("%s %v: %v", bin, args, err)
 	}

@@ -46,7 +46,7 @@ func runWith(t testing.TB, lib, bin string, env []string, args ...string) runRes
 	}
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
+	err := testutil.RunBound(cmd)
 	return runResult{o.String(), e.String(), err}
 }
 

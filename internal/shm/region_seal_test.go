@@ -31,7 +31,7 @@ func TestRegionTruncated(t *testing.T) {
 	hp := exec.Command(testutil.Command(t, "hotpatch"), "trace", "--pid", fmt.Sprint(p.Pid), "--enable", "work", "--duration", "3s", "-o", out)
 	var stderr bytes.Buffer
 	hp.Stderr = &stderr
-	if err := hp.Start(); err != nil {
+	if err := testutil.StartBound(hp); err != nil {
 		t.Fatal(err)
 	}
 	// The trace has the region mapped once it has turned tracing on.

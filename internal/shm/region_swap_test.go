@@ -97,7 +97,7 @@ func TestRegionFDSwapped(t *testing.T) {
 		var stdout, stderr strings.Builder
 		c.Stdout, c.Stderr = &stdout, &stderr
 		start := time.Now()
-		err := c.Run()
+		err := testutil.RunBound(c)
 		held := ctx.Err() != nil
 		cancel()
 		if held {
@@ -170,7 +170,7 @@ func TestOutputMapsReplaced(t *testing.T) {
 	c := exec.CommandContext(ctx, hp, "stats", "--input", out)
 	var stdout, stderr strings.Builder
 	c.Stdout, c.Stderr = &stdout, &stderr
-	err := c.Run()
+	err := testutil.RunBound(c)
 	if ctx.Err() != nil {
 		t.Fatalf("hotpatch stats --input: still running after 15 s (killed): it opened the FIFO put where the library was")
 	}
@@ -204,7 +204,7 @@ func TestOpenInputNotRegular(t *testing.T) {
 	c := exec.CommandContext(ctx, hp, "stats", "--input", fifo)
 	var stderr strings.Builder
 	c.Stderr = &stderr
-	err = c.Run()
+	err = testutil.RunBound(c)
 	if ctx.Err() != nil {
 		t.Fatalf("hotpatch stats --input FIFO: still running after 15 s (killed)")
 	}

@@ -51,7 +51,7 @@ func TestRegionHostileNeighbour(t *testing.T) {
 	} else if err := os.WriteFile(planter, b, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := other.Command(planter, bait, strconv.Itoa(next), strconv.Itoa(span)).CombinedOutput(); err != nil {
+	if out, err := testutil.CombinedOutputBound(other.Command(planter, bait, strconv.Itoa(next), strconv.Itoa(span))); err != nil {
 		t.Fatalf("planting as %s: %v: %s", other.Name, err, out)
 	}
 	t.Cleanup(func() {
@@ -86,7 +86,7 @@ func TestRegionHostileNeighbour(t *testing.T) {
 	if b, err := os.ReadFile(hp); err == nil {
 		os.WriteFile(pub, b, 0o755)
 	}
-	out, err := other.Command(pub, "stats", "--pid", strconv.Itoa(p.Pid)).CombinedOutput()
+	out, err := testutil.CombinedOutputBound(other.Command(pub, "stats", "--pid", strconv.Itoa(p.Pid)))
 	if err == nil || !strings.Contains(string(out), "permission denied") && !strings.Contains(string(out), "ptrace rights") {
 		t.Errorf("hotpatch stats as %s: %v: %q; want a refusal (permission denied)", other.Name, err, out)
 	}
@@ -161,7 +161,7 @@ func TestRegionLeavesNothing(t *testing.T) {
 
 	cmd := exec.Command(bin, "exit")
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib)
-	if err := cmd.Run(); err != nil {
+	if err := testutil.RunBound(cmd); err != nil {
 		t.Fatal(err)
 	}
 	noShm(t, cmd.Process.Pid)
@@ -169,7 +169,7 @@ func TestRegionLeavesNothing(t *testing.T) {
 	pidFile := filepath.Join(t.TempDir(), "pid")
 	cmd = exec.Command(bin, "daemon", pidFile)
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib)
-	if err := cmd.Run(); err != nil {
+	if err := testutil.RunBound(cmd); err != nil {
 		t.Fatal(err)
 	}
 	noShm(t, cmd.Process.Pid)

@@ -352,7 +352,7 @@ func TestLiveRead(t *testing.T) {
 	}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
+	if err := testutil.StartBound(cmd); err != nil {
 		t.Fatal(err)
 	}
 	defer cmd.Process.Kill()

@@ -90,7 +90,7 @@ func TestSumsWrap(t *testing.T) {
 				c := exec.Command(hp, args...)
 				var so, se strings.Builder
 				c.Stdout, c.Stderr = &so, &se
-				err := c.Run()
+				err := testutil.RunBound(c)
 				return so.String(), se.String(), err
 			}
 			pid := fmt.Sprint(p.Pid)

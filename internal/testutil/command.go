@@ -71,7 +71,7 @@ func Run(t testing.TB, name string, args ...string) Result {
 	cmd := exec.Command(Command(t, name), args...)
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
+	err := RunBound(cmd)
 	var ee *exec.ExitError
 	code := 0
 	if errors.As(err, &ee) {

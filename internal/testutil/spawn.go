@@ -1,9 +1,11 @@
 package testutil
 
 import (
+	"bytes"
 	"os/exec"
 	"runtime"
 	"sync"
+	"syscall"
 )
 
 // A fixture dies with the thread that started it (Pdeathsig is per
@@ -34,4 +36,59 @@ func StartCmd(cmd *exec.Cmd) error {
 	errc := make(chan error, 1)
 	spawner.reqs <- func() { errc <- cmd.Start() }
 	return <-errc
+}
+
+// Bind makes cmd die with the test process: SIGKILL as its parent-death
+// signal (kept with whatever else cmd.SysProcAttr sets, as the other user's
+// credentials: Go sets the signal after them, so the change of user does
+// not clear it). A test binary killed by its timeout, a panic or a SIGKILL
+// runs no cleanup; without this its fixtures and hotpatch runs live on with
+// init as their parent (one spun at 95% CPU for an hour). Start the command
+// with StartCmd (StartBound, RunBound, OutputBound do both): the signal is
+// sent when the thread that forked exits, and only the spawner thread
+// never does before the process.
+func Bind(cmd *exec.Cmd) *exec.Cmd {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	return cmd
+}
+
+// StartBound is cmd.Start for a command that must die with the test
+// process (Bind, from the spawner thread).
+func StartBound(cmd *exec.Cmd) error { return StartCmd(Bind(cmd)) }
+
+// RunBound is cmd.Run for a command that must die with the test process.
+func RunBound(cmd *exec.Cmd) error {
+	if err := StartBound(cmd); err != nil {
+		return err
+	}
+	return cmd.Wait()
+}
+
+// OutputBound is cmd.Output for a command that must die with the test
+// process (stderr, when not set, is kept in the *exec.ExitError as Output
+// keeps it).
+func OutputBound(cmd *exec.Cmd) ([]byte, error) {
+	var out, errb bytes.Buffer
+	cmd.Stdout = &out
+	captured := cmd.Stderr == nil
+	if captured {
+		cmd.Stderr = &errb
+	}
+	err := RunBound(cmd)
+	if ee, ok := err.(*exec.ExitError); ok && captured {
+		ee.Stderr = errb.Bytes()
+	}
+	return out.Bytes(), err
+}
+
+// CombinedOutputBound is cmd.CombinedOutput for a command that must die
+// with the test process.
+func CombinedOutputBound(cmd *exec.Cmd) ([]byte, error) {
+	var b SyncBuffer
+	cmd.Stdout, cmd.Stderr = &b, &b
+	err := RunBound(cmd)
+	return []byte(b.String()), err
 }

@@ -82,7 +82,7 @@ func startStressMode(t testing.TB, fix testutil.Fixture, n int, mode string) *st
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.cmd.Start(); err != nil {
+	if err := testutil.StartBound(st.cmd); err != nil {
 		t.Fatal(err)
 	}
 	st.pid = st.cmd.Process.Pid

@@ -53,6 +53,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <ucontext.h>
@@ -244,17 +245,34 @@ static int child_sites(int loops) {
 	return 0;
 }
 
+/* The hold children run until stop_flag, which a killed parent never
+ * sets: they die with their parent instead (a test binary killed outright
+ * kills this program by its parent-death signal; the children would spin
+ * on, orphaned). parent: the pid the child's parent had before the fork. */
+static pid_t mypid; /* our pid, the forker's children's parent */
+
+static void die_with(pid_t parent) {
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	if (getppid() != parent)
+		_exit(9); /* the parent died before the prctl */
+}
+
 static void *forker(void *arg) {
 	(void)arg;
+	mypid = getpid();
 	atomic_fetch_add(&running, 1);
 	while (!atomic_load(&stop_flag)) {
 		int isv = forks % 4 == 3 || vforkhold;
 		pid_t c = isv ? vfork() : fork();
+		if (c == 0 && vforkhold)
+			die_with(mypid);
 		if (c == 0 && vfork2) {
 			/* A vfork child that vforks: its child runs the sites as
 			 * below while it sits blocked in vfork. */
+			pid_t mid = getpid();
 			pid_t g = vfork();
 			if (g == 0) {
+				die_with(mid);
 				int r = 0;
 				atomic_fetch_add(&running, 1);
 				while (!r && !atomic_load(&stop_flag))
