@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/phases"
 	"github.com/edgeprobe/edgeprobe/internal/probecache"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 )
 
 // HotpatchMain runs the hotpatch command and returns its exit code.
@@ -139,7 +139,9 @@ not exist or exited while hotpatch worked on it.`,
 				}
 				in := cmd.InOrStdin()
 				if commands != "-" {
-					f, err := os.Open(commands)
+					// Ours or root's, a regular file or a FIFO: never another
+					// user's content choosing what we do (D93).
+					f, err := procfs.OpenOwned(commands)
 					if err != nil {
 						return err
 					}
@@ -242,7 +244,7 @@ not exist or exited while hotpatch worked on it.`,
 	f.DurationVar(&wait, "int3-wait", 0, "wait between int3 phases (default: from hotpatch calibrate, else 50µs)")
 	f.BoolVar(&waitLock, "wait", false, "if another hotpatch works on the process, wait for it instead of failing")
 	f.BoolVarP(&verbose, "verbose", "v", false, "print every site's result to stderr")
-	f.StringVar(&commands, "commands", "", "run the commands of `FILE` ('-': stdin) over one attach, as hotpatch session does")
+	f.StringVar(&commands, "commands", "", "run the commands of `FILE` (yours or root's, a regular file or FIFO; '-': stdin) over one attach, as hotpatch session does")
 	_ = cmd.RegisterFlagCompletionFunc("kind", cobra.FixedCompletions([]string{"entry", "exit", "both"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("provider", cobra.FixedCompletions([]string{"cyg", "fentry", "all"}, cobra.ShellCompDirectiveNoFileComp))
 	_ = cmd.RegisterFlagCompletionFunc("protocol", cobra.FixedCompletions([]string{"auto", "flip", "int3", "int3-async", "stop"}, cobra.ShellCompDirectiveNoFileComp))

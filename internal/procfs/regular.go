@@ -64,3 +64,54 @@ func OpenRegularFile(path string, flag int) (*os.File, error) {
 	}
 	return os.NewFile(uintptr(fd), path), nil
 }
+
+// ErrNotOwned: OpenOwned's path names a file another user owns.
+var ErrNotOwned = errors.New("owned by another user")
+
+// OpenOwned opens path for reading if it is a regular file or a FIFO owned
+// by us (the effective uid) or by root, and runs no open of anything else:
+// looked up with O_PATH (a FIFO does not wait yet, a device's open is not
+// called), checked with fstat, then that very file opened through our own
+// /proc/self/fd link (a FIFO's open then waits for its writer, as a FIFO
+// named on purpose should).
+//
+// It is for files whose content says what we do as root: `hotpatch
+// --commands FILE` (D93). Another user's file there (a FIFO or a file
+// planted in /tmp, or a link to one: fs.protected_symlinks and
+// protected_fifos are often off) would choose which probes root turns on
+// in the process named, or hold it in the open forever.
+func OpenOwned(path string) (*os.File, error) {
+	var pfd int
+	var err error
+	for {
+		pfd, err = unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	if t := st.Mode & unix.S_IFMT; t != unix.S_IFREG && t != unix.S_IFIFO {
+		return nil, fmt.Errorf("%s: %w nor a FIFO (mode %#o)", path, ErrNotRegular, t)
+	}
+	if euid := uint32(os.Geteuid()); st.Uid != euid && st.Uid != 0 {
+		return nil, fmt.Errorf("%s: %w (uid %d): its content would choose what this hotpatch (uid %d) does", path, ErrNotOwned, st.Uid, euid)
+	}
+	var fd int
+	for {
+		fd, err = unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}

@@ -47,3 +47,71 @@ func TestOpenRegular(t *testing.T) {
 		t.Errorf("missing: %v, want ErrNotExist", err)
 	}
 }
+
+// TestOpenOwned (D93): our own file and FIFO open (the FIFO's open waits for
+// its writer); a device, a link to one and a directory are ErrNotRegular; a
+// file or FIFO another uid owns is ErrNotOwned (as root: chown).
+func TestOpenOwned(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "cmds")
+	if err := os.WriteFile(file, []byte("enable work\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := OpenOwned(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(f); string(b) != "enable work\n" {
+		t.Errorf("read %q", b)
+	}
+	f.Close()
+	fifo := filepath.Join(dir, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wrote := make(chan error, 1)
+	go func() {
+		w, err := os.OpenFile(fifo, os.O_WRONLY, 0) // waits for OpenOwned's open
+		if err == nil {
+			_, err = w.WriteString("x\n")
+			w.Close()
+		}
+		wrote <- err
+	}()
+	if f, err = OpenOwned(fifo); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(f); string(b) != "x\n" {
+		t.Errorf("FIFO: read %q", b)
+	}
+	f.Close()
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink("/dev/zero", link); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"/dev/zero", link, dir} {
+		if f, err := OpenOwned(p); !errors.Is(err, ErrNotRegular) {
+			if f != nil {
+				f.Close()
+			}
+			t.Errorf("%s: %v, want ErrNotRegular", p, err)
+		}
+	}
+	if os.Geteuid() != 0 {
+		return // chown to another uid needs root
+	}
+	for _, p := range []string{file, fifo} {
+		if err := os.Chown(p, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		if f, err := OpenOwned(p); !errors.Is(err, ErrNotOwned) {
+			if f != nil {
+				f.Close()
+			}
+			t.Errorf("%s owned by uid 65534: %v, want ErrNotOwned", p, err)
+		}
+	}
+}
