@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/elfscan"
 	"github.com/edgeprobe/edgeprobe/internal/probecache"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
@@ -89,6 +90,9 @@ func matchLists(pid int, objs []procmaps.Object, files []string, cache *probecac
 			return nil, err
 		}
 		o, err := matchObject(objs, list.Binary())
+		if err == nil && list.Binary().BuildID == "" {
+			err = sameBuild(pid, o, list, cache)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w in pid %d: %v", file, ErrStale, pid, err)
 		}
@@ -101,7 +105,8 @@ func matchObject(objs []procmaps.Object, b probelist.Binary) (*procmaps.Object, 
 	// The build-id names the build, whatever was stripped from the file
 	// since: a list made before `strip` applies to the stripped copy, whose
 	// size differs but whose loaded code does not. Every site's bytes are
-	// verified before any write, which is what catches a wrong match.
+	// verified before any write, which catches most wrong matches; a match
+	// by path and size is compared with the object's scan too (sameBuild).
 	for i := range objs {
 		if o := &objs[i]; b.BuildID != "" && o.BuildID == b.BuildID {
 			return o, nil
@@ -116,4 +121,37 @@ func matchObject(objs []procmaps.Object, b probelist.Binary) (*procmaps.Object, 
 		}
 	}
 	return nil, fmt.Errorf("no mapped object is %s (%d bytes, no build-id)", b.Path, b.Size)
+}
+
+// sameBuild checks a list matched by path and size alone (the object has
+// no build-id) against the scan of the object the process maps: another
+// build of the same size put at the path since the list was made (a
+// rebuild that moved functions) has hook sites whose bytes are the same
+// call at the same addresses, so the byte check before a write passes,
+// and `--enable work` turned on leaf's sites (review7; docs/probe-list.md).
+// Every list probe the scan also finds must be of the same function and
+// kind; probes the scan does not see (nop placeholders) are not compared.
+func sameBuild(pid int, o *procmaps.Object, list *probelist.Index, cache *probecache.Cache) error {
+	scan, err := cache.Scan(pid, o)
+	if errors.Is(err, elfscan.ErrNoHookSites) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("scanning %s to compare with the list: %w", o.Path, err)
+	}
+	for i := 0; i < list.Len(); i++ {
+		p, err := list.Probe(i)
+		if err != nil {
+			return err
+		}
+		s, ok, err := scan.At(uint64(p.Address))
+		if err != nil {
+			return err
+		}
+		if ok && (s.Function != p.Function || s.FunctionAddress != p.FunctionAddress || s.Kind != p.Kind) {
+			return fmt.Errorf("%s is not the build the list describes (no build-id tells them apart): its site at %s is %s's %s, the list's probe %d there is %s's %s",
+				o.Path, p.Address, calltrace.Printable(s.Function), s.Kind, p.ID, calltrace.Printable(p.Function), p.Kind)
+		}
+	}
+	return nil
 }
