@@ -496,11 +496,13 @@ __attribute__((visibility("hidden"), no_instrument_function, cold)) void ep_fent
 	ep_fentry_enter_impl(ret, slotp, 0, here, hret, gregs, vsave);
 }
 
-/* A return through a slot with no entry cannot happen: an entry leaves the
- * stack only when its frame returns, when its slot is given back
- * (ep_rs_forget), or when our own frames have overwritten the slot. Should
- * it happen all the same there is no address to return to; say so and stop
- * with a trap rather than jump anywhere. */
+/* A return through a slot with no entry on this thread's stack: an entry
+ * leaves the stack only when its frame returns, when its slot is given back
+ * (ep_rs_forget), or when our own frames have overwritten the slot, but a
+ * coroutine resumed on another thread returns there with its entry on the
+ * thread it entered on (review7; docs/runtime.md, fentry limits). There is
+ * no address to return to; say so and stop with a trap rather than jump
+ * anywhere. */
 EP_COLD void ep_fentry_lost(uint64_t slot) {
 	char buf[160], *p = buf, *end = buf + sizeof buf - 2;
 	p = ep_append(p, end, "edgeprobe: fentry return through an unknown frame (slot 0x");
