@@ -150,7 +150,7 @@ func sameBuild(pid int, o *procmaps.Object, list *probelist.Index, cache *probec
 		}
 		if ok && (s.Function != p.Function || s.FunctionAddress != p.FunctionAddress || s.Kind != p.Kind) {
 			return fmt.Errorf("%s is not the build the list describes (no build-id tells them apart): its site at %s is %s's %s, the list's probe %d there is %s's %s",
-				o.Path, p.Address, calltrace.Printable(s.Function), s.Kind, p.ID, calltrace.Printable(p.Function), p.Kind)
+				calltrace.Printable(o.Path), p.Address, calltrace.Printable(s.Function), s.Kind, p.ID, calltrace.Printable(p.Function), p.Kind)
 		}
 	}
 	return nil

@@ -18,9 +18,10 @@ import (
 // (liar.c; a program lying about itself, or a corruption) so that the sums
 // hotpatch forms pass 2^64: a function's shared count plus its thread
 // caches' counts, its histogram's buckets, the threads' drop counters.
-// Before D92 they wrapped silently: `stats` printed `entries 99` for
-// 2^64+99 and called the function balanced. Now stats (text and JSON) and
-// top end with one line naming the function (or the counter) and exit 1;
+// Before D92 they wrapped silently: `stats` printed `CALLS 199` for
+// 2^64+199 and called the function balanced. Now stats (text and JSON), top
+// and profile end with one line naming the function (or the counter) and
+// exit 1;
 // with the true values written back, stats reports the program's 200 calls.
 func TestSumsWrap(t *testing.T) {
 	for _, cc := range []string{"gcc", "clang"} {
@@ -124,7 +125,8 @@ func TestSumsWrap(t *testing.T) {
 					poke(c.words)
 					args := [][]string{{"stats", "--pid", pid}, {"stats", "--json", "--pid", pid}}
 					if c.top {
-						args = append(args, []string{"top", "--pid", pid, "--count", "1", "--interval", "10ms"})
+						args = append(args, []string{"top", "--pid", pid, "--count", "1", "--interval", "10ms"},
+							[]string{"profile", "--pid", pid, "--duration", "100ms", "-o", filepath.Join(t.TempDir(), "p.json")})
 					}
 					for _, a := range args {
 						so, se, err := run(a...)
