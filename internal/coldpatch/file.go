@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/edgeprobe/edgeprobe/internal/elfscan"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 )
 
 // ErrHardLinks means the file to rewrite in place has other hard links:
@@ -70,8 +71,12 @@ func checkHeader(f *os.File, size int64, path string) error {
 }
 
 // readChecked opens path, checks its ELF header and only then reads it all.
+// Only a regular file is opened (procfs.OpenRegular): a FIFO named as the
+// binary (or put there, or linked there, by another user: coldpatch runs as
+// root on build outputs) made the open wait for a writer forever, and a
+// device had its open called, before the check that refused them.
 func readChecked(path string) ([]byte, os.FileInfo, error) {
-	f, err := os.Open(path)
+	f, err := procfs.OpenRegular(path)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -79,9 +84,6 @@ func readChecked(path string) ([]byte, os.FileInfo, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return nil, nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, nil, fmt.Errorf("%s: not a regular file", path)
 	}
 	if err := checkHeader(f, st.Size(), path); err != nil {
 		return nil, nil, err

@@ -9,9 +9,11 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/elfscan"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
 
@@ -165,4 +167,41 @@ func TestOwnerSymlinkHardLink(t *testing.T) {
 		}
 		cold(t, out)
 	})
+}
+
+// TestRunNotAFile: a binary path naming a FIFO (nobody writes it), a
+// device, or a link to one is refused in one error, at once, and nothing of
+// it is opened for reading. Before, os.Open waited forever on the FIFO (an
+// open for reading waits for a writer) and called the device's open; the
+// regular-file check came after.
+func TestRunNotAFile(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "app")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink("/dev/zero", link); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{fifo, "/dev/zero", link} {
+		done := make(chan error, 1)
+		go func() {
+			_, err := Run(p, Options{DryRun: true})
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if !errors.Is(err, procfs.ErrNotRegular) {
+				t.Errorf("%s: %v, want a not-a-regular-file error", p, err)
+			}
+		case <-time.After(10 * time.Second): // a bound: a refusal takes microseconds
+			// Let the blocked open go (a writer for the FIFO) so the
+			// test binary is not left with a stuck goroutine.
+			if w, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+				w.Close()
+			}
+			t.Errorf("%s: coldpatch still waiting after 10 s (in the open)", p)
+		}
+	}
 }
