@@ -3,6 +3,7 @@ package hotpatch
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -54,6 +55,13 @@ func TestStoppedTargetStaysStopped(t *testing.T) {
 		t.Errorf("list: exit %d: %s", r.Code, r.Stderr)
 	}
 	check("list")
+	ss := exec.Command(testutil.Command(t, "hotpatch"), "session", "--pid", pid, "--protocol", ProtoInt3)
+	ss.Stdin = strings.NewReader("disable work\nenable work\nstats\n")
+	out, err := testutil.OutputBound(ss)
+	if err != nil || strings.Count(string(out), `"ok":true`) != 3 {
+		t.Errorf("session: %v, stdout %q", err, out)
+	}
+	check("session")
 	syscall.Kill(p.Pid, syscall.SIGCONT)
 	p.Finish()
 }
