@@ -3,6 +3,7 @@ package inject
 import (
 	"bytes"
 	"debug/elf"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/edgeprobe/edgeprobe/internal/elfsafe"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 )
 
 // ReadRuntime opens the runtime file for a target owned by uid, refuses it
@@ -19,8 +21,16 @@ import (
 // be swapped between this check and the read: the read is from the checked
 // descriptor, so only the contents' origin matters). It must be an x86-64
 // shared object that defines every hook.
+//
+// Only a regular file is opened (procfs.OpenRegular): the path may be in a
+// sticky directory such as /tmp, where another user can put a FIFO (whose
+// open waited forever, the target's lock held) or a link to a device (whose
+// open ran) before the checks below refused it (review7).
 func ReadRuntime(path string, uid int) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := procfs.OpenRegular(path)
+	if errors.Is(err, procfs.ErrNotRegular) {
+		return nil, fmt.Errorf("runtime %s: not a regular file: %w", path, ErrUntrusted)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("runtime %s: %w", path, err)
 	}
