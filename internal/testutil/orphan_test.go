@@ -30,6 +30,7 @@ func TestFixturesDieWithTest(t *testing.T) {
 		orphanHelper(t)
 		return
 	}
+	OtherUser(t) // the helper starts one of the fixtures as the other user
 	bin := Build(t, Spec{Sources: []string{"mt.c", "hooks.c"}}).Path
 	cmd := exec.Command(os.Args[0], "-test.run=^TestFixturesDieWithTest$", "-test.count=1", "-test.timeout=5m")
 	cmd.Env = append(os.Environ(), envOrphanHelper+"="+bin)
