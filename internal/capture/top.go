@@ -78,7 +78,11 @@ func Top(ctx context.Context, o Options, interval time.Duration, count int, show
 	// Counts that wrap are an error naming the function (D92), never a rate.
 	functions := func() ([]shm.Func, error) {
 		fs := region.Functions()
-		if err := report.CheckSums(fs, sym); err != nil {
+		err := report.CheckSums(fs, sym)
+		if err == nil {
+			err = sampler.Check(fs)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("pid %d: %w", o.PID, err)
 		}
 		return fs, nil

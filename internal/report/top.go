@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -104,11 +105,42 @@ func (t *TopSampler) Sample(funcs []shm.Func, now time.Time) *TopSnapshot {
 	return snap
 }
 
-// sub is a counter's growth; a counter that went down (a reused slot) counts
-// from zero.
+// Check is the error for a function whose counts went down since the last
+// Sample (shm.ErrOverflow, D92), naming it; nil when none did. The runtime's
+// counters only grow (thread slots are reused with their counts, nothing is
+// ever reset), so a count that went down was written by the program itself
+// or corrupted, and its interval's calls, rate and latencies are not the
+// process's. Call it before Sample.
+func (t *TopSampler) Check(funcs []shm.Func) error {
+	for i := range funcs {
+		f := &funcs[i]
+		p, ok := t.prev[funcKey(f)]
+		if !ok {
+			continue
+		}
+		var what []string
+		for _, c := range []struct {
+			name      string
+			cur, prev uint64
+		}{{"entries", f.Entries, p.Entries}, {"exits", f.Exits, p.Exits}, {"samples", f.Samples, p.Samples}, {"total_ns", f.SumNs, p.SumNs}} {
+			if c.cur < c.prev {
+				what = append(what, c.name+" went down")
+			}
+		}
+		if len(what) > 0 {
+			name, obj := t.sym.Name(f.Addr, !f.Bare)
+			return fmt.Errorf("%w: %w: function %s (%#x in %s): %s (the program wrote its own counters, or they are corrupt)",
+				shm.ErrUntrusted, shm.ErrOverflow, calltrace.Printable(name), f.Addr, calltrace.Printable(obj), strings.Join(what, ", "))
+		}
+	}
+	return nil
+}
+
+// sub is a counter's growth, 0 for one that went down (Check refuses those
+// first; a histogram bucket alone is not checked there).
 func sub(cur, prev uint64) uint64 {
 	if cur < prev {
-		return cur
+		return 0
 	}
 	return cur - prev
 }

@@ -2,6 +2,7 @@ package report
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -39,5 +40,29 @@ func TestTopSampler(t *testing.T) {
 	}
 	if !strings.Contains(buf.String(), "sub_10") || !strings.Contains(buf.String(), "1000") {
 		t.Fatalf("table:\n%s", buf.String())
+	}
+}
+
+// TestTopSamplerCountDown (D92): a count that went down between two samples
+// (the runtime's only grow) is an error naming the function, not an
+// interval's calls counted from zero.
+func TestTopSamplerCountDown(t *testing.T) {
+	s := NewTopSampler(9, &Symbolizer{})
+	t0 := time.Unix(100, 0)
+	old := shm.Func{Addr: 0x10, Entries: 1000, Exits: 1000, Samples: 1000, SumNs: 2000}
+	if err := s.Check([]shm.Func{old}); err != nil {
+		t.Fatalf("first sample: %v", err)
+	}
+	s.Sample([]shm.Func{old}, t0)
+	cur := old
+	cur.Entries = 10
+	err := s.Check([]shm.Func{cur})
+	if !errors.Is(err, shm.ErrOverflow) || !strings.Contains(err.Error(), "function sub_10 ") || !strings.Contains(err.Error(), "entries went down") {
+		t.Fatalf("entries 1000 then 10: %v; want ErrOverflow naming sub_10, entries went down", err)
+	}
+	cur = old
+	cur.Entries = 1500
+	if err := s.Check([]shm.Func{cur}); err != nil {
+		t.Fatalf("entries 1000 then 1500: %v", err)
 	}
 }
