@@ -130,6 +130,73 @@ EP_STATIC void ep_say_line(const char *msg) {
 }
 
 /* Set up this thread's return-address stack (slow path, slot claimed). */
+/* The graveyard: after the cap entries of the return-address stack (same
+ * mapping, its pages touched only when used), entries dropped from it, the
+ * newest per slot: a dropped entry's frame may still return through the
+ * trampoline. The slot is given its return address back when its entry is
+ * dropped, but a context switch may have copied ep_fentry_return out of it
+ * first: a probed function that tail-calls swapcontext (`void yield(void)
+ * { swapcontext(...); }` at -O2) has it saved as the context's resume
+ * address, and when that coroutine is resumed after its entries were judged
+ * dead (another coroutine's stack lies above its own), it "returns" to the
+ * trampoline at that slot, whose entry is gone (review7: a scheduler of two
+ * such coroutines on one thread died of SIGILL within ten switches). A
+ * return through a slot with no live entry takes the graveyard's
+ * (ep_fentry_exit_impl). Open addressing by slot, EP_RS_GRAVE_PROBE places
+ * per slot; a full window drops its first place's entry (a frame that then
+ * returns through a copy of the trampoline's address is lost, as before).
+ * Written by the thread's own hooks only, inside their busy word. */
+#define EP_RS_GRAVE 1024u /* power of two */
+#define EP_RS_GRAVE_PROBE 8u
+
+EP_STATIC size_t ep_rs_bytes(uint32_t cap) {
+	return (((size_t)cap + EP_RS_GRAVE) * sizeof(struct ep_rframe) + 4095) & ~(size_t)4095;
+}
+
+EP_STATIC uint32_t ep_rs_grave_home(uint64_t slot) { return (uint32_t)((slot >> 3) * 0x9e3779b97f4a7c15ull >> 54); }
+
+/* Remember a dropped entry: replaces the slot's older one. */
+EP_STATIC void ep_rs_grave_put(const struct ep_rframe *f) {
+	if (!ep_tls.rs || !f->slot || !f->ret)
+		return;
+	struct ep_rframe *g = ep_tls.rs + ep_tls.rs_cap;
+	uint32_t h = ep_rs_grave_home(f->slot), k = EP_NONE;
+	for (uint32_t j = 0; j < EP_RS_GRAVE_PROBE; j++) {
+		uint32_t x = (h + j) & (EP_RS_GRAVE - 1);
+		if (g[x].slot == f->slot) {
+			k = x;
+			break;
+		}
+		if (!g[x].slot && k == EP_NONE)
+			k = x;
+	}
+	if (k == EP_NONE)
+		k = h & (EP_RS_GRAVE - 1);
+	g[k].slot = 0; /* never matched half-written (a signal's hook) */
+	SIGFENCE();
+	g[k].ret = f->ret;
+	g[k].key = f->key;
+	SIGFENCE();
+	g[k].slot = f->slot;
+}
+
+/* The return address of a dropped entry at slot, 0 if none (taken out). */
+EP_STATIC uint64_t ep_rs_grave_take(uint64_t slot) {
+	if (!ep_tls.rs || !slot)
+		return 0;
+	struct ep_rframe *g = ep_tls.rs + ep_tls.rs_cap;
+	uint32_t h = ep_rs_grave_home(slot);
+	for (uint32_t j = 0; j < EP_RS_GRAVE_PROBE; j++) {
+		uint32_t x = (h + j) & (EP_RS_GRAVE - 1);
+		if (g[x].slot == slot) {
+			uint64_t ret = g[x].ret;
+			g[x].slot = 0;
+			return ret;
+		}
+	}
+	return 0;
+}
+
 EP_COLD void ep_rs_init(void) {
 	static int said;
 	uint32_t m = LOAD(&ep_fx_mode);
@@ -149,7 +216,7 @@ EP_COLD void ep_rs_init(void) {
 	}
 	if (!(m & EP_FENTRY_EXITS))
 		return;
-	size_t bytes = ((size_t)ep.stack_depth * sizeof(struct ep_rframe) + 4095) & ~(size_t)4095;
+	size_t bytes = ep_rs_bytes(ep.stack_depth);
 	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p == MAP_FAILED)
 		return;
@@ -167,7 +234,7 @@ EP_SHARED void ep_rs_free(void) {
 	ep_tls.rs = NULL;
 	SIGFENCE();
 	if (rs)
-		munmap(rs, ((size_t)cap * sizeof(struct ep_rframe) + 4095) & ~(size_t)4095);
+		munmap(rs, ep_rs_bytes(cap));
 }
 
 /* ---- sites ---- */
@@ -331,6 +398,7 @@ EP_INLINE void ep_fentry_record_exit(struct ep_thread *th, const struct ep_rfram
  * now: that frame is certainly dead. */
 EP_STATIC void ep_rs_forget(struct ep_thread *th, const struct ep_rframe *f, uint64_t mysp) {
 	uint64_t *slot = (uint64_t *)(uintptr_t)f->slot;
+	ep_rs_grave_put(f);
 	if (f->slot < mysp && LOAD(slot) == EP_TRAMP) {
 		STORE(slot, f->ret);
 		OWN_ADD(&th->fentry_restored, 1);
@@ -496,13 +564,14 @@ __attribute__((visibility("hidden"), no_instrument_function, cold)) void ep_fent
 	ep_fentry_enter_impl(ret, slotp, 0, here, hret, gregs, vsave);
 }
 
-/* A return through a slot with no entry on this thread's stack: an entry
- * leaves the stack only when its frame returns, when its slot is given back
- * (ep_rs_forget), or when our own frames have overwritten the slot, but a
- * coroutine resumed on another thread returns there with its entry on the
- * thread it entered on (review7; docs/runtime.md, fentry limits). There is
- * no address to return to; say so and stop with a trap rather than jump
- * anywhere. */
+/* A return through a slot with no entry on this thread's stack nor in its
+ * graveyard: an entry leaves the stack only when its frame returns, when
+ * its slot is given back (ep_rs_forget, which keeps it in the graveyard),
+ * or when our own frames have overwritten the slot; but a coroutine resumed
+ * on another thread returns there with its entry on the thread it entered
+ * on (review7; docs/runtime.md, fentry limits), and a full graveyard window
+ * forgets. There is no address to return to; say so and stop with a trap
+ * rather than jump anywhere. */
 EP_COLD void ep_fentry_lost(uint64_t slot) {
 	char buf[160], *p = buf, *end = buf + sizeof buf - 2;
 	p = ep_append(p, end, "edgeprobe: fentry return through an unknown frame (slot 0x");
@@ -515,14 +584,13 @@ EP_COLD void ep_fentry_lost(uint64_t slot) {
 }
 
 /* The return-stack entry of the frame returning through slot: the newest
- * entry with that slot. */
+ * entry with that slot; EP_NONE when there is none (then the graveyard's). */
 EP_COLD uint32_t ep_fentry_find(uint64_t slot) {
 	uint32_t n = ep_tls.rs_n;
 	for (uint32_t i = n; i > 0; i--)
 		if (ep_tls.rs[i - 1].slot == slot)
 			return i - 1;
-	ep_fentry_lost(slot);
-	return 0;
+	return EP_NONE; /* the graveyard's, or lost (ep_fentry_exit_impl) */
 }
 
 struct ep_ret2 {
@@ -565,8 +633,15 @@ EP_INLINE struct ep_ret2 ep_fentry_exit_impl(uint64_t sp, int may_slow, uint64_t
 	uint32_t n = ep_tls.rs_n, i;
 	if (likely(n && rs && rs[n - 1].slot == slot))
 		i = n - 1;
-	else
-		i = ep_fentry_find(slot);
+	else if ((i = ep_fentry_find(slot)) == EP_NONE) {
+		/* A frame whose entry was dropped (counted unmatched then) returns
+		 * through a copy of the trampoline's address (the graveyard, above):
+		 * back to its own return address, nothing recorded. */
+		struct ep_ret2 g = {ep_rs_grave_take(slot), 0};
+		if (!g.ret)
+			ep_fentry_lost(slot);
+		return g;
+	}
 	struct ep_rframe f = rs[i];
 	struct ep_ret2 r = {f.ret, 0};
 	struct ep_thread *th = ep_tls.slot;
