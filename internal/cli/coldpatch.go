@@ -36,8 +36,10 @@ and prints the probe list (JSON) that hotpatch uses to turn them back on in a ru
 
 BINARY is rewritten in place, like strip (through a temporary file and a rename; owner,
 group, mode and extended attributes kept where it may), unless -o names another file. Only
-the ELF header is read before BINARY is known to be an x86-64 ELF object. A symlink is
-followed and the file it names is patched; a file with other hard links is refused (the
+the ELF header is read before BINARY is known to be a regular file and an x86-64 ELF
+object. A symlink is followed and the file it names is patched, except one another user owns
+in a sticky world-writable directory such as /tmp (as fs.protected_symlinks would refuse
+it); a file with other hard links is refused (the
 other names would keep the old binary): patch a copy with -o. Running coldpatch again on a cold binary changes
 nothing and prints the same list. The default "flip" placeholder differs from the active
 call in one byte, so hotpatch toggles it with one atomic store.`,

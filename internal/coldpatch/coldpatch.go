@@ -45,7 +45,11 @@ func Run(path string, opts Options) (*Result, error) {
 		return nil, err
 	}
 	// A symlink is followed: the file it names is read and, in place, is
-	// the one rewritten (the link stays a link), as strip does.
+	// the one rewritten (the link stays a link), as strip does; not one
+	// another user planted in /tmp (checkLinks).
+	if err := checkLinks(abs); err != nil {
+		return nil, err
+	}
 	if real, err := filepath.EvalSymlinks(abs); err == nil {
 		abs = real
 	}

@@ -205,3 +205,49 @@ func TestRunNotAFile(t *testing.T) {
 		}
 	}
 }
+
+// TestRunPlantedLink: root runs coldpatch on a path in a sticky directory
+// every user may write (/tmp), where another user put a symbolic link to a
+// file root owns (an instrumented program). Before, the link was followed
+// and root's file rewritten in place; now the run is refused with
+// ErrPlantedLink and the file is untouched. A link root owns there, and a
+// link elsewhere, are still followed.
+func TestRunPlantedLink(t *testing.T) {
+	other := testutil.OtherUser(t)
+	bin := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c"}}).Path
+	victim := filepath.Join(t.TempDir(), "victim") // root's, in a root-only directory
+	testutil.CopyInto(t, bin, filepath.Dir(victim))
+	if err := os.Rename(filepath.Join(filepath.Dir(victim), filepath.Base(bin)), victim); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadFile(victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp, err := os.MkdirTemp("", "edgeprobe-planted-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	if err := os.Chmod(tmp, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(tmp, "app")
+	if out, err := testutil.CombinedOutputBound(other.Command("ln", "-s", victim, link)); err != nil {
+		t.Fatalf("ln -s as %s: %v: %s", other.Name, err, out)
+	}
+	if _, err := Run(link, Options{}); !errors.Is(err, ErrPlantedLink) {
+		t.Errorf("coldpatch %s (%s's link to root's file): %v; want ErrPlantedLink", link, other.Name, err)
+	}
+	if after, _ := os.ReadFile(victim); !bytes.Equal(after, before) {
+		t.Errorf("root's file was rewritten through the other user's link")
+	}
+	// Root's own link in the same directory is followed.
+	own := filepath.Join(tmp, "own")
+	if err := os.Symlink(victim, own); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Run(own, Options{DryRun: true}); err != nil {
+		t.Errorf("coldpatch --dry-run through root's own link: %v", err)
+	}
+}

@@ -36,7 +36,7 @@ func TestCommandsFileOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o1777); err != nil { // as /tmp
+	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil { // as /tmp
 		t.Fatal(err)
 	}
 	asOther := func(args ...string) {
