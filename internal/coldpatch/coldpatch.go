@@ -10,6 +10,7 @@ import (
 
 	"github.com/edgeprobe/edgeprobe/internal/elfscan"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 )
 
 // ErrSelfCheck means the patched image did not scan back to the same probes:
@@ -46,8 +47,8 @@ func Run(path string, opts Options) (*Result, error) {
 	}
 	// A symlink is followed: the file it names is read and, in place, is
 	// the one rewritten (the link stays a link), as strip does; not one
-	// another user planted in /tmp (checkLinks).
-	if err := checkLinks(abs); err != nil {
+	// another user planted in /tmp (procfs.CheckLinks).
+	if err := procfs.CheckLinks(abs); err != nil {
 		return nil, err
 	}
 	if real, err := filepath.EvalSymlinks(abs); err == nil {

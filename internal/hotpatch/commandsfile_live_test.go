@@ -20,10 +20,11 @@ import (
 // user who gets there first chose what root did: a FIFO of theirs was
 // opened, root's hotpatch waited in the open until they wrote, and ran their
 // `enable work` in the process root named; a file of theirs the same; a
-// link of theirs to a device had the device opened and read. Now each is
-// refused in one line, exit 1, before anything is read or attached; root's
-// own FIFO and file still work (a FIFO is a legitimate use: its open waits
-// for the writer, as before).
+// link of theirs to a device had the device opened and read, one to a file
+// of root's had root's file read as commands. Now each is refused in one
+// line, exit 1, before anything is read or attached (as is root's own link
+// to a device); root's own FIFO and file still work (a FIFO is a legitimate
+// use: its open waits for the writer, as before).
 func TestCommandsFileOwner(t *testing.T) {
 	testutil.RequirePtrace(t)
 	other := testutil.OtherUser(t)
@@ -95,8 +96,32 @@ func TestCommandsFileOwner(t *testing.T) {
 		l := filepath.Join(dir, "link")
 		asOther("ln", "-s", "/dev/zero", l)
 		code, so, se := run(l)
+		if code != 1 || so != "" || strings.Count(se, "\n") != 1 || !strings.Contains(se, "symbolic link owned by another user") {
+			t.Errorf("the other user's link to /dev/zero: exit %d, stdout %.200q, stderr %q; want exit 1, one line: symbolic link owned by another user", code, so, se)
+		}
+	})
+	t.Run("own-link-to-device", func(t *testing.T) {
+		l := filepath.Join(dir, "own-link")
+		if err := os.Symlink("/dev/zero", l); err != nil {
+			t.Fatal(err)
+		}
+		code, so, se := run(l)
 		if code != 1 || so != "" || strings.Count(se, "\n") != 1 || !strings.Contains(se, "nor a FIFO") {
-			t.Errorf("a link to /dev/zero: exit %d, stdout %.200q, stderr %q; want exit 1, one line: not a regular file nor a FIFO", code, so, se)
+			t.Errorf("root's link to /dev/zero: exit %d, stdout %.200q, stderr %q; want exit 1, one line: not a regular file nor a FIFO", code, so, se)
+		}
+	})
+	t.Run("other-link-to-roots-file", func(t *testing.T) {
+		// root's file (in a directory of root's), reached through the other
+		// user's link in the sticky directory: passes an owner check.
+		roots := filepath.Join(t.TempDir(), "cmds")
+		if err := os.WriteFile(roots, []byte("enable work\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		l := filepath.Join(dir, "link2")
+		asOther("ln", "-s", roots, l)
+		code, so, se := run(l)
+		if code != 1 || so != "" || strings.Count(se, "\n") != 1 || !strings.Contains(se, "symbolic link owned by another user") {
+			t.Errorf("the other user's link to root's file: exit %d, stdout %q, stderr %q; want exit 1, one line: symbolic link owned by another user", code, so, se)
 		}
 	})
 	// Root's own: a FIFO written once root's hotpatch opens it, and a file.

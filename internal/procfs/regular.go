@@ -81,6 +81,11 @@ var ErrNotOwned = errors.New("owned by another user")
 // protected_fifos are often off) would choose which probes root turns on
 // in the process named, or hold it in the open forever.
 func OpenOwned(path string) (*os.File, error) {
+	// A link another user planted in /tmp to a file of root's would pass
+	// the owner check below: not followed (CheckLinks).
+	if err := CheckLinks(path); err != nil {
+		return nil, err
+	}
 	var pfd int
 	var err error
 	for {
