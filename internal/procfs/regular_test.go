@@ -115,3 +115,52 @@ func TestOpenOwned(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckLinks: a link in a sticky world-writable directory owned by
+// another uid (Lchown, as root) is ErrPlantedLink, also as a middle
+// component and through a link of ours to it; our own link there, and the
+// other uid's link in a directory that is not sticky, are followed.
+func TestCheckLinks(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: Lchown to another uid") // the live tests (coldpatch, hotpatch) cover it in CI
+	}
+	base := t.TempDir()
+	sticky := filepath.Join(base, "tmp")
+	plain := filepath.Join(base, "plain")
+	for _, d := range []string{sticky, plain} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(sticky, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(base, "file")
+	if err := os.WriteFile(target, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := func(dir, name string, uid int, to string) string {
+		p := filepath.Join(dir, name)
+		if err := os.Symlink(to, p); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Lchown(p, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	planted := link(sticky, "planted", 65534, target)
+	own := link(sticky, "own", 0, target)
+	other := link(plain, "other", 65534, target)
+	dirLink := link(sticky, "dir", 65534, base)
+	viaOwn := link(plain, "via", 0, planted)
+	for _, c := range []struct {
+		path string
+		bad  bool
+	}{{planted, true}, {filepath.Join(dirLink, "file"), true}, {viaOwn, true}, {own, false}, {other, false}, {target, false}} {
+		err := CheckLinks(c.path)
+		if c.bad != errors.Is(err, ErrPlantedLink) || !c.bad && err != nil {
+			t.Errorf("%s: %v (want planted: %v)", c.path, err, c.bad)
+		}
+	}
+}
