@@ -124,22 +124,24 @@ type selected struct {
 // handed to another thread (D71). It returns once the process is released.
 func Apply(ctx context.Context, req Request) (*Result, error) {
 	var res *Result
+	var lock *Lock
 	err := ptrace.Run(func() error {
 		var err error
-		res, err = apply(ctx, req)
+		res, err = apply(ctx, req, &lock)
 		return err
 	})
+	lock.unflock()
 	return res, err
 }
 
-func apply(ctx context.Context, req Request) (*Result, error) {
+func apply(ctx context.Context, req Request, held **Lock) (*Result, error) {
 	var ensure func(*Lock) (*RuntimeStatus, error)
 	if req.Runtime != nil {
 		rt := *req.Runtime
-		rt.check = func(objs []procmaps.Object) error { return checkRequest(req, objs) }
 		// (not ForRequest: the protocol asked for is checked too)
 		ensure = func(l *Lock) (*RuntimeStatus, error) {
-			st, err := ensureRuntime(ctx, req.PID, rt, l)
+			rt.check = func(objs []procmaps.Object) error { return checkRequest(req, l.Pid(), objs) }
+			st, err := ensureRuntime(ctx, l.Pid(), rt, l)
 			if req.OnRuntime != nil {
 				req.OnRuntime(st)
 			}
@@ -151,6 +153,12 @@ func apply(ctx context.Context, req Request) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The inline tracer lets go when this thread exits, after this
+	// returns: the flock of a process whose main thread has exited (D95)
+	// is dropped after that, by Apply, so that a script's next hotpatch
+	// finds the anchor free.
+	s.lock.keep = true
+	*held = s.lock
 	s.SetBrief(req.Brief)
 	res, err := s.Apply(ctx, req.Actions, req.Protocol, req.Int3Wait)
 	if cerr := s.Close(); cerr != nil && err == nil {
@@ -187,24 +195,27 @@ func (s *Session) checkShared(what string) error {
 // malformed --probes file, loaded the runtime into the process, said so,
 // then refused.) Only a load or a routing pays for it: the targets are read
 // again after the load, whose mapping changes the objects.
-func checkRequest(req Request, objs []procmaps.Object) error {
-	targets, err := loadTargets(req.PID, objs, req.ProbeFiles)
+func checkRequest(req Request, via int, objs []procmaps.Object) error {
+	targets, err := loadTargets(via, objs, req.ProbeFiles)
 	if err != nil {
 		return err
 	}
-	return (&Session{pid: req.PID, targets: targets}).Check(req.Actions, req.Protocol)
+	return (&Session{pid: via, targets: targets}).Check(req.Actions, req.Protocol)
 }
 
 // Session holds what repeated toggles of one process share: the lock, the
 // targets, and the tracer. Trace and the bursty profiler toggle many times
 // a second through one Session.
 type Session struct {
-	pid     int
-	lock    *Lock
-	targets []*Target
-	tracer  *ptrace.Tracer
-	full    bool        // the tracer holds every thread, not only the leader
-	region  *shm.Region // the runtime's region, when the process runs it (openRegion)
+	// pid: the thread every /proc path and ptrace request names (the
+	// process, or a live thread of it when its main thread has exited:
+	// Lock.Pid); shown: the process's pid as the user gave it.
+	pid, shown int
+	lock       *Lock
+	targets    []*Target
+	tracer     *ptrace.Tracer
+	full       bool        // the tracer holds every thread, not only the leader
+	region     *shm.Region // the runtime's region, when the process runs it (openRegion)
 	// regionTried: openRegion looked (a process without the runtime is
 	// not searched again on every enable).
 	regionTried bool
@@ -269,6 +280,11 @@ func open(ctx context.Context, pid int, probeFiles []string, waitLock bool, ensu
 		return nil, err
 	}
 	phases.Mark("lock")
+	// From here on every /proc path and ptrace request names the thread
+	// the lock reaches the process through: pid, or a live thread when
+	// the main thread has exited (D95).
+	shown := pid
+	pid = lock.Pid()
 	full := false
 	var objs []procmaps.Object
 	if ensure != nil {
@@ -296,7 +312,7 @@ func open(ctx context.Context, pid int, probeFiles []string, waitLock bool, ensu
 		}
 		return nil, err
 	}
-	s := &Session{pid: pid, lock: lock, targets: targets, tracer: lock.Tracer(), full: full}
+	s := &Session{pid: pid, shown: shown, lock: lock, targets: targets, tracer: lock.Tracer(), full: full}
 	// The maps file is opened with the targets, so that it belongs to the
 	// address space they were read from: after an exec it answers nothing
 	// (checkMapped leaves that to the site reads, which name the exec).
@@ -347,6 +363,9 @@ func (s *Session) Close() error {
 		s.maps.Close()
 	}
 	s.lock.t = nil // the session's tracer was the lock's
+	if !s.lock.keep {
+		s.lock.unflock() // after the tracer let go
+	}
 	return err
 }
 
@@ -473,7 +492,7 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	}
 	p.before = before
 	phases.Mark("before")
-	res := &Result{PID: s.pid}
+	res := &Result{PID: s.shownPid()}
 	// A site a killed hotpatch left mid-patch is ours: make it whole first
 	// (and say so), rather than refusing it as foreign forever. (One pass
 	// finds whether any site is in neither form; only then are they sorted
@@ -1004,4 +1023,12 @@ func (s *Session) targetAt(path string) *Target {
 		}
 	}
 	return nil
+}
+
+// shownPid is the process's pid as the user named it.
+func (s *Session) shownPid() int {
+	if s.shown != 0 {
+		return s.shown
+	}
+	return s.pid
 }

@@ -1,6 +1,7 @@
 package hotpatch
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,38 +15,102 @@ import (
 )
 
 // TestLeaderExited: a process whose main thread called pthread_exit runs
-// on in its other threads, but ptrace cannot attach an exited thread and
-// its /proc/PID/mem has no memory behind it: hotpatch cannot work on it.
-// Each command must say that in one line and exit 1, not claim the
-// process is gone (exit 4: "open /proc/PID/mem: no such process") or that
-// root lacks a privilege ("needs root or CAP_SYS_PTRACE"), as it did; and
-// the process runs on untouched.
+// on in its other threads. hotpatch works on it (D95): the lock is a flock
+// of its /proc/PID/fd and the seize of a live thread, and the memory is
+// reached through that thread. Each step of the fixture calls work()
+// exactly 1000 times, so the counting hooks' totals at exit say exactly
+// which steps ran with work's probes on: steps 2 and 4 of 5, through a
+// one-shot toggle with the list, one without it, and a session, by flip
+// and by int3.
 func TestLeaderExited(t *testing.T) {
 	testutil.RequirePtrace(t)
 	hooks := hooksLib(t)
-	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}})
-	dir := filepath.Dir(fix.Path)
-	list := testutil.ProbeList(t, filepath.Join(dir, "leaderexit.json"), fix.Path)
-	p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks}, fix.Path)
-	awaitLeaderExited(t, p.Pid)
-	pid := fmt.Sprint(p.Pid)
-	for _, args := range [][]string{
-		{"--pid", pid, "--probes", list, "--enable", "work"},
-		{"--pid", pid, "--probes", list, "--disable", "work"},
-		{"--pid", pid, "--enable", "work"},
-		{"session", "--pid", pid, "--probes", list},
-		{"repair", "--pid", pid},
-		{"list", "--pid", pid},
-		{"stats", "--pid", pid},
+	rt := testutil.Runtime(t, "gcc")
+	for _, c := range []struct {
+		spec    testutil.Spec
+		runtime bool
+	}{
+		{testutil.Spec{Compiler: "gcc", Opt: "-O0"}, false},
+		{testutil.Spec{Compiler: "clang", Opt: "-O2"}, true},
+		{testutil.Spec{Compiler: "gcc", Opt: "-O2", PIE: testutil.Bool(false)}, true},
+		{testutil.Spec{Compiler: "clang", Opt: "-O0"}, false},
 	} {
-		r := command(t, "hotpatch", args...)
-		if r.Code != 1 || strings.Count(r.Stderr, "\n") != 1 || !strings.Contains(r.Stderr, "main thread has exited") {
-			t.Errorf("hotpatch %s: exit %d, stderr %q; want 1 and one line saying its main thread has exited", strings.Join(args, " "), r.Code, r.Stderr)
-		}
+		name := c.spec.String() + map[bool]string{false: "-hooks", true: "-runtime"}[c.runtime]
+		t.Run(name, func(t *testing.T) {
+			spec := c.spec
+			spec.Sources = []string{"leaderexit.c"}
+			fix := testutil.Build(t, spec)
+			list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
+			preload := hooks
+			if c.runtime {
+				preload += ":" + rt
+			}
+			for _, proto := range []string{ProtoFlip, ProtoInt3} {
+				t.Run(proto, func(t *testing.T) {
+					p := testutil.Start(t, []string{"LD_PRELOAD=" + preload}, fix.Path, "steps")
+					awaitLeaderExited(t, p.Pid)
+					pid := fmt.Sprint(p.Pid)
+					step := 0
+					next := func() {
+						t.Helper()
+						step++
+						if err := os.WriteFile(fmt.Sprintf("%s.%d", p.StopFile, step), nil, 0o644); err != nil {
+							t.Fatal(err)
+						}
+						if l := p.Line(); l != fmt.Sprintf("step %d", step) {
+							t.Fatalf("step %d: %q", step, l)
+						}
+					}
+					toggle := func(args ...string) {
+						t.Helper()
+						r := command(t, "hotpatch", append([]string{"--pid", pid, "--protocol", proto, "--json"}, args...)...)
+						var res Result
+						if r.Code != 0 || json.Unmarshal([]byte(r.Stdout), &res) != nil || !res.OK || res.Changed != 2 || res.PID != p.Pid {
+							t.Fatalf("hotpatch %s: exit %d, stdout %q, stderr %q; want 2 sites changed in pid %d", strings.Join(args, " "), r.Code, r.Stdout, r.Stderr, p.Pid)
+						}
+					}
+					next() // off
+					toggle("--probes", list, "--enable", "work")
+					next() // on
+					toggle("--disable", "work")
+					next() // off
+					ss := startSession(t, &subject{Process: p, probeArgs: []string{"--probes", list}}, "--protocol", proto)
+					ss.send(t, "enable work")
+					if l := ss.read(t); !l.OK || l.Changed != 2 {
+						t.Fatalf("session enable: %+v", l)
+					}
+					next() // on
+					ss.send(t, "disable work")
+					if l := ss.read(t); !l.OK || l.Changed != 2 {
+						t.Fatalf("session disable: %+v", l)
+					}
+					ss.in.Close()
+					ss.wait(t)
+					next() // off
+					for _, st := range listStates(t, pid, list) {
+						if st.State != "off" {
+							t.Errorf("probe %d (%s %s) is %s after the last disable", st.ID, st.Kind, st.Function, st.State)
+						}
+					}
+					out, errOut := p.Finish()
+					if !strings.HasPrefix(out, "done 1") || !strings.Contains(errOut, "hooks enters=2000 exits=2000") {
+						t.Fatalf("leaderexit: stdout %q, stderr %q; want 2000 calls of work counted (steps 2 and 4 of 5)", out, errOut)
+					}
+				})
+			}
+		})
 	}
-	if out, _ := p.Finish(); !strings.HasPrefix(out, "done 1") {
-		t.Fatalf("leaderexit: %q", out)
+}
+
+// listStates is `hotpatch list --json` of pid with list.
+func listStates(t *testing.T, pid, list string) []ProbeState {
+	t.Helper()
+	r := hotpatchOK(t, "list", "--pid", pid, "--probes", list, "--json")
+	var st []ProbeState
+	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
+		t.Fatalf("list --json: %v\n%s", err, r.Stdout)
 	}
+	return st
 }
 
 // TestLeaderExitsMidSession: the main thread exits while a session holds

@@ -280,3 +280,34 @@ func CPUTime(pid, tid int) (time.Duration, error) {
 	}
 	return time.Duration(st.Utime+st.Stime) * 10 * time.Millisecond, nil
 }
+
+// Via is the thread id through which /proc reaches pid's memory: pid
+// itself, or, when its main thread has exited (LeaderExited), the lowest
+// of its other live threads: /proc/TID/mem, maps and fd of a live thread
+// reach the address space and the descriptor table the exited main
+// thread's no longer do (D95). Such a thread may exit in turn: what is
+// opened through it stays valid (the files hold the address space), a new
+// open may need a new Via.
+func Via(pid int) int {
+	if !LeaderExited(pid) {
+		return pid
+	}
+	ents, err := os.ReadDir(path(pid, 0, "task"))
+	if err != nil {
+		return pid
+	}
+	best := 0
+	for _, e := range ents {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil || tid == pid || best != 0 && tid > best {
+			continue
+		}
+		if ts, err := ReadStat(pid, tid); err == nil && ts.State != 'Z' && ts.State != 'X' {
+			best = tid
+		}
+	}
+	if best == 0 {
+		return pid
+	}
+	return best
+}

@@ -367,7 +367,6 @@ func (t *Tracer) seizeAll(options uintptr, patient ...time.Time) error {
 			if _, ok := t.threads[tid]; ok {
 				continue
 			}
-			fresh++
 			err := seize(tid, options)
 			switch {
 			case err == nil:
@@ -376,13 +375,19 @@ func (t *Tracer) seizeAll(options uintptr, patient ...time.Time) error {
 			case err == unix.EPERM && tracerOf(tid) == t.tid: // TracerPid is the tracer thread's id
 				// auto-attached as a clone of a thread we seized
 			case threadGone(t.pid, tid):
-				continue // exiting: seizing a dying thread fails with EPERM
+				// Exiting: seizing a dying thread fails with EPERM. Not
+				// counted as new (a dying thread clones nothing): the
+				// exited main thread of a process that runs on stays in
+				// the list for good (D95).
+				continue
 			case err == unix.EPERM && len(patient) > 0 && time.Now().Before(patient[0]) && tracerOf(tid) > 0:
 				time.Sleep(100 * time.Microsecond) // its tracer is detaching: poll
+				fresh++                            // not settled: scan again
 				continue
 			default:
 				return attachErr(tid, err)
 			}
+			fresh++
 			if _, ok := t.threads[tid]; !ok {
 				t.threads[tid] = &thread{tid: tid, announced: true}
 			}
