@@ -170,3 +170,85 @@ func awaitLeaderExited(t *testing.T, pid int) {
 		}
 	}
 }
+
+// TestLeaderExitedKilledMidPatch: hotpatch is SIGKILLed in an int3
+// protocol's first wait on a process whose main thread has exited, with
+// the runtime loaded. Its SIGTRAP handler must repair in-process (through
+// its own thread's mem file: the main thread's reaches nothing), but not
+// while another hotpatch holds the process: a session opened after the
+// kill holds the lock (the flock, D95) and the seize of the idle thread, so
+// the thread that meets the int3 is traced by nobody and the exited main
+// thread shows no tracer; the handler must see the flock and wait. Once
+// the session ends, it repairs, and work() ran exactly its 1000 calls with
+// its probes on.
+func TestLeaderExitedKilledMidPatch(t *testing.T) {
+	testutil.RequirePtrace(t)
+	hooks := hooksLib(t)
+	rt := testutil.Runtime(t, "gcc")
+	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}, Compiler: "gcc", Opt: "-O2"})
+	list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
+	for _, held := range []bool{false, true} {
+		t.Run(map[bool]string{false: "alone", true: "session-holds"}[held], func(t *testing.T) {
+			p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks + ":" + rt}, fix.Path, "steps")
+			awaitLeaderExited(t, p.Pid)
+			s := &subject{Process: p, probeArgs: []string{"--probes", list}}
+			killMidPatch(t, s)
+			var ss *session
+			if held {
+				ss = startSession(t, s)
+				ss.send(t, "stats")
+				if l := ss.read(t); !l.OK {
+					t.Fatalf("session: %+v", l)
+				}
+			}
+			if err := os.WriteFile(p.StopFile+".1", nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if held {
+				deadline := time.Now().Add(time.Minute)
+				for {
+					_, repairs, holds := inflightCounters(t, s)
+					if repairs != 0 {
+						t.Fatalf("the handler repaired %d sites while a session held the process", repairs)
+					}
+					if holds > 0 {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("no thread was held by the SIGTRAP handler in a minute")
+					}
+					time.Sleep(time.Millisecond) // polling, not synchronisation
+				}
+				torn := 0
+				for _, st := range listStates(t, fmt.Sprint(p.Pid), list) {
+					if st.State == stateTorn {
+						torn++
+					}
+				}
+				if torn == 0 {
+					t.Fatal("no site is mid-patch while the handler holds a thread")
+				}
+				ss.in.Close()
+				ss.wait(t)
+			}
+			if l := p.Line(); l != "step 1" {
+				t.Fatalf("step 1: %q", l)
+			}
+			traps, repairs, holds := inflightCounters(t, s)
+			t.Logf("handler took %d traps, repaired %d sites, held %d", traps, repairs, holds)
+			if traps == 0 || repairs == 0 {
+				t.Fatalf("traps %d, repairs %d: the handler must have taken the trap and repaired", traps, repairs)
+			}
+			for _, st := range listStates(t, fmt.Sprint(p.Pid), list) {
+				if st.State != "on" && st.State != "off" {
+					t.Fatalf("probe %d (%s %s) left %s: %s", st.ID, st.Kind, st.Function, st.State, st.Bytes)
+				}
+			}
+			hotpatchOK(t, "--pid", fmt.Sprint(p.Pid), "--probes", list, "--enable", "work")
+			out, errOut := p.Finish()
+			if !strings.HasPrefix(out, "done 1") {
+				t.Fatalf("leaderexit: stdout %q, stderr %q", out, errOut)
+			}
+		})
+	}
+}

@@ -172,14 +172,21 @@ func TracerPid(pid, tid int) int {
 }
 
 // InnerPid is the process's pid in its own (innermost) pid namespace, the
-// number getpid() returns inside it: the last field of NSpid, or pid itself
+// number getpid() returns inside it: the last field of NStgid (NSpid on
+// kernels before 4.1), or pid itself
 // when the kernel does not say.
 func InnerPid(pid int) int {
 	st, err := ReadStatus(pid, 0)
 	if err != nil {
 		return pid
 	}
-	f := strings.Fields(st["NSpid"])
+	// NStgid: the process's id, also when pid names one of its threads
+	// (the live thread hotpatch works through once the main thread has
+	// exited, D95); NSpid is that thread's own id.
+	f := strings.Fields(st["NStgid"])
+	if len(f) == 0 {
+		f = strings.Fields(st["NSpid"])
+	}
 	if len(f) == 0 {
 		return pid
 	}
