@@ -18,6 +18,13 @@ import (
 // nothing records what enabled probes report.
 var ErrNoRuntime = errors.New("no edgeprobe runtime in the process")
 
+// ErrLeaderExited: the process's main thread has exited while its other
+// threads run on. A capture follows the process by its main thread's /proc
+// entry (alive while that is not a zombie, the same start time, no exec
+// through its maps), which such a process fails at once; hotpatch's toggles
+// work on it through a live thread (D95), captures do not yet.
+var ErrLeaderExited = errors.New("its main thread has exited while its other threads run on: stats, top, trace and profile do not work on such a process yet (they follow a process through its main thread); enable, disable, list, repair and session do")
+
 // Options select what to capture.
 type Options struct {
 	PID        int

@@ -252,3 +252,40 @@ func TestLeaderExitedKilledMidPatch(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaderExitedCaptures: stats, top, trace and profile do not follow a
+// process whose main thread has exited yet (capture.ErrLeaderExited, D95):
+// each says so in one line and exits 1 before it loads or changes
+// anything, not "no runtime" (as stats and top did) or "gone"; the process
+// runs on, its probes as they were.
+func TestLeaderExitedCaptures(t *testing.T) {
+	testutil.RequirePtrace(t)
+	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}})
+	list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + testutil.Runtime(t, "gcc")}, fix.Path)
+	awaitLeaderExited(t, p.Pid)
+	pid := fmt.Sprint(p.Pid)
+	out := filepath.Join(t.TempDir(), "out")
+	for _, args := range [][]string{
+		{"stats", "--pid", pid},
+		{"top", "--pid", pid, "--count", "1"},
+		{"trace", "--pid", pid, "--probes", list, "--duration", "1s", "-o", out + ".pftrace"},
+		{"profile", "--pid", pid, "--probes", list, "--duration", "1s", "-o", out + ".json"},
+	} {
+		r := command(t, "hotpatch", args...)
+		if r.Code != 1 || strings.Count(r.Stderr, "\n") != 1 || !strings.Contains(r.Stderr, "main thread has exited") {
+			t.Errorf("hotpatch %s: exit %d, stderr %q; want 1 and one line saying its main thread has exited", strings.Join(args, " "), r.Code, r.Stderr)
+		}
+	}
+	if _, err := os.Stat(out + ".pftrace"); err == nil {
+		t.Error("trace left a file behind")
+	}
+	for _, st := range listStates(t, pid, list) {
+		if st.State != "off" {
+			t.Errorf("probe %d (%s %s) is %s: a refused capture changed it", st.ID, st.Kind, st.Function, st.State)
+		}
+	}
+	if o, _ := p.Finish(); !strings.HasPrefix(o, "done 1") {
+		t.Fatalf("leaderexit: %q", o)
+	}
+}
