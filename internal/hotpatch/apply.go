@@ -306,9 +306,9 @@ func open(ctx context.Context, pid int, probeFiles []string, waitLock bool, ensu
 	}
 	if err != nil {
 		lock.Release()
-		if !Gone(err) && processGone(pid) {
+		if !Gone(err) && processGone(shown) {
 			// It exited while we read its maps: say that, not "stale list".
-			err = exitedErr(pid, err)
+			err = exitedErr(shown, err)
 		}
 		return nil, err
 	}
@@ -585,8 +585,8 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	runErr = s.unloadedErr(runErr)
 	if runErr != nil {
 		switch {
-		case Gone(runErr) || processGone(s.pid):
-			runErr = exitedErr(s.pid, runErr)
+		case Gone(runErr) || processGone(s.shownPid()):
+			runErr = exitedErr(s.shownPid(), runErr)
 		case ctx.Err() != nil:
 			runErr = fmt.Errorf("interrupted: %w", runErr)
 		}
@@ -669,7 +669,9 @@ func Gone(err error) bool {
 // gone, and saying so would end a session that flip commands still serve.
 func exitedErr(pid int, cause error) error {
 	if procfs.LeaderExited(pid) {
-		return fmt.Errorf("pid %d: %w (%v)", pid, procfs.ErrLeaderExited, cause)
+		// The thread the lock reached it through exited (D95): the
+		// process runs on; a new command takes another.
+		return fmt.Errorf("pid %d: %w, and the thread hotpatch reached it through exited (%v): run the command again", pid, procfs.ErrLeaderExited, cause)
 	}
 	if errors.Is(cause, ptrace.ErrExited) {
 		return fmt.Errorf("pid %d exited: %w", pid, cause)
@@ -678,7 +680,8 @@ func exitedErr(pid int, cause error) error {
 }
 
 // processGone reports whether pid no longer runs (absent, or a zombie).
-func processGone(pid int) bool { return procfs.Gone(pid, 0) }
+// A process whose main thread has exited runs on (D95).
+func processGone(pid int) bool { return procfs.Gone(pid, 0) && !procfs.LeaderExited(pid) }
 
 // Tally summarises where sites ended, e.g. "3 on, 5 off", for one-line errors.
 func Tally(sites []SiteResult) string {

@@ -16,9 +16,10 @@ var ErrNoProcess = errors.New("no such process")
 
 // ErrLeaderExited: the process's main thread has exited (pthread_exit in
 // main) while other threads run on. ptrace cannot attach an exited thread,
-// and /proc/PID/mem reaches the memory through it, so nothing of ours can
-// work on such a process; it is not gone either.
-var ErrLeaderExited = errors.New("its main thread has exited while its other threads run on: ptrace cannot attach an exited thread, nor reach the process's memory through it, so edgeprobe cannot work on this process")
+// and /proc/PID/mem, maps and fd reach nothing through it: what works on
+// such a process goes through another of its threads (Via, D95). It is not
+// gone either.
+var ErrLeaderExited = errors.New("its main thread has exited while its other threads run on")
 
 // LeaderExited reports whether pid's main thread is a zombie while another
 // of its threads runs on, not on its way out (ErrLeaderExited). A process

@@ -300,6 +300,20 @@ func (t *Tracer) Upgrade() error {
 		if leader == nil {
 			return fmt.Errorf("pid %d: %w", t.pid, ErrExited)
 		}
+		if leader.kind == running && procfs.LeaderExited(t.pid) {
+			// The leader exited after we seized it (pthread_exit in main)
+			// and the process runs on: a zombie never stops, and it stays
+			// traced by us (the caller's lock: its TracerPid names us)
+			// until this thread exits. Every other thread is seized with
+			// the full options; the zombie is no longer one we stop,
+			// resume or detach (D95).
+			delete(t.threads, t.pid)
+			t.opts.LeaderOnly = false
+			if err := t.seizeAll(fullOptions, time.Now().Add(t.opts.StopTimeout)); err != nil {
+				return err
+			}
+			return t.seizeVforkChildren()
+		}
 		if leader.kind == running {
 			if err := unix.PtraceInterrupt(t.pid); err != nil {
 				return fmt.Errorf("upgrade: interrupt pid %d: %w", t.pid, mapErrno(err))
@@ -372,14 +386,14 @@ func (t *Tracer) seizeAll(options uintptr, patient ...time.Time) error {
 			case err == nil:
 			case err == unix.ESRCH:
 				continue // exited between the scan and the seize
-			case err == unix.EPERM && tracerOf(tid) == t.tid: // TracerPid is the tracer thread's id
-				// auto-attached as a clone of a thread we seized
 			case threadGone(t.pid, tid):
 				// Exiting: seizing a dying thread fails with EPERM. Not
 				// counted as new (a dying thread clones nothing): the
 				// exited main thread of a process that runs on stays in
 				// the list for good (D95).
 				continue
+			case err == unix.EPERM && tracerOf(tid) == t.tid: // TracerPid is the tracer thread's id
+				// auto-attached as a clone of a thread we seized
 			case err == unix.EPERM && len(patient) > 0 && time.Now().Before(patient[0]) && tracerOf(tid) > 0:
 				time.Sleep(100 * time.Microsecond) // its tracer is detaching: poll
 				fresh++                            // not settled: scan again
@@ -1066,6 +1080,9 @@ func (t *Tracer) waitFor(ctx context.Context, timeout time.Duration, what string
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("waiting for %s: %w", what, err)
 		}
+		if spins >= 500 && spins%100 == 0 && t.dropZombieLeader() {
+			continue // the condition may hold without it
+		}
 		if time.Since(start) > timeout {
 			return fmt.Errorf("waiting for %s: timed out after %v (%s)", what, timeout, t.describe())
 		}
@@ -1080,6 +1097,21 @@ func (t *Tracer) waitFor(ctx context.Context, timeout time.Duration, what string
 		}
 		tm.Stop()
 	}
+}
+
+// dropZombieLeader forgets the leader once it has exited while other
+// threads run on (pthread_exit in main): the kernel reports no exit for it
+// until the whole process ends, and a zombie never stops, so a wait for
+// every thread to stop would time out on it. It stays traced by us (the
+// caller's lock, D95) until this thread exits. Looked at only in a wait
+// that has already spun for a while: it reads /proc.
+func (t *Tracer) dropZombieLeader() bool {
+	th := t.threads[t.pid]
+	if th == nil || th.kind != running || !procfs.LeaderExited(t.pid) {
+		return false
+	}
+	delete(t.threads, t.pid)
+	return true
 }
 
 // Pause keeps serving events (holding trapped threads, forwarding signals)
