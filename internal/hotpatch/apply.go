@@ -483,10 +483,13 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	}
 	before, err := s.readBefore(p, last, start)
 	if err != nil {
-		if Gone(err) && !processGone(s.pid) && procfs.HasMemory(s.pid) {
+		if pid := s.shownPid(); (Gone(err) || errors.Is(err, ptrace.ErrExec)) && !processGone(pid) && procfs.HasMemory(procfs.Via(pid)) {
 			// The memory we opened is gone but the process is not: it ran
-			// exec, and the sites went with its old program.
-			err = fmt.Errorf("pid %d ran exec: the program whose probes these are is gone (%v): %w", s.pid, err, ptrace.ErrExited)
+			// exec, and the sites went with its old program. (Also when a
+			// thread other than the main one ran it after the main thread
+			// had exited: the thread we worked through is gone, and the
+			// process has a main thread again, D95.)
+			err = fmt.Errorf("pid %d ran exec: the program whose probes these are is gone (%v): %w", pid, err, ptrace.ErrExited)
 		}
 		return nil, s.unloadedErr(err)
 	}

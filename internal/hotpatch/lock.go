@@ -176,7 +176,9 @@ func tryExited(pid int) (*Lock, string, error) {
 		return nil, "", err
 	}
 	for _, tid := range tids {
-		t, err := ptrace.Attach(tid, lockOptions())
+		opts := lockOptions()
+		opts.Process = pid
+		t, err := ptrace.Attach(tid, opts)
 		if err == nil {
 			l.t, l.via = t, tid
 			return l, "", nil

@@ -27,6 +27,11 @@ type Options struct {
 	// thread to report a stop (a thread in uninterruptible sleep reports only
 	// when it wakes). Zero means 5s.
 	StopTimeout time.Duration
+	// Process is the process's pid when the thread attached is not its
+	// leader (its main thread has exited: hotpatch works through another
+	// thread, D95); 0 otherwise. An exec by another thread is then
+	// reported under this pid.
+	Process int
 	// KillAtTrap (tests only) makes the calling process SIGKILL itself
 	// right after it reaped a SIGTRAP signal-delivery-stop while a trap is
 	// armed, before it handles the stop: a tracer killed in the window
@@ -792,7 +797,7 @@ func (t *Tracer) handle(wpid int, ws unix.WaitStatus) {
 		return
 	}
 	th := t.threads[wpid]
-	if th == nil && tgidOf(wpid) != t.pid && tgidOf(wpid) > 0 {
+	if th == nil && wpid != t.tgid() && tgidOf(wpid) != t.tgid() && tgidOf(wpid) > 0 {
 		// A child process whose first stop came before its parent's fork
 		// or vfork event: keep it stopped until that event says which.
 		t.early[wpid] = true
@@ -851,6 +856,15 @@ func (t *Tracer) handle(wpid int, ws unix.WaitStatus) {
 		th.kind = stopPlain
 	case event == unix.PTRACE_EVENT_VFORK_DONE:
 		th.inVfork = false
+		th.kind = stopPlain
+	case event == unix.PTRACE_EVENT_EXEC && wpid != t.pid && wpid == t.tgid():
+		// Traced through one of its threads (its main thread had exited,
+		// D95) and another thread called execve: the kernel killed every
+		// other thread, ours among them, and the execing thread now has
+		// the process's pid. As for an exec by the thread we traced.
+		t.pid = wpid
+		t.execed = true
+		t.threads = map[int]*thread{wpid: th}
 		th.kind = stopPlain
 	case event == unix.PTRACE_EVENT_EXEC && wpid != t.pid:
 		// A vfork child (traced like a thread) called execve: it has its
@@ -1032,6 +1046,16 @@ func (t *Tracer) repairChild(kid int) (int, error) {
 }
 
 // tgidOf returns the thread group of a task, or -1.
+// tgid is the process of the traced thread: t.pid itself, or the
+// process's pid when we trace it through another thread (Options.Process,
+// D95).
+func (t *Tracer) tgid() int {
+	if t.opts.Process > 0 {
+		return t.opts.Process
+	}
+	return t.pid
+}
+
 func tgidOf(tid int) int {
 	st, err := procfs.ReadStatus(tid, 0)
 	if err != nil {
