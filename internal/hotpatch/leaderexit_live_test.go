@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -349,5 +350,111 @@ func TestLeaderExitedExec(t *testing.T) {
 	}
 	if out, _ := p.Finish(); !strings.HasPrefix(out, "done 1") {
 		t.Fatalf("the new image: %q", out)
+	}
+}
+
+// TestLeaderExitedLockRace: hotpatches on a process whose main thread has
+// exited exclude each other through the flock (D95). A session holds it:
+// a one-shot toggle fails in one line naming the session, having written
+// nothing; one with --wait waits until the session ends and then writes.
+// Eight one-shot enables of the same probes started at once with --wait:
+// each must find the sites as the one before left them, so exactly one
+// reports changing them (two at once would both see them off).
+func TestLeaderExitedLockRace(t *testing.T) {
+	testutil.RequirePtrace(t)
+	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}, Compiler: "gcc", Opt: "-O2"})
+	list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + hooksLib(t)}, fix.Path, "steps")
+	awaitLeaderExited(t, p.Pid)
+	pid := fmt.Sprint(p.Pid)
+	state := func() string {
+		t.Helper()
+		var on, off int
+		for _, st := range listStates(t, pid, list) {
+			if st.Function == "work" && st.State == "on" {
+				on++
+			} else if st.Function == "work" && st.State == "off" {
+				off++
+			}
+		}
+		return fmt.Sprintf("%d on, %d off", on, off)
+	}
+	ss := startSession(t, &subject{Process: p, probeArgs: []string{"--probes", list}})
+	ss.send(t, "enable work")
+	if l := ss.read(t); !l.OK || l.Changed != 2 {
+		t.Fatalf("session enable: %+v", l)
+	}
+	r := command(t, "hotpatch", "--pid", pid, "--probes", list, "--disable", "work")
+	if r.Code != 1 || strings.Count(r.Stderr, "\n") != 1 || !strings.Contains(r.Stderr, "(hotpatch)") || !strings.Contains(r.Stderr, "--wait") {
+		t.Errorf("a toggle while a session holds the process: exit %d, stderr %q; want exit 1, one line naming the session", r.Code, r.Stderr)
+	}
+	if s := state(); s != "2 on, 0 off" {
+		t.Fatalf("after the refused toggle: %s; want the session's 2 on", s)
+	}
+	waiter := exec.Command(testutil.Command(t, "hotpatch"), "--pid", pid, "--probes", list, "--wait", "--disable", "work", "--json")
+	var wout strings.Builder
+	waiter.Stdout = &wout
+	if err := waiter.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- waiter.Wait() }()
+	ss.send(t, "stats") // a round trip while the waiter waits: still ours
+	if l := ss.read(t); !l.OK {
+		t.Fatalf("session stats: %+v", l)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the --wait toggle ended (%v, %q) while the session held the process", err, wout.String())
+	default:
+	}
+	if s := state(); s != "2 on, 0 off" {
+		t.Fatalf("while the --wait toggle waits: %s; want the session's 2 on", s)
+	}
+	ss.in.Close()
+	ss.wait(t)
+	if err := <-done; err != nil {
+		t.Fatalf("the --wait toggle: %v", err)
+	}
+	var res Result
+	if err := json.Unmarshal([]byte(wout.String()), &res); err != nil || !res.OK || res.Changed != 2 {
+		t.Fatalf("the --wait toggle after the session: %q", wout.String())
+	}
+	const n = 8
+	results := make(chan cmdResult, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			results <- testutil.Run(t, "hotpatch", "--pid", pid, "--probes", list, "--wait", "--enable", "work", "--json")
+		}()
+	}
+	changed := 0
+	for i := 0; i < n; i++ {
+		r := <-results
+		var res Result
+		if r.Code != 0 || json.Unmarshal([]byte(r.Stdout), &res) != nil || !res.OK {
+			t.Fatalf("a racing enable: exit %d, stdout %q, stderr %q", r.Code, r.Stdout, r.Stderr)
+		}
+		if res.Changed != 0 {
+			changed++
+			if res.Changed != 2 {
+				t.Errorf("a racing enable changed %d sites", res.Changed)
+			}
+		}
+	}
+	if changed != 1 {
+		t.Errorf("%d of %d racing enables changed the sites; exactly one may", changed, n)
+	}
+	if s := state(); s != "2 on, 0 off" {
+		t.Errorf("after the racing enables: %s", s)
+	}
+	if err := os.WriteFile(p.StopFile+".1", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if l := p.Line(); l != "step 1" {
+		t.Fatalf("step 1: %q", l)
+	}
+	out, errOut := p.Finish()
+	if !strings.HasPrefix(out, "done 1") || !strings.Contains(errOut, "hooks enters=1000 exits=1000") {
+		t.Fatalf("leaderexit: stdout %q, stderr %q; want the 1000 calls of step 1 counted", out, errOut)
 	}
 }
