@@ -107,7 +107,7 @@ EP_STATIC const uint8_t *ep_trap_form(const struct ep_inflight_site *e, const ui
 	return act && !ine ? e->active : e->inert;
 }
 
-/* Reads a listed site through the /proc/self/mem descriptor fd: 1 when all
+/* Reads a listed site through the /proc/thread-self/mem descriptor fd: 1 when all
  * of it was read. Entries stay listed after their object may have been
  * unmapped (dlclose): a plain load there would fault inside the handler. */
 EP_STATIC int ep_trap_peek(long fd, const struct ep_inflight_site *e, uint8_t *cur) {
