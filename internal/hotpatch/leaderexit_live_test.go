@@ -458,3 +458,32 @@ func TestLeaderExitedLockRace(t *testing.T) {
 		t.Fatalf("leaderexit: stdout %q, stderr %q; want the 1000 calls of step 1 counted", out, errOut)
 	}
 }
+
+// TestLeaderExitedOtherUser: the lock of a process whose main thread has
+// exited is a flock of its /proc/PID/fd (D95), which only the process's
+// owner and root may open: a second local user can neither take it nor
+// hold it against root (flock(1) as that user fails to open it), and
+// root's toggle right after works.
+func TestLeaderExitedOtherUser(t *testing.T) {
+	testutil.RequirePtrace(t)
+	testutil.RequireTool(t, "flock")
+	other := testutil.OtherUser(t)
+	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}})
+	list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + hooksLib(t)}, fix.Path, "steps")
+	awaitLeaderExited(t, p.Pid)
+	fd := fmt.Sprintf("/proc/%d/fd", p.Pid)
+	out, err := other.Command("flock", "--nonblock", "--conflict-exit-code", "7", fd, "true").CombinedOutput()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() == 0 || ee.ExitCode() == 7 || !strings.Contains(string(out), "ermission denied") {
+		t.Fatalf("flock of %s as %s: %v, %q; want it refused for permission", fd, other.Name, err, out)
+	}
+	var res Result
+	r := command(t, "hotpatch", "--pid", fmt.Sprint(p.Pid), "--probes", list, "--enable", "work", "--json")
+	if r.Code != 0 || json.Unmarshal([]byte(r.Stdout), &res) != nil || res.Changed != 2 {
+		t.Fatalf("root's toggle: exit %d, stdout %q, stderr %q", r.Code, r.Stdout, r.Stderr)
+	}
+	if o, _ := p.Finish(); !strings.HasPrefix(o, "done") {
+		t.Fatalf("leaderexit: %q", o)
+	}
+}
