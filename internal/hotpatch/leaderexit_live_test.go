@@ -192,16 +192,22 @@ func awaitLeaderExited(t *testing.T, pid int) {
 // the thread that meets the int3 is traced by nobody and the exited main
 // thread shows no tracer; the handler must see the flock and wait. Once
 // the session ends, it repairs, and work() ran exactly its 1000 calls with
-// its probes on.
+// its probes on. With EDGEPROBE_TRAP_REPAIR=0 the handler holds the thread
+// until `hotpatch repair` makes the sites whole from outside.
 func TestLeaderExitedKilledMidPatch(t *testing.T) {
 	testutil.RequirePtrace(t)
 	hooks := hooksLib(t)
 	rt := testutil.Runtime(t, "gcc")
 	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}, Compiler: "gcc", Opt: "-O2"})
 	list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
-	for _, held := range []bool{false, true} {
-		t.Run(map[bool]string{false: "alone", true: "session-holds"}[held], func(t *testing.T) {
-			p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks + ":" + rt}, fix.Path, "steps")
+	for _, mode := range []string{"alone", "session-holds", "outside-repair"} {
+		t.Run(mode, func(t *testing.T) {
+			held := mode == "session-holds"
+			env := []string{"LD_PRELOAD=" + hooks + ":" + rt}
+			if mode == "outside-repair" {
+				env = append(env, "EDGEPROBE_TRAP_REPAIR=0")
+			}
+			p := testutil.Start(t, env, fix.Path, "steps")
 			awaitLeaderExited(t, p.Pid)
 			s := &subject{Process: p, probeArgs: []string{"--probes", list}}
 			killMidPatch(t, s)
@@ -216,7 +222,7 @@ func TestLeaderExitedKilledMidPatch(t *testing.T) {
 			if err := os.WriteFile(p.StopFile+".1", nil, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			if held {
+			if mode != "alone" {
 				deadline := time.Now().Add(time.Minute)
 				for {
 					_, repairs, holds := inflightCounters(t, s)
@@ -240,15 +246,26 @@ func TestLeaderExitedKilledMidPatch(t *testing.T) {
 				if torn == 0 {
 					t.Fatal("no site is mid-patch while the handler holds a thread")
 				}
-				ss.in.Close()
-				ss.wait(t)
+				if held {
+					ss.in.Close()
+					ss.wait(t)
+				} else {
+					r := command(t, "hotpatch", "repair", "--pid", fmt.Sprint(p.Pid), "--probes", list)
+					if r.Code != 0 || strings.Count(r.Stdout, "repaired ") != torn {
+						t.Fatalf("repair of %d mid-patch site(s): exit %d, stdout %q, stderr %q", torn, r.Code, r.Stdout, r.Stderr)
+					}
+				}
 			}
 			if l := p.Line(); l != "step 1" {
 				t.Fatalf("step 1: %q", l)
 			}
 			traps, repairs, holds := inflightCounters(t, s)
 			t.Logf("handler took %d traps, repaired %d sites, held %d", traps, repairs, holds)
-			if traps == 0 || repairs == 0 {
+			if mode == "outside-repair" {
+				if traps == 0 || repairs != 0 {
+					t.Fatalf("traps %d, repairs %d: with EDGEPROBE_TRAP_REPAIR=0 the handler takes the trap and repairs nothing", traps, repairs)
+				}
+			} else if traps == 0 || repairs == 0 {
 				t.Fatalf("traps %d, repairs %d: the handler must have taken the trap and repaired", traps, repairs)
 			}
 			for _, st := range listStates(t, fmt.Sprint(p.Pid), list) {
