@@ -451,6 +451,9 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	start := time.Now()
 	last := s.last // the previous Apply's read, used at most once (readBefore)
 	s.last = lastRead{}
+	if err := s.reanchor(); err != nil {
+		return nil, err
+	}
 	p, err := s.check(actions, protocol)
 	if p != nil {
 		defer s.boundImages(p) // whatever this Apply kept (D61), however it ends
@@ -1037,4 +1040,39 @@ func (s *Session) shownPid() int {
 		return s.shown
 	}
 	return s.pid
+}
+
+// reanchor replaces the thread a session reaches a process through once
+// its main thread has exited (D95), when that thread has exited too: the
+// session still holds the process's lock (the flock), so it seizes another
+// live thread, as the lock would. Only a session whose tracer holds that
+// thread alone (flip): one that holds every thread, or is inside Batch
+// (which looks before it starts), says what happened and leaves the rest
+// to a new command. One stat read per command or Batch, and only for such
+// a process.
+func (s *Session) reanchor() error {
+	if s.shown == 0 || s.shown == s.pid || s.lock == nil || s.lock.fd < 0 || !procfs.Gone(s.pid, 0) {
+		return nil
+	}
+	gone := fmt.Errorf("pid %d: %w, and the thread hotpatch reached it through (%d) exited: run the command again", s.shown, procfs.ErrLeaderExited, s.pid)
+	if s.full || s.inBatch || s.tracer == nil {
+		return gone
+	}
+	tids, err := liveThreads(s.shown)
+	if err != nil {
+		return err
+	}
+	for _, tid := range tids {
+		opts := lockOptions()
+		opts.Process = s.shown
+		t, err := ptrace.Attach(tid, opts)
+		if err != nil {
+			gone = fmt.Errorf("%w (thread %d: %v)", gone, tid, err)
+			continue // exited meanwhile, or traced by a debugger: the next
+		}
+		_ = s.tracer.Detach() // it traced nothing that lives
+		s.tracer, s.lock.t, s.lock.via, s.pid = t, t, tid, tid
+		return nil
+	}
+	return gone
 }

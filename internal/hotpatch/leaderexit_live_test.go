@@ -504,3 +504,72 @@ func TestLeaderExitedOtherUser(t *testing.T) {
 		t.Fatalf("leaderexit: %q", o)
 	}
 }
+
+// TestLeaderExitedAnchorExits: the thread a session reaches a process
+// through (its main thread having exited) exits while the session holds
+// it. A flip session takes another thread under the lock it still holds
+// and goes on; an int3 session (its tracer holds every thread) says so in
+// one line (exit 1, not "the process exited", exit 4), having written
+// nothing, and a new hotpatch takes another thread and works.
+func TestLeaderExitedAnchorExits(t *testing.T) {
+	testutil.RequirePtrace(t)
+	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}, Compiler: "gcc", Opt: "-O2"})
+	list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
+	hooks := hooksLib(t)
+	for _, proto := range []string{ProtoAuto, ProtoInt3} {
+		t.Run(proto, func(t *testing.T) {
+			p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks}, fix.Path, "steps")
+			awaitLeaderExited(t, p.Pid)
+			ss := startSession(t, &subject{Process: p, probeArgs: []string{"--probes", list}}, "--protocol", proto)
+			for _, c := range []string{"enable work", "disable work"} {
+				ss.send(t, c)
+				if l := ss.read(t); !l.OK || l.Changed != 2 {
+					t.Fatalf("%s: %+v", c, l)
+				}
+			}
+			if err := os.WriteFile(p.StopFile+".idle", nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(time.Minute); ; runtime.Gosched() {
+				ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", p.Pid))
+				if len(ents) == 2 { // the exited main thread and the worker
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the idle thread did not exit within a minute")
+				}
+			}
+			ss.send(t, "enable work")
+			l := ss.read(t)
+			if proto == ProtoAuto {
+				if !l.OK || l.Changed != 2 {
+					t.Fatalf("flip enable after the session's thread exited: %+v; want it to go on through another", l)
+				}
+			} else {
+				if l.OK || l.Exit != 1 || !strings.Contains(l.Error, "main thread has exited") || !strings.Contains(l.Error, "run the command again") {
+					t.Errorf("int3 enable after the session's thread exited: %+v; want exit 1 saying so", l)
+				}
+				for _, st := range listStates(t, fmt.Sprint(p.Pid), list) {
+					if st.State != "off" {
+						t.Fatalf("probe %d (%s %s) is %s: the failed command wrote", st.ID, st.Kind, st.Function, st.State)
+					}
+				}
+			}
+			ss.in.Close()
+			ss.cmd.Wait() // its exit status counts the failed command, if any
+			if proto != ProtoAuto {
+				hotpatchOK(t, "--pid", fmt.Sprint(p.Pid), "--probes", list, "--enable", "work")
+			}
+			if err := os.WriteFile(p.StopFile+".1", nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if l := p.Line(); l != "step 1" {
+				t.Fatalf("step 1: %q", l)
+			}
+			out, errOut := p.Finish()
+			if !strings.HasPrefix(out, "done 1") || !strings.Contains(errOut, "hooks enters=1000 exits=1000") {
+				t.Fatalf("leaderexit: stdout %q, stderr %q", out, errOut)
+			}
+		})
+	}
+}
