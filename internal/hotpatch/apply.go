@@ -1046,18 +1046,23 @@ func (s *Session) shownPid() int {
 // its main thread has exited (D95), when that thread has exited too: the
 // session still holds the process's lock (the flock), so it seizes another
 // live thread, as the lock would. Only a session whose tracer holds that
-// thread alone (flip): one that holds every thread, or is inside Batch
-// (which looks before it starts), says what happened and leaves the rest
-// to a new command. One stat read per command or Batch, and only for such
-// a process.
+// thread alone (flip), and not inside Batch (which looks before it
+// starts); with a tracer of every thread the command fails on its own
+// path (exitedErr, or the exec it finds). One stat read per command or
+// Batch, and only for such a process.
 func (s *Session) reanchor() error {
 	if s.shown == 0 || s.shown == s.pid || s.lock == nil || s.lock.fd < 0 || !procfs.Gone(s.pid, 0) {
 		return nil
 	}
-	gone := fmt.Errorf("pid %d: %w, and the thread hotpatch reached it through (%d) exited: run the command again", s.shown, procfs.ErrLeaderExited, s.pid)
 	if s.full || s.inBatch || s.tracer == nil {
-		return gone
+		// The command's own path finds its tracer gone and says why: the
+		// program ran exec, or the thread exited (exitedErr).
+		return nil
 	}
+	if s.execed() {
+		return fmt.Errorf("pid %d ran exec: the program whose probes these are is gone (the thread hotpatch reached it through, %d, exited with it): %w", s.shown, s.pid, ptrace.ErrExited)
+	}
+	gone := fmt.Errorf("pid %d: %w, and the thread hotpatch reached it through (%d) exited: run the command again", s.shown, procfs.ErrLeaderExited, s.pid)
 	tids, err := liveThreads(s.shown)
 	if err != nil {
 		return err
@@ -1075,4 +1080,15 @@ func (s *Session) reanchor() error {
 		return nil
 	}
 	return gone
+}
+
+// execed reports whether the address space the session's targets were
+// read from is gone while the process runs on: it ran exec (from any
+// thread). The maps file opened with the targets answers nothing then.
+func (s *Session) execed() bool {
+	if s.maps == nil || len(s.targets) == 0 || len(s.targets[0].Object.Exec) == 0 {
+		return false
+	}
+	_, ok, err := s.maps.Covering(s.targets[0].Object.Exec[0].Start)
+	return (err != nil || !ok) && !processGone(s.shown)
 }
