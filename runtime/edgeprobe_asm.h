@@ -17,7 +17,7 @@
 #define EPA_PROC_FUNCS 8
 #define EPA_PROC_TSC_MULT 16
 #define EPA_PROC_LMASK 24
-#define EPA_PROC_LMASK_X2 44
+#define EPA_PROC_LMASK_OFF 44
 #define EPA_PROC_FAST_DEPTH 28
 #define EPA_PROC_STACK_OFF 36
 
@@ -36,7 +36,7 @@
 #define EPA_TH_SIZE 192
 
 /* struct ep_local */
-#define EPA_LOCAL_SIZE 48
+#define EPA_LOCAL_SIZE 64
 #define EPA_LOCAL_ADDR 0
 #define EPA_LOCAL_GIDX 8
 #define EPA_LOCAL_HINT 12
@@ -52,7 +52,7 @@
 #define EPA_FR_SP 16
 #define EPA_FR_SITE 24
 #define EPA_FR_GIDX 32
-#define EPA_FR_LIDX 36
+#define EPA_FR_LOFF 36
 #define EPA_FR_GEN 40
 
 /* struct ep_func (576 = 9 * 64 bytes) */
@@ -67,6 +67,5 @@
 #define EPA_CTL_TRACE 1
 #define EPA_CTL_FILTER 16
 #define EPA_HIST_LAST 59 /* EP_HIST_BUCKETS - 1 */
-#define EPA_HASH_MULT 0x9E3779B97F4A7C15
 
 #endif /* EDGEPROBE_ASM_H */

@@ -21,6 +21,9 @@
  */
 #include "edgeprobe_asm.h"
 
+/* A field of the home cache entry: rdx holds its offset from the first. */
+#define L(field) EPA_TH_SIZE+field(%r9,%rdx)
+
 	.hidden	edgeprobe_proc
 	.hidden	ep_cyg_enter_full
 	.hidden	ep_cyg_exit_full
@@ -38,18 +41,15 @@
 	movq	%rax, %fs:EPA_TLS_BUSY_RET(%r8)
 	leaq	-8(%rsp), %r10				/* here */
 	movq	%r10, %fs:EPA_TLS_BUSY(%r8)
-	/* the thread's cache entry at the key's home: l = th + size + i * 48,
-	 * with 2i from the hash (lmask_x2) so that the scale makes 6i * 8 */
-	movabsq	$EPA_HASH_MULT, %rdx
-	imulq	%rdi, %rdx
-	shrq	$39, %rdx
-	andl	edgeprobe_proc+EPA_PROC_LMASK_X2(%rip), %edx	/* 2i */
-	leaq	(%rdx,%rdx,2), %rdx			/* 6i */
-	leaq	EPA_TH_SIZE(%r9,%rdx,8), %rdx		/* l */
+	/* the thread's cache entry at the key's home (D98): l = th + size + o,
+	 * o = (key >> 4 & lmask) * 64 = key << 2 & lmask_off; the entry is
+	 * addressed as L(field) = size + field(th, o) */
+	leaq	(,%rdi,4), %rdx
+	andl	edgeprobe_proc+EPA_PROC_LMASK_OFF(%rip), %edx	/* o */
 	movl	EPA_TH_DEPTH(%r9), %ecx			/* d */
 	cmpl	edgeprobe_proc+EPA_PROC_FAST_DEPTH(%rip), %ecx
 	jae	.Lenter_decline				/* full stack, or no fast path at all */
-	cmpq	%rdi, EPA_LOCAL_ADDR(%rdx)
+	cmpq	%rdi, L(EPA_LOCAL_ADDR)
 	jne	.Lenter_decline				/* not cached at its home */
 	/* fr = frames + d * 48 (ep_tls.frames: th + stack_off) */
 	leaq	(%rcx,%rcx,2), %rsi
@@ -59,12 +59,12 @@
 	jz	1f
 	cmpq	%r10, EPA_FR_SP-EPA_FR_SIZE(%rsi)	/* r10: here, since the busy word */
 	jbe	.Lenter_decline				/* a frame to heal: at or below us */
-1:	addq	$1, EPA_LOCAL_ENTRIES(%rdx)		/* the owner's counter: no lock */
+1:	addq	$1, L(EPA_LOCAL_ENTRIES)		/* the owner's counter: no lock */
 	movq	%rdi, EPA_FR_FN(%rsi)
 	movq	%r10, EPA_FR_SP(%rsi)
 	movq	%rax, EPA_FR_SITE(%rsi)			/* rax: the return address, since the busy word */
-	movq	EPA_LOCAL_FRAME_IDS(%rdx), %rdi
-	movq	%rdi, EPA_FR_GIDX(%rsi)			/* gidx, lidx = i + 1 */
+	movq	L(EPA_LOCAL_FRAME_IDS), %rdi
+	movq	%rdi, EPA_FR_GIDX(%rsi)			/* gidx, loff = size + o */
 	movq	%r11, %rax
 	shrq	$32, %rax
 	movq	%rax, EPA_FR_GEN(%rsi)			/* gen, flags 0 */
@@ -106,20 +106,18 @@
 	shrq	$32, %rax
 	cmpl	%eax, EPA_FR_GEN(%rsi)
 	jne	.Lexit_decline				/* something was turned on since its enter */
-	movl	EPA_FR_LIDX(%rsi), %edx
-	addl	%edx, %edx				/* 2 lidx */
-	jz	.Lexit_decline				/* lidx 0: counted in the shared table */
-	/* l = th + size + (lidx - 1) * 48 = th + size - 48 + 6 lidx * 8 */
-	leaq	(%rdx,%rdx,2), %rdx			/* 6 lidx */
-	leaq	EPA_TH_SIZE-EPA_LOCAL_SIZE(%r9,%rdx,8), %rdi	/* l */
+	movl	EPA_FR_LOFF(%rsi), %edx			/* l = th + loff */
+	testl	%edx, %edx
+	jz	.Lexit_decline				/* loff 0: counted in the shared table */
 	movl	%ecx, EPA_TH_DEPTH(%r9)			/* pop */
-	addq	$1, EPA_LOCAL_EXITS(%rdi)
+	addq	$1, EPA_LOCAL_EXITS(%r9,%rdx)
 	.if \count
 	movq	$0, %fs:EPA_TLS_BUSY(%r8)		/* counted only */
 	ret
 	.else
 	testb	$EPA_CTL_NOTIME, %r11b
 	jnz	7f					/* counted only */
+	leaq	(%r9,%rdx), %rdi			/* l */
 	movq	EPA_FR_TS(%rsi), %r9
 	testq	%r9, %r9
 	jz	7f					/* entered untimed */

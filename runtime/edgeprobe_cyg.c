@@ -119,7 +119,7 @@ EPA_CHECK(offsetof(struct ep_tls, slot) == EPA_TLS_SLOT && offsetof(struct ep_tl
 EPA_CHECK(offsetof(struct ep_proc, hdr) == EPA_PROC_HDR && offsetof(struct ep_proc, funcs) == EPA_PROC_FUNCS &&
               offsetof(struct ep_proc, tsc_mult) == EPA_PROC_TSC_MULT &&
               offsetof(struct ep_proc, lmask) == EPA_PROC_LMASK &&
-              offsetof(struct ep_proc, lmask_x2) == EPA_PROC_LMASK_X2 &&
+              offsetof(struct ep_proc, lmask_off) == EPA_PROC_LMASK_OFF &&
               offsetof(struct ep_proc, fast_depth) == EPA_PROC_FAST_DEPTH &&
               offsetof(struct ep_proc, stack_off) == EPA_PROC_STACK_OFF,
           "ep_proc");
@@ -139,12 +139,13 @@ EPA_CHECK(sizeof(struct ep_local) == EPA_LOCAL_SIZE && offsetof(struct ep_local,
               offsetof(struct ep_local, exits) == EPA_LOCAL_EXITS &&
               offsetof(struct ep_local, sum_ns) == EPA_LOCAL_SUM_NS &&
               offsetof(struct ep_local, frame_ids) == EPA_LOCAL_FRAME_IDS &&
-              offsetof(struct ep_frame, lidx) == offsetof(struct ep_frame, gidx) + 4,
+              offsetof(struct ep_frame, loff) == offsetof(struct ep_frame, gidx) + 4 &&
+              EPA_LOCAL_SIZE == 64 /* the hooks make its offset with one mask (D98) */,
           "ep_local");
 EPA_CHECK(sizeof(struct ep_frame) == EPA_FR_SIZE && offsetof(struct ep_frame, fn) == EPA_FR_FN &&
               offsetof(struct ep_frame, ts) == EPA_FR_TS && offsetof(struct ep_frame, sp) == EPA_FR_SP &&
               offsetof(struct ep_frame, site) == EPA_FR_SITE && offsetof(struct ep_frame, gidx) == EPA_FR_GIDX &&
-              offsetof(struct ep_frame, lidx) == EPA_FR_LIDX && offsetof(struct ep_frame, gen) == EPA_FR_GEN,
+              offsetof(struct ep_frame, loff) == EPA_FR_LOFF && offsetof(struct ep_frame, gen) == EPA_FR_GEN,
           "ep_frame");
 EPA_CHECK(sizeof(struct ep_func) == EPA_FUNC_SIZE && offsetof(struct ep_func, min_inv) == EPA_FUNC_MIN_INV &&
               offsetof(struct ep_func, max_ns) == EPA_FUNC_MAX_NS && offsetof(struct ep_func, hist) == EPA_FUNC_HIST,
@@ -154,7 +155,6 @@ EPA_CHECK(EPA_SLOT_MIN == EP_SLOT_MIN && EPA_CTL_SLOWPATH == EP_CTL_SLOWPATH && 
               EPA_HIST_LAST == EP_HIST_BUCKETS - 1,
           "constants");
 EPA_CHECK((EP_CTL_SLOWPATH & ~0xffu) == 0 && (EP_CTL_NOTIME & ~0xffu) == 0, "control bits tested as a byte");
-EPA_CHECK(EPA_HASH_MULT == EP_HASH_MUL, "ep_hash's multiplier");
 
 /* clang -finstrument-function-entry-bare: no address and no exit. Counted as
  * an entry keyed by the return address (inside the instrumented function)

@@ -502,11 +502,14 @@ __attribute__((visibility("hidden"), no_instrument_function, cold)) void ep_fent
  * it happen all the same there is no address to return to; say so and stop
  * with a trap rather than jump anywhere. */
 EP_COLD void ep_fentry_lost(uint64_t slot) {
-	char buf[160], *p = buf, *end = buf + sizeof buf - 2;
+	char buf[320], *p = buf, *end = buf + sizeof buf - 2;
 	p = ep_append(p, end, "edgeprobe: fentry return through an unknown frame (slot 0x");
 	for (int i = 60; i >= 0; i -= 4)
 		*p++ = "0123456789abcdef"[(slot >> i) & 15];
-	p = ep_append(p, end, "): the return address is lost\n");
+	/* The one known way here (docs/runtime.md): a coroutine that entered a
+	 * probed function on another thread; the message names the way out. */
+	p = ep_append(p, end, "): the return address is lost (a coroutine resumed on another thread? "
+	                      "EDGEPROBE_FENTRY_EXITS=0 probes entries only and hijacks no return)\n");
 	ssize_t r = write(2, buf, (size_t)(p - buf));
 	(void)r;
 	__builtin_trap();

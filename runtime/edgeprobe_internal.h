@@ -167,9 +167,9 @@ struct ep_proc {
 	uint32_t stack_depth;
 	uint32_t stack_off;
 	uint32_t nlocal;          /* local_funcs */
-	/* lmask << 1: the assembly hooks' cache index times two, which an
-	 * address's scale turns into the entry's offset without a shift */
-	uint32_t lmask_x2;
+	/* lmask << 6: masks key << 2 to the home entry's offset from the
+	 * first entry, (key >> 4 & lmask) * 64, in one and (D98) */
+	uint32_t lmask_off;
 	char *base;               /* region */
 	uint32_t fmask;           /* max_funcs - 1 */
 	int tsc;                  /* 1: rdtsc, 0: clock_gettime */
@@ -369,6 +369,17 @@ EP_INLINE struct ep_thread *ep_slot(uint32_t i) {
 EP_INLINE struct ep_local *ep_locals(struct ep_thread *th) {
 	return (struct ep_local *)((char *)th + sizeof(struct ep_thread));
 }
+/* A frame's loff: where in the slot its cache entry l is (never 0). */
+EP_INLINE uint32_t ep_loff(struct ep_local *l, struct ep_thread *th) {
+	return (uint32_t)((char *)l - (char *)th);
+}
+EP_INLINE struct ep_local *ep_local_at(struct ep_thread *th, uint32_t loff) {
+	return (struct ep_local *)((char *)th + loff);
+}
+/* A key's home in the thread's cache (D98): functions start at least 16
+ * bytes apart, so neighbours get entries of their own; key << 2 masked
+ * with lmask_off is the same entry's offset, which the hooks' assembly uses. */
+EP_INLINE uint32_t ep_local_home(uint64_t key) { return (uint32_t)(key >> 4); }
 EP_INLINE struct ep_frame *ep_frames(struct ep_thread *th) {
 	return (struct ep_frame *)((char *)th + ep.stack_off);
 }
@@ -389,7 +400,7 @@ EP_INLINE struct ep_local *ep_lookup(struct ep_thread *th, uint64_t key, uint32_
 	uint64_t h = ep_hash(key);
 	if (likely(ep.nlocal)) {
 		struct ep_local *loc = ep_locals(th);
-		uint32_t i = (uint32_t)(h >> 40);
+		uint32_t i = ep_local_home(key);
 		for (uint32_t p = 0; p < EP_LOCAL_PROBES; p++) {
 			uint32_t li = (i + p) & ep.lmask;
 			struct ep_local *l = &loc[li];
@@ -404,7 +415,7 @@ EP_INLINE struct ep_local *ep_lookup(struct ep_thread *th, uint64_t key, uint32_
 				if (g == EP_NONE)
 					return NULL;
 				STORE(&l->gidx, g);
-				STORE(&l->frame_ids, (uint64_t)g | (uint64_t)(li + 1) << 32);
+				STORE(&l->frame_ids, (uint64_t)g | (uint64_t)ep_loff(l, th) << 32);
 				__atomic_store_n(&l->addr, key, __ATOMIC_RELEASE);
 				return l;
 			}
@@ -632,8 +643,7 @@ EP_INLINE void ep_sample_end(struct ep_thread *th, uint64_t t0) {
  * word. */
 EP_INLINE int ep_enter_fast(struct ep_thread *th, uint64_t key, uint32_t ctl, uint32_t gen, uint64_t sp,
                             uint64_t site) {
-	uint32_t i = (uint32_t)(ep_hash(key) >> 40) & ep.lmask;
-	struct ep_local *l = ep_locals(th) + i;
+	struct ep_local *l = ep_locals(th) + (ep_local_home(key) & ep.lmask);
 	uint32_t d = th->depth;
 	struct ep_frame *fr = ep_frames(th) + d;
 	if (unlikely(d >= ep.fast_depth || l->addr != key || (d && fr[-1].sp <= sp)))
@@ -643,7 +653,7 @@ EP_INLINE int ep_enter_fast(struct ep_thread *th, uint64_t key, uint32_t ctl, ui
 	fr->sp = sp;
 	fr->site = site;
 	fr->gidx = l->gidx;
-	fr->lidx = i + 1;
+	fr->loff = ep_loff(l, th);
 	uint64_t gen_flags = gen; /* gen, and flags 0: one store */
 	__builtin_memcpy(&fr->gen, &gen_flags, sizeof gen_flags);
 	fr->ts = (ctl & EP_CTL_NOTIME) ? 0 : __rdtsc();
@@ -674,8 +684,8 @@ EP_INLINE void ep_exit_frame(struct ep_thread *th, struct ep_frame *fr, uint64_t
 	int timed = now && fr->ts;
 	if (timed)
 		ns = now > fr->ts ? ep_to_ns(now - fr->ts) : 0;
-	if (likely(fr->lidx)) {
-		struct ep_local *l = ep_locals(th) + fr->lidx - 1;
+	if (likely(fr->loff)) {
+		struct ep_local *l = ep_local_at(th, fr->loff);
 		OWN_ADD(&l->exits, 1);
 		if (timed) {
 			OWN_ADD(&l->sum_ns, ns);
@@ -698,10 +708,10 @@ EP_INLINE void ep_exit_frame(struct ep_thread *th, struct ep_frame *fr, uint64_t
 EP_INLINE int ep_exit_fast(struct ep_thread *th, uint64_t key, uint32_t ctl, uint32_t gen) {
 	uint32_t d = th->depth;
 	struct ep_frame *fr = ep_frames(th) + d - 1;
-	uint32_t li = fr->lidx;
-	if (unlikely(d - 1 >= ep.fast_depth || fr->fn != key || fr->gen != gen || !li))
+	uint32_t loff = fr->loff;
+	if (unlikely(d - 1 >= ep.fast_depth || fr->fn != key || fr->gen != gen || !loff))
 		return 0;
-	struct ep_local *l = ep_locals(th) + li - 1;
+	struct ep_local *l = ep_local_at(th, loff);
 	STORE(&th->depth, d - 1);
 	OWN_ADD(&l->exits, 1);
 	if (!(ctl & EP_CTL_NOTIME) && fr->ts) {

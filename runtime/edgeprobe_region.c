@@ -427,7 +427,7 @@ EP_STATIC int ep_make_region(void) {
 	ep_fsegs_max = ep_log2(nf / nf0) + 1;
 	ep.nlocal = nl;
 	ep.lmask = nl ? nl - 1 : 0;
-	ep.lmask_x2 = ep.lmask << 1;
+	ep.lmask_off = ep.lmask << 6;
 	ep.stack_depth = sd;
 	ep.stack_off = (uint32_t)stack_off;
 	ep.thread_size = (uint32_t)tsize;

@@ -49,7 +49,7 @@
 #include <stdint.h>
 
 #define EP_MAGIC 0x3142525045474445ull /* "EDGEPRB1" as little-endian bytes */
-#define EP_VERSION 8u /* 2: fentry_mode and the fentry_* counters (padding, zero, in version 1);
+#define EP_VERSION 9u /* 2: fentry_mode and the fentry_* counters (padding, zero, in version 1);
                         * 3: ep_func.gen in place of the 64th histogram bucket, ep_frame.gen;
                         * 4: ep_frame.sp (exits match entries by stack position), ep_func.deep_*
                         *    in place of histogram buckets 61 and 62, ep_thread loss counters;
@@ -72,7 +72,10 @@
                         *    before, D79): each event says which control|gen word decided it;
                         * 8: header.inflight, inflight_max (D89): where the process keeps the
                         *    table of sites an int3 protocol has put an int3 on (struct
-                        *    ep_inflight, in the runtime's own memory, not in the region) */
+                        *    ep_inflight, in the runtime's own memory, not in the region);
+                        * 9: ep_local is 64 bytes (padding after frame_ids), at home
+                        *    (key >> 4) & (local_funcs - 1); ep_frame.loff, the byte offset of
+                        *    the entry in the slot, in place of lidx (D98) */
 #define EP_HEADER_SIZE 4096u
 /* The function table's hash (see the layout above). */
 #define EP_HASH_MUL 0x9E3779B97F4A7C15ull
@@ -367,7 +370,8 @@ struct ep_thread {
 	uint32_t _pad5;           /* 188 */
 };
 
-/* Per-thread counter cache entry: 48 bytes, written only by the slot owner. */
+/* Per-thread counter cache entry: 64 bytes (one cache line), written only by
+ * the slot owner. Its home is (key >> 4) & (local_funcs - 1) (D98). */
 struct ep_local {
 	uint64_t addr;    /* 0: key, 0 = empty */
 	uint32_t gidx;    /* 8: index of the function in the table */
@@ -375,8 +379,9 @@ struct ep_local {
 	uint64_t entries; /* 16 */
 	uint64_t exits;   /* 24 */
 	uint64_t sum_ns;  /* 32 */
-	uint64_t frame_ids; /* 40: gidx | (this entry's index + 1) << 32: a frame's gidx and lidx, one word
+	uint64_t frame_ids; /* 40: gidx | loff << 32: a frame's gidx and loff, one word
 	                     * (set with gidx, before addr; the cyg hooks' assembly copies it) */
+	uint64_t _pad[2];   /* 48 */
 };
 
 /* Shadow-stack frame: 48 bytes. */
@@ -388,7 +393,8 @@ struct ep_frame {
 	uint64_t site; /* 24: the enter hook's return address; a frame at a later enter's
 	                * position with the same site is dead (inlined callees share positions) */
 	uint32_t gidx; /* 32 */
-	uint32_t lidx; /* 36: local index + 1, or 0 when counted in ep_func */
+	uint32_t loff; /* 36: byte offset of its ep_local in the thread slot
+	                * (thread_local_off + index * 64), or 0 when counted in ep_func */
 	uint32_t gen;  /* 40: header.gen at enter */
 	uint32_t flags; /* 44: EP_FR_* (trace filters, the owner's own) */
 };
@@ -435,7 +441,7 @@ struct ep_inflight {
 EP_STATIC_ASSERT(sizeof(struct ep_header) == EP_HEADER_SIZE, "header size");
 EP_STATIC_ASSERT(sizeof(struct ep_func) == 576, "ep_func size");
 EP_STATIC_ASSERT(sizeof(struct ep_thread) == 192, "ep_thread size");
-EP_STATIC_ASSERT(sizeof(struct ep_local) == 48, "ep_local size");
+EP_STATIC_ASSERT(sizeof(struct ep_local) == 64, "ep_local size");
 EP_STATIC_ASSERT(sizeof(struct ep_frame) == 48, "ep_frame size");
 EP_STATIC_ASSERT(sizeof(struct ep_event) == 16, "ep_event size");
 EP_STATIC_ASSERT(sizeof(struct ep_inflight_site) == 48, "ep_inflight_site size");

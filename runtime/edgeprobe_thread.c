@@ -442,7 +442,7 @@ EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, ui
 			fr->sp = sp;
 			fr->site = site;
 			fr->gidx = EP_NONE;
-			fr->lidx = 0;
+			fr->loff = 0;
 			fr->gen = ep_gen_now();
 			fr->flags = 0;
 			fr->ts = 0;
@@ -465,7 +465,7 @@ EP_SHARED int ep_enter_slow(struct ep_thread *th, uint64_t key, uint32_t ctl, ui
 		fr->sp = sp;
 		fr->site = site;
 		fr->gidx = g;
-		fr->lidx = l ? (uint32_t)(l - ep_locals(th)) + 1 : 0;
+		fr->loff = l ? ep_loff(l, th) : 0;
 		fr->gen = ep_gen_now();
 		fr->flags = 0;
 		fr->ts = (ctl & EP_CTL_NOTIME) ? 0 : ep_ticks();

@@ -3,12 +3,14 @@ package shm
 import (
 	"bufio"
 	"debug/elf"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
@@ -480,5 +482,42 @@ func flipSite(t testing.TB, pid int, bin, fn string) {
 	}
 	if _, err := mem.WriteAt([]byte{0x3d}, int64(addr)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestFentryCoroutineMigrates pins the fentry provider's known limit
+// (docs/runtime.md, "fentry" limits): a coroutine that enters a probed
+// function on one thread and returns from it on another returns through a
+// hijacked slot whose saved address is on the first thread's return stack.
+// With exits the runtime stops the program with a trap and a message that
+// names the way out (it has no address to return to, and will not guess);
+// with EDGEPROBE_FENTRY_EXITS=0 nothing is hijacked and the program runs to
+// its end with every entry counted. Should the limit be lifted, the first
+// half fails and must be rewritten to the exact counts.
+func TestFentryCoroutineMigrates(t *testing.T) {
+	for _, cc := range []string{"gcc", "clang"} {
+		t.Run(cc, func(t *testing.T) {
+			lib := buildRuntime(t, cc)
+			bin := testutil.Build(t, testutil.Spec{Compiler: cc, Opt: "-O2", Sources: []string{"comigrate.c"}, NoInstr: true,
+				Profile: testutil.ProfileFentry, Name: "comigrate-" + cc}).Path
+			if got := mustRun(t, "", bin, nil); got != "done 7\n" {
+				t.Fatalf("without the runtime: %q, want done 7", got)
+			}
+			res := runWith(t, lib, bin, nil)
+			var exitErr *exec.ExitError
+			if !errors.As(res.err, &exitErr) || exitErr.Sys().(syscall.WaitStatus).Signal() != syscall.SIGILL {
+				t.Errorf("with exit probes: %v, stdout %q, stderr %q; want the known limit: SIGILL", res.err, res.stdout, res.stderr)
+			}
+			if !strings.Contains(res.stderr, "fentry return through an unknown frame") || !strings.Contains(res.stderr, "EDGEPROBE_FENTRY_EXITS=0") {
+				t.Errorf("with exit probes, stderr %q: want the lost-return message naming EDGEPROBE_FENTRY_EXITS=0", res.stderr)
+			}
+			out := filepath.Join(t.TempDir(), "out")
+			if got := mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + out, "EDGEPROBE_FENTRY_EXITS=0"}); got != "done 7\n" {
+				t.Fatalf("entries only: %q, want done 7", got)
+			}
+			r := openOutput(t, out)
+			checkCounts(t, byName(t, r, r.Maps()), map[string]ee{"handle": {1, 0}, "leaf": {20, 0}})
+			noMismatch(t, r.Counters())
+		})
 	}
 }

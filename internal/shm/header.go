@@ -41,6 +41,14 @@ func ParseHeader(data []byte) (Header, error) {
 	return h, h.validate(uint64(len(data)))
 }
 
+// localSize is the size of a thread cache entry in this header's version.
+func (h *Header) localSize() uint64 {
+	if h.Version < 9 {
+		return localSizeV8
+	}
+	return localSize
+}
+
 func (h *Header) validate(size uint64) error {
 	for _, f := range []struct {
 		name     string
@@ -49,7 +57,7 @@ func (h *Header) validate(size uint64) error {
 		{"header_size", uint64(h.HeaderSize), HeaderSize},
 		{"hist_buckets", uint64(h.HistBuckets), HistBuckets},
 		{"func_size", uint64(h.FuncSize), funcSize},
-		{"local_size", uint64(h.LocalSize), localSize},
+		{"local_size", uint64(h.LocalSize), h.localSize()},
 		{"frame_size", uint64(h.FrameSize), frameSize},
 		{"event_size", uint64(h.EventSize), eventSize},
 		{"thread_local_off", uint64(h.ThreadLocalOff), threadSize},
@@ -104,7 +112,7 @@ func (h *Header) validate(size uint64) error {
 		return layoutErr("func_segs", uint64(h.FuncSegs), fmt.Sprintf("outside [1, %d]", h.funcSegsMax()))
 	}
 	// A thread slot: fixed part, local cache, stack, in that order.
-	localEnd := uint64(threadSize) + uint64(h.LocalFuncs)*localSize
+	localEnd := uint64(threadSize) + uint64(h.LocalFuncs)*h.localSize()
 	if uint64(h.ThreadStackOff) < localEnd || h.ThreadStackOff%8 != 0 {
 		return layoutErr("thread_stack_off", uint64(h.ThreadStackOff), "overlaps the local cache or misaligned")
 	}

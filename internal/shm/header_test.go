@@ -3,6 +3,7 @@ package shm
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 	"unsafe"
@@ -135,4 +136,45 @@ func FuzzParseHeader(f *testing.F) {
 			r.Events(i)
 		}
 	})
+}
+
+// TestLocalStrideByVersion: a thread cache entry is 48 bytes up to version 8
+// and 64 from version 9 (D98). A header must give its version's size, and
+// Functions must step through the caches by it: an entry read at the other
+// stride would drop the counts it holds (or read a neighbour's).
+func TestLocalStrideByVersion(t *testing.T) {
+	const key = 0x401136
+	for _, tc := range []struct {
+		version, size uint32
+		want          error
+	}{
+		{8, localSizeV8, nil}, {9, localSize, nil}, {8, localSize, ErrLayout}, {9, localSizeV8, ErrLayout},
+	} {
+		t.Run(fmt.Sprintf("v%d-%d", tc.version, tc.size), func(t *testing.T) {
+			b := validRegion()
+			hp := (*Header)(unsafe.Pointer(&b[0]))
+			hp.Version, hp.LocalSize = tc.version, tc.size
+			h, err := ParseHeader(b)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("ParseHeader: %v, want %v", err, tc.want)
+			}
+			if err != nil {
+				return
+			}
+			r := &Region{mem: b, hdr: h}
+			*r.keyAt(0) = key
+			r.funcAt(0).Entries = 1
+			r.slotAt(1).Generation = 1
+			l := r.localAt(1, 1) // the second entry: its offset depends on the stride
+			l.Addr, l.Gidx, l.Entries = key, 0, 5
+			off := h.ThreadOff + uint64(h.ThreadSize) + threadSize + uint64(tc.size)
+			if got := binary.LittleEndian.Uint64(b[off:]); got != key {
+				t.Fatalf("the entry was written at %#x, want the version's stride (%d bytes): key there %#x", uintptr(unsafe.Pointer(l))-uintptr(unsafe.Pointer(&b[0])), tc.size, got)
+			}
+			fs := r.Functions()
+			if len(fs) != 1 || fs[0].Entries != 6 {
+				t.Fatalf("Functions: %+v, want one function with 1 + 5 entries", fs)
+			}
+		})
+	}
 }

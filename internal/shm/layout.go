@@ -7,7 +7,7 @@ package shm
 const Magic uint64 = 0x3142525045474445
 
 // Version is the layout version this package reads.
-const Version uint32 = 8
+const Version uint32 = 9
 
 // MinVersion is the oldest layout version this package still reads. Version
 // 5 made the function table a chain of segments with its keys in an array of
@@ -19,6 +19,8 @@ const Version uint32 = 8
 // (DataGen records, D79); older regions' events carry none (Stamped).
 // Version 8 only names header padding: Inflight, the address of the
 // process's in-flight table (D89), 0 in older regions (no table).
+// Version 9 makes a thread cache entry 64 bytes (D98; 48 before): the
+// stride is the header's local_size, checked against the version.
 const MinVersion uint32 = 5
 
 // The function table's hash (runtime/edgeprobe_shm.h: EP_HASH_MUL,
@@ -34,7 +36,8 @@ const (
 	HistBuckets = 60   // bucket b counts latencies in [2^b, 2^(b+1)) ns; bucket 0 is [0, 2); the last also takes longer ones
 	funcSize    = 576
 	threadSize  = 192
-	localSize   = 48
+	localSize   = 64
+	localSizeV8 = 48 // versions 5 to 8
 	frameSize   = 48
 	eventSize   = 16
 )
@@ -297,7 +300,8 @@ type localEntry struct {
 	Entries  uint64
 	Exits    uint64
 	SumNs    uint64
-	FrameIds uint64 // version 6: Gidx | (the entry's index + 1) << 32, what a frame stores (the owner's)
+	FrameIds uint64    // version 6: Gidx | Loff << 32, what a frame stores (the owner's; version 6-8: index + 1 for Loff)
+	_        [2]uint64 // version 9 (D98); a version 5-8 entry ends before it
 }
 
 // frame is struct ep_frame.
@@ -307,7 +311,7 @@ type frame struct {
 	Sp    uint64
 	Site  uint64
 	Gidx  uint32
-	Lidx  uint32
+	Loff  uint32 // version 9: the cache entry's byte offset in the slot (version 6-8: its index + 1), 0: none
 	Gen   uint32
 	Flags uint32
 }

@@ -577,7 +577,7 @@ func (r *Region) frameAt(slot, i uint64) *frame {
 }
 
 func (r *Region) localAt(slot, i uint64) *localEntry {
-	off := r.hdr.ThreadOff + slot*uint64(r.hdr.ThreadSize) + uint64(r.hdr.ThreadLocalOff) + i*localSize
+	off := r.hdr.ThreadOff + slot*uint64(r.hdr.ThreadSize) + uint64(r.hdr.ThreadLocalOff) + i*uint64(r.hdr.LocalSize)
 	return (*localEntry)(unsafe.Pointer(&r.mem[off]))
 }
 
