@@ -22,8 +22,8 @@ var ErrNoRuntime = errors.New("no edgeprobe runtime in the process")
 // threads run on. A capture follows the process by its main thread's /proc
 // entry (alive while that is not a zombie, the same start time, no exec
 // through its maps), which such a process fails at once; hotpatch's toggles
-// work on it through a live thread (D95), captures do not yet.
-var ErrLeaderExited = errors.New("its main thread has exited while its other threads run on: stats, top, trace and profile do not work on such a process yet (they follow a process through its main thread); enable, disable, list, repair and session do")
+// and stats work on it through a live thread (D95), captures do not yet.
+var ErrLeaderExited = errors.New("its main thread has exited while its other threads run on: top, trace and profile do not work on such a process yet (they follow a process through its main thread); enable, disable, list, repair, session and stats do")
 
 // Options select what to capture.
 type Options struct {

@@ -38,6 +38,12 @@ func ensureRuntime(ctx context.Context, pid int, f *injectFlags, waitLock bool, 
 	if procfs.LeaderExited(pid) {
 		return nil, fmt.Errorf("pid %d: %w", pid, capture.ErrLeaderExited)
 	}
+	return ensureRuntimeOf(ctx, pid, f, waitLock, stderr, probes, sels)
+}
+
+// ensureRuntimeOf is ensureRuntime for a command that also works on a
+// process whose main thread has exited (stats: it only reads the region).
+func ensureRuntimeOf(ctx context.Context, pid int, f *injectFlags, waitLock bool, stderr io.Writer, probes []string, sels []probelist.Selector) (*hotpatch.RuntimeStatus, error) {
 	actions := make([]hotpatch.Action, len(sels))
 	for i, s := range sels {
 		actions[i] = hotpatch.Action{Enable: true, Selector: s}

@@ -289,3 +289,23 @@ func describeTracer(tid int) string {
 	}
 	return fmt.Sprintf("pid %d", pid)
 }
+
+// Held reports, without taking anything, whether a hotpatch (or another
+// tracer) holds pid: its leader is traced, or, when its main thread has
+// exited, the flock of its /proc/PID/fd is held (D95; read from
+// /proc/locks: taking and dropping it would make a hotpatch starting at
+// that moment find it busy).
+func Held(pid int) bool {
+	if tracerOf(pid) > 0 {
+		return true
+	}
+	if !procfs.LeaderExited(pid) {
+		return false
+	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/fd", pid), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return true // unknown counts as held: nothing is called left on
+	}
+	defer unix.Close(fd)
+	return flockHolder(fd) > 0
+}
