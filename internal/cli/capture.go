@@ -148,7 +148,7 @@ included), then from --probes lists, else sub_<address>.`,
 					return fmt.Errorf("%s: resolving names: %w", input, err)
 				}
 			} else {
-				if _, err := ensureRuntimeOf(cmd.Context(), tf.pid, inj, false, stderr, nil, nil); err != nil {
+				if _, err := ensureRuntime(cmd.Context(), tf.pid, inj, false, stderr, nil, nil); err != nil {
 					return classify(err)
 				}
 				// Through a live thread when the main thread has exited

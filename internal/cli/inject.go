@@ -9,10 +9,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/edgeprobe/edgeprobe/internal/calltrace"
-	"github.com/edgeprobe/edgeprobe/internal/capture"
 	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
-	"github.com/edgeprobe/edgeprobe/internal/procfs"
 )
 
 // injectFlags are --no-inject and --runtime, shared by every command that
@@ -34,16 +32,6 @@ func (f *injectFlags) register(cmd *cobra.Command) {
 // sels, when any, are what the command will enable on the lists in probes
 // (none: a scan): a load is not made for a command those refuse (D83).
 func ensureRuntime(ctx context.Context, pid int, f *injectFlags, waitLock bool, stderr io.Writer, probes []string, sels []probelist.Selector) (*hotpatch.RuntimeStatus, error) {
-	// Refused before anything is loaded for them (D83, D95).
-	if procfs.LeaderExited(pid) {
-		return nil, fmt.Errorf("pid %d: %w", pid, capture.ErrLeaderExited)
-	}
-	return ensureRuntimeOf(ctx, pid, f, waitLock, stderr, probes, sels)
-}
-
-// ensureRuntimeOf is ensureRuntime for a command that also works on a
-// process whose main thread has exited (stats: it only reads the region).
-func ensureRuntimeOf(ctx context.Context, pid int, f *injectFlags, waitLock bool, stderr io.Writer, probes []string, sels []probelist.Selector) (*hotpatch.RuntimeStatus, error) {
 	actions := make([]hotpatch.Action, len(sels))
 	for i, s := range sels {
 		actions[i] = hotpatch.Action{Enable: true, Selector: s}

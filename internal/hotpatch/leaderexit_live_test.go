@@ -282,13 +282,13 @@ func TestLeaderExitedKilledMidPatch(t *testing.T) {
 	}
 }
 
-// TestLeaderExitedCaptures: on a process whose main thread has exited,
-// stats reads the runtime's counters through a live thread (D95): after
-// work's probes were enabled and one step ran, it counts exactly that
-// step's 1000 calls. top, trace and profile do not follow such a process
-// yet (capture.ErrLeaderExited): each says so in one line and exits 1
-// before it loads or changes anything, not "no runtime" (as stats and top
-// did) or "gone"; the process runs on, its probes as they were.
+// TestLeaderExitedCaptures: stats, top, trace and profile work on a
+// process whose main thread has exited (D95): they read the runtime's
+// region and the process's maps through a live thread, and take it for
+// alive while its other threads run. After work's probes were enabled and
+// one step ran, stats counts exactly that step's 1000 calls; a trace of
+// the next step, limited to 1000 calls, ends with exactly those; top and
+// profile end normally; every probe is off after them.
 func TestLeaderExitedCaptures(t *testing.T) {
 	testutil.RequirePtrace(t)
 	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}})
@@ -296,13 +296,27 @@ func TestLeaderExitedCaptures(t *testing.T) {
 	p := testutil.Start(t, []string{"LD_PRELOAD=" + testutil.Runtime(t, "gcc")}, fix.Path, "steps")
 	awaitLeaderExited(t, p.Pid)
 	pid := fmt.Sprint(p.Pid)
+	step := func(n int) {
+		t.Helper()
+		if err := os.WriteFile(fmt.Sprintf("%s.%d", p.StopFile, n), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if l := p.Line(); l != fmt.Sprintf("step %d", n) {
+			t.Fatalf("step %d: %q", n, l)
+		}
+	}
+	workState := func() string {
+		t.Helper()
+		for _, st := range listStates(t, pid, list) {
+			if st.Function == "work" {
+				return st.State
+			}
+		}
+		t.Fatal("the list has no work")
+		return ""
+	}
 	hotpatchOK(t, "--pid", pid, "--probes", list, "--enable", "work")
-	if err := os.WriteFile(p.StopFile+".1", nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if l := p.Line(); l != "step 1" {
-		t.Fatalf("step 1: %q", l)
-	}
+	step(1)
 	hotpatchOK(t, "--pid", pid, "--probes", list, "--disable", "work")
 	r := hotpatchOK(t, "stats", "--pid", pid, "--probes", list, "--json")
 	var st struct {
@@ -326,23 +340,41 @@ func TestLeaderExitedCaptures(t *testing.T) {
 	if !found {
 		t.Errorf("stats names no work: %q", r.Stdout)
 	}
-	out := filepath.Join(t.TempDir(), "out")
-	for _, args := range [][]string{
-		{"top", "--pid", pid, "--count", "1"},
-		{"trace", "--pid", pid, "--probes", list, "--duration", "1s", "-o", out + ".pftrace"},
-		{"profile", "--pid", pid, "--probes", list, "--duration", "1s", "-o", out + ".json"},
-	} {
-		r := command(t, "hotpatch", args...)
-		if r.Code != 1 || strings.Count(r.Stderr, "\n") != 1 || !strings.Contains(r.Stderr, "main thread has exited") {
-			t.Errorf("hotpatch %s: exit %d, stderr %q; want 1 and one line saying its main thread has exited", strings.Join(args, " "), r.Code, r.Stderr)
+
+	out := filepath.Join(t.TempDir(), "trace.txt")
+	tr := exec.Command(testutil.Command(t, "hotpatch"), "trace", "--pid", pid, "--probes", list, "--enable", "work",
+		"--duration", "60s", "--max-calls", "1000", "--ring-events", "4096", "--format", "text", "-o", out)
+	var trErr strings.Builder
+	tr.Stdout, tr.Stderr = &trErr, &trErr // the summary goes to stdout with -o
+	if err := tr.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- tr.Wait() }()
+	for deadline := time.Now().Add(time.Minute); workState() != "on"; {
+		select {
+		case err := <-done:
+			t.Fatalf("trace ended before it enabled work: %v: %s", err, trErr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("trace did not enable work within a minute")
 		}
 	}
-	if _, err := os.Stat(out + ".pftrace"); err == nil {
-		t.Error("trace left a file behind")
+	step(2)
+	if err := <-done; err != nil {
+		t.Fatalf("trace: %v: %s", err, trErr.String())
 	}
+	if !strings.Contains(trErr.String(), "stopped early at --max-calls 1000") || !strings.Contains(trErr.String(), ": 1000 calls") {
+		t.Errorf("trace of a 1000-call step: %q", trErr.String())
+	}
+	if r := hotpatchOK(t, "top", "--pid", pid, "--count", "1", "--interval", "100ms", "--json"); !strings.Contains(r.Stdout, fmt.Sprintf(`"pid":%d`, p.Pid)) {
+		t.Errorf("top: %q", r.Stdout)
+	}
+	hotpatchOK(t, "profile", "--pid", pid, "--probes", list, "--enable", "work", "--duration", "300ms", "-o", filepath.Join(t.TempDir(), "profile.json"))
 	for _, st := range listStates(t, pid, list) {
 		if st.State != "off" {
-			t.Errorf("probe %d (%s %s) is %s: a refused capture changed it", st.ID, st.Kind, st.Function, st.State)
+			t.Errorf("probe %d (%s %s) is %s after the captures", st.ID, st.Kind, st.Function, st.State)
 		}
 	}
 	if o, _ := p.Finish(); !strings.HasPrefix(o, "done 1") {
