@@ -585,3 +585,58 @@ func TestLeaderExitedAnchorExits(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaderExitedExec: after its main thread has exited, a worker thread
+// calls exec while a session holds the process (the kernel kills the other
+// threads, the thread the session works through among them, and the
+// execing thread takes over the pid), by flip and by int3. The session
+// writes nothing into the new program: its next command fails saying the program ran exec (exit
+// 4, as for an exec by the main thread), and the new image's probes are
+// as it started them. A hotpatch after that works on the new program.
+func TestLeaderExitedExec(t *testing.T) {
+	testutil.RequirePtrace(t)
+	hooks := hooksLib(t)
+	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}, Compiler: "clang", Opt: "-O2"})
+	list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
+	for _, proto := range []string{ProtoAuto, ProtoInt3} {
+		t.Run(proto, func(t *testing.T) {
+			stop2 := filepath.Join(t.TempDir(), "stop2")
+			p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks}, fix.Path, "exec", fix.Path, stop2)
+			awaitLeaderExited(t, p.Pid)
+			s := &subject{Process: p, probeArgs: []string{"--probes", list}}
+			ss := startSession(t, s, "--protocol", proto)
+			ss.send(t, "enable work")
+			if l := ss.read(t); !l.OK || l.Changed != 2 {
+				t.Fatalf("enable work: %+v", l)
+			}
+			if err := os.WriteFile(p.StopFile+".1", nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if l := p.Line(); l != fmt.Sprintf("ready %d", p.Pid) {
+				t.Fatalf("the new image's ready line: %q", l)
+			}
+			ss.send(t, "disable work")
+			l := ss.read(t)
+			if l.OK || l.Exit != 4 || !strings.Contains(l.Error, "ran exec") {
+				t.Fatalf("the command after the exec: %+v; want exit 4 saying the program ran exec", l)
+			}
+			err := ss.cmd.Wait()
+			if ee, ok := err.(interface{ ExitCode() int }); !ok || ee.ExitCode() != 4 {
+				t.Fatalf("session: %v (stderr %q), want exit status 4", err, ss.stderr.String())
+			}
+			awaitLeaderExited(t, p.Pid) // the new image's main thread exits too
+			for _, st := range listStates(t, fmt.Sprint(p.Pid), list) {
+				if st.State != "off" {
+					t.Errorf("the new image's probe %d (%s %s) is %s", st.ID, st.Kind, st.Function, st.State)
+				}
+			}
+			hotpatchOK(t, "--pid", fmt.Sprint(p.Pid), "--probes", list, "--enable", "work")
+			if err := os.WriteFile(stop2, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if out, _ := p.Finish(); !strings.HasPrefix(out, "done 1") {
+				t.Fatalf("the new image: %q", out)
+			}
+		})
+	}
+}
