@@ -27,7 +27,9 @@
  * already are, inert where that is ambiguous; a core-serialising
  * membarrier; byte 0), only while holding the table's lock and only when no
  * tracer holds its thread or the leader (/proc/thread-self/status,
- * /proc/self/status): a hotpatch seizes the leader first and then waits for
+ * /proc/self/status) and the flock a hotpatch takes of a process whose main
+ * thread has exited is free (/proc/self/fd, D95): a hotpatch seizes the
+ * leader (or takes that flock) first and then waits for
  * the lock to be free before it reads a site, so the handler never writes
  * under a tracer's protocol. When it cannot (no
  * membarrier SYNC_CORE, no /proc, a tracer present, another thread
@@ -105,7 +107,7 @@ EP_STATIC const uint8_t *ep_trap_form(const struct ep_inflight_site *e, const ui
 	return act && !ine ? e->active : e->inert;
 }
 
-/* Reads a listed site through the /proc/self/mem descriptor fd: 1 when all
+/* Reads a listed site through the /proc/thread-self/mem descriptor fd: 1 when all
  * of it was read. Entries stay listed after their object may have been
  * unmapped (dlclose): a plain load there would fault inside the handler. */
 EP_STATIC int ep_trap_peek(long fd, const struct ep_inflight_site *e, uint8_t *cur) {
@@ -149,12 +151,41 @@ EP_STATIC int ep_trap_traced_at(const char *path) {
 	return 1;
 }
 
-/* Whether a tracer holds this thread or the process's leader. Every
- * hotpatch session seizes the leader first (its lock) and then waits for
- * the repair lock to be free (D90), so a handler that finds neither traced
- * after taking the lock writes before any hotpatch reads a site. */
+#ifndef LOCK_EX
+#define LOCK_SH 1
+#define LOCK_EX 2
+#define LOCK_NB 4
+#define LOCK_UN 8
+#endif
+
+/* Whether a hotpatch holds the lock of a process whose main thread has
+ * exited (D95): an exclusive flock of /proc/PID/fd, which it takes before
+ * it reads a site. Taken and dropped at once here: 1 (or unknown) when it
+ * is held, 0 when it was free. /proc/self is the process's directory
+ * (its thread-group id), the file hotpatch locks. */
+EP_STATIC int ep_trap_flocked(void) {
+	long fd = ep_trap_open("/proc/self/fd", O_RDONLY | O_DIRECTORY);
+	if (fd < 0)
+		return 1;
+	long r = ep_sys2(SYS_flock, fd, LOCK_EX | LOCK_NB);
+	if (r == 0)
+		ep_sys2(SYS_flock, fd, LOCK_UN);
+	ep_sys1(SYS_close, fd);
+	return r != 0;
+}
+
+/* Whether a hotpatch holds this process: a tracer holds this thread or the
+ * process's leader, or the lock of a process whose main thread has exited
+ * is held. Every hotpatch session seizes the leader first (its lock) and
+ * then waits for the repair lock to be free (D90), so a handler that finds
+ * neither traced after taking the lock writes before any hotpatch reads a
+ * site. When the main thread has exited, a session that seized it before
+ * still shows in its TracerPid (a zombie stays traced until its tracer
+ * exits), and one that started after holds the flock first, then waits
+ * for the repair lock (D95): the same order, so the same argument. */
 EP_STATIC int ep_trap_traced(void) {
-	return ep_trap_traced_at("/proc/thread-self/status") || ep_trap_traced_at("/proc/self/status");
+	return ep_trap_traced_at("/proc/thread-self/status") || ep_trap_traced_at("/proc/self/status") ||
+	       ep_trap_flocked();
 }
 
 EP_STATIC int ep_trap_barrier(void) {
@@ -192,8 +223,10 @@ EP_STATIC int ep_trap_repair(void) {
 	 * after the seize, and waits. */
 	int done = 0;
 	long fd = -1;
+	/* The thread's own mem file: /proc/self/mem is the main thread's,
+	 * which reaches no memory once it has exited (D95). */
 	if (!ep_trap_traced())
-		fd = ep_trap_open("/proc/self/mem", O_RDWR);
+		fd = ep_trap_open("/proc/thread-self/mem", O_RDWR);
 	if (fd >= 0) {
 		uint64_t n = __atomic_load_n(&ep_inflight.count, __ATOMIC_ACQUIRE);
 		if (n > EP_INFLIGHT_MAX)

@@ -80,7 +80,22 @@ func ranExec(maps *os.File, pid int) bool {
 	}
 	var b [1]byte
 	n, _ := maps.ReadAt(b[:], 0)
-	return n == 0 && procfs.HasMemory(pid)
+	return n == 0 && procfs.HasMemory(procfs.Via(pid))
+}
+
+// running reports whether pid is still the process that had start time
+// start and still has its memory. A process whose main thread has exited
+// runs on in its other threads (its main thread a zombie, D95): its memory
+// is looked at through one of them.
+func running(pid int, start uint64) bool {
+	st, err := procfs.ReadStat(pid, 0)
+	if err != nil || st.StartTime != start {
+		return false
+	}
+	if st.State == 'Z' || st.State == 'X' {
+		return procfs.LeaderExited(pid) && procfs.HasMemory(procfs.Via(pid))
+	}
+	return procfs.HasMemory(pid) // exiting: its memory is gone before it is a zombie
 }
 
 // endedAs says how the process ended for the capture ("ended", "ran
@@ -98,14 +113,14 @@ func (s *session) endedAs() string {
 // gone reports whether the captured process has ended (exiting, exited,
 // killed, a zombie not yet reaped, or its pid reused): nothing more can happen in it,
 // and nothing is left in it to restore.
-func (s *session) gone() bool {
-	st, err := procfs.ReadStat(s.pid, 0)
-	return err != nil || st.State == 'Z' || st.State == 'X' || st.StartTime != s.start ||
-		!procfs.HasMemory(s.pid) // exiting: its memory is gone before it is a zombie
-}
+func (s *session) gone() bool { return !running(s.pid, s.start) }
 
 func open(ctx context.Context, o Options) (*session, error) {
-	region, err := shm.OpenPID(o.PID)
+	// Through a live thread when the main thread has exited (D95): its
+	// own /proc entry reaches no descriptor or map. The lock is taken by
+	// the pid (hotpatch.Open).
+	via := procfs.Via(o.PID)
+	region, err := shm.OpenPID(via)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("pid %d: %w (start it with LD_PRELOAD=libedgeprobe.so)", o.PID, ErrNoRuntime)
 	}
@@ -120,7 +135,7 @@ func open(ctx context.Context, o Options) (*session, error) {
 	if st, err := procfs.ReadStat(o.PID, 0); err == nil {
 		s.start = st.StartTime
 	}
-	s.maps, _ = os.Open(fmt.Sprintf("/proc/%d/maps", o.PID)) // nil: exec is not watched
+	s.maps, _ = os.Open(fmt.Sprintf("/proc/%d/maps", via)) // nil: exec is not watched
 	if err := s.resetStale(); err != nil {
 		s.close(ctx)
 		return nil, err
@@ -135,7 +150,7 @@ func open(ctx context.Context, o Options) (*session, error) {
 		}
 		lists = append(lists, l)
 	}
-	if s.sym, err = report.ForPID(o.PID, lists); err != nil {
+	if s.sym, err = report.ForPID(via, lists); err != nil {
 		s.close(ctx)
 		return nil, err
 	}

@@ -37,7 +37,7 @@ func Top(ctx context.Context, o Options, interval time.Duration, count int, show
 		region, sym = s.region, s.sym
 		watch = s.watchSeccomp
 	} else {
-		region, err = shm.OpenPID(o.PID)
+		region, err = shm.OpenPID(procfs.Via(o.PID)) // the main thread may have exited (D95)
 		if errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("pid %d: %w (start it with LD_PRELOAD=libedgeprobe.so)", o.PID, ErrNoRuntime)
 		}
@@ -53,7 +53,7 @@ func Top(ctx context.Context, o Options, interval time.Duration, count int, show
 			}
 			lists = append(lists, l)
 		}
-		if sym, err = report.ForPID(o.PID, lists); err != nil {
+		if sym, err = report.ForPID(procfs.Via(o.PID), lists); err != nil {
 			return err
 		}
 	}
@@ -66,13 +66,12 @@ func Top(ctx context.Context, o Options, interval time.Duration, count int, show
 	}
 	// A process that ran exec is another program: the probes and counters
 	// watched went with its old image.
-	maps, _ := os.Open(fmt.Sprintf("/proc/%d/maps", o.PID))
+	maps, _ := os.Open(fmt.Sprintf("/proc/%d/maps", procfs.Via(o.PID)))
 	if maps != nil {
 		defer maps.Close()
 	}
 	alive := func() bool {
-		st, err := procfs.ReadStat(o.PID, 0)
-		return err == nil && st.State != 'Z' && st.State != 'X' && st.StartTime == st0.StartTime && !ranExec(maps, o.PID)
+		return running(o.PID, st0.StartTime) && !ranExec(maps, o.PID)
 	}
 	sampler := report.NewTopSampler(o.PID, sym)
 	// Counts that wrap are an error naming the function (D92), never a rate.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/edgeprobe/edgeprobe/internal/calltrace"
 	"github.com/edgeprobe/edgeprobe/internal/capture"
+	"github.com/edgeprobe/edgeprobe/internal/hotpatch"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
 	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/report"
@@ -150,10 +151,13 @@ included), then from --probes lists, else sub_<address>.`,
 				if _, err := ensureRuntime(cmd.Context(), tf.pid, inj, false, stderr, nil, nil); err != nil {
 					return classify(err)
 				}
-				if region, err = shm.OpenPID(tf.pid); err != nil {
+				// Through a live thread when the main thread has exited
+				// (D95): its /proc entry reaches no descriptor or map.
+				via := procfs.Via(tf.pid)
+				if region, err = shm.OpenPID(via); err != nil {
 					return fmt.Errorf("pid %d: %w (is it running under LD_PRELOAD=libedgeprobe.so?)", tf.pid, err)
 				}
-				if sym, err = report.ForPID(tf.pid, lists); err != nil {
+				if sym, err = report.ForPID(via, lists); err != nil {
 					region.Close()
 					return err
 				}
@@ -168,7 +172,7 @@ included), then from --probes lists, else sub_<address>.`,
 			}
 			// A tracer is a capture (or another hotpatch) at work, whose
 			// bits these are; with none, they were left by a killed one.
-			if input == "" && procfs.TracerPid(tf.pid, 0) == 0 {
+			if input == "" && !hotpatch.Held(tf.pid) {
 				st.MarkLeftOn(region.Control())
 			} else if input == "" && region.Control()&shm.CtlQuota != 0 {
 				st.QuotaRunning = region.Header().QuotaK

@@ -388,6 +388,11 @@ func (ss *scriptSession) run(ctx context.Context, batch []inputLine) []sessionRe
 		})
 		if err != nil {
 			// Attaching failed: every command left fails the same way.
+			if hotpatch.Gone(err) {
+				// The process exited or ran exec (a thread of a process
+				// whose main thread had exited: D95): end, as one() does.
+				ss.gone, ss.quit = err, true
+			}
 			for range batch {
 				ss.line++
 				ss.errors++

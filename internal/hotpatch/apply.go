@@ -124,22 +124,24 @@ type selected struct {
 // handed to another thread (D71). It returns once the process is released.
 func Apply(ctx context.Context, req Request) (*Result, error) {
 	var res *Result
+	var lock *Lock
 	err := ptrace.Run(func() error {
 		var err error
-		res, err = apply(ctx, req)
+		res, err = apply(ctx, req, &lock)
 		return err
 	})
+	lock.unflock()
 	return res, err
 }
 
-func apply(ctx context.Context, req Request) (*Result, error) {
+func apply(ctx context.Context, req Request, held **Lock) (*Result, error) {
 	var ensure func(*Lock) (*RuntimeStatus, error)
 	if req.Runtime != nil {
 		rt := *req.Runtime
-		rt.check = func(objs []procmaps.Object) error { return checkRequest(req, objs) }
 		// (not ForRequest: the protocol asked for is checked too)
 		ensure = func(l *Lock) (*RuntimeStatus, error) {
-			st, err := ensureRuntime(ctx, req.PID, rt, l)
+			rt.check = func(objs []procmaps.Object) error { return checkRequest(req, l.Pid(), objs) }
+			st, err := ensureRuntime(ctx, l.Pid(), rt, l)
 			if req.OnRuntime != nil {
 				req.OnRuntime(st)
 			}
@@ -151,6 +153,12 @@ func apply(ctx context.Context, req Request) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The inline tracer lets go when this thread exits, after this
+	// returns: the flock of a process whose main thread has exited (D95)
+	// is dropped after that, by Apply, so that a script's next hotpatch
+	// finds the anchor free.
+	s.lock.keep = true
+	*held = s.lock
 	s.SetBrief(req.Brief)
 	res, err := s.Apply(ctx, req.Actions, req.Protocol, req.Int3Wait)
 	if cerr := s.Close(); cerr != nil && err == nil {
@@ -187,24 +195,27 @@ func (s *Session) checkShared(what string) error {
 // malformed --probes file, loaded the runtime into the process, said so,
 // then refused.) Only a load or a routing pays for it: the targets are read
 // again after the load, whose mapping changes the objects.
-func checkRequest(req Request, objs []procmaps.Object) error {
-	targets, err := loadTargets(req.PID, objs, req.ProbeFiles)
+func checkRequest(req Request, via int, objs []procmaps.Object) error {
+	targets, err := loadTargets(via, objs, req.ProbeFiles)
 	if err != nil {
 		return err
 	}
-	return (&Session{pid: req.PID, targets: targets}).Check(req.Actions, req.Protocol)
+	return (&Session{pid: via, targets: targets}).Check(req.Actions, req.Protocol)
 }
 
 // Session holds what repeated toggles of one process share: the lock, the
 // targets, and the tracer. Trace and the bursty profiler toggle many times
 // a second through one Session.
 type Session struct {
-	pid     int
-	lock    *Lock
-	targets []*Target
-	tracer  *ptrace.Tracer
-	full    bool        // the tracer holds every thread, not only the leader
-	region  *shm.Region // the runtime's region, when the process runs it (openRegion)
+	// pid: the thread every /proc path and ptrace request names (the
+	// process, or a live thread of it when its main thread has exited:
+	// Lock.Pid); shown: the process's pid as the user gave it.
+	pid, shown int
+	lock       *Lock
+	targets    []*Target
+	tracer     *ptrace.Tracer
+	full       bool        // the tracer holds every thread, not only the leader
+	region     *shm.Region // the runtime's region, when the process runs it (openRegion)
 	// regionTried: openRegion looked (a process without the runtime is
 	// not searched again on every enable).
 	regionTried bool
@@ -269,6 +280,11 @@ func open(ctx context.Context, pid int, probeFiles []string, waitLock bool, ensu
 		return nil, err
 	}
 	phases.Mark("lock")
+	// From here on every /proc path and ptrace request names the thread
+	// the lock reaches the process through: pid, or a live thread when
+	// the main thread has exited (D95).
+	shown := pid
+	pid = lock.Pid()
 	full := false
 	var objs []procmaps.Object
 	if ensure != nil {
@@ -290,13 +306,13 @@ func open(ctx context.Context, pid int, probeFiles []string, waitLock bool, ensu
 	}
 	if err != nil {
 		lock.Release()
-		if !Gone(err) && processGone(pid) {
+		if !Gone(err) && processGone(shown) {
 			// It exited while we read its maps: say that, not "stale list".
-			err = exitedErr(pid, err)
+			err = exitedErr(shown, err)
 		}
 		return nil, err
 	}
-	s := &Session{pid: pid, lock: lock, targets: targets, tracer: lock.Tracer(), full: full}
+	s := &Session{pid: pid, shown: shown, lock: lock, targets: targets, tracer: lock.Tracer(), full: full}
 	// The maps file is opened with the targets, so that it belongs to the
 	// address space they were read from: after an exec it answers nothing
 	// (checkMapped leaves that to the site reads, which name the exec).
@@ -347,6 +363,9 @@ func (s *Session) Close() error {
 		s.maps.Close()
 	}
 	s.lock.t = nil // the session's tracer was the lock's
+	if !s.lock.keep {
+		s.lock.unflock() // after the tracer let go
+	}
 	return err
 }
 
@@ -432,6 +451,9 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	start := time.Now()
 	last := s.last // the previous Apply's read, used at most once (readBefore)
 	s.last = lastRead{}
+	if err := s.reanchor(); err != nil {
+		return nil, err
+	}
 	p, err := s.check(actions, protocol)
 	if p != nil {
 		defer s.boundImages(p) // whatever this Apply kept (D61), however it ends
@@ -464,16 +486,19 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	}
 	before, err := s.readBefore(p, last, start)
 	if err != nil {
-		if Gone(err) && !processGone(s.pid) && procfs.HasMemory(s.pid) {
+		if pid := s.shownPid(); (Gone(err) || errors.Is(err, ptrace.ErrExec)) && !processGone(pid) && procfs.HasMemory(procfs.Via(pid)) {
 			// The memory we opened is gone but the process is not: it ran
-			// exec, and the sites went with its old program.
-			err = fmt.Errorf("pid %d ran exec: the program whose probes these are is gone (%v): %w", s.pid, err, ptrace.ErrExited)
+			// exec, and the sites went with its old program. (Also when a
+			// thread other than the main one ran it after the main thread
+			// had exited: the thread we worked through is gone, and the
+			// process has a main thread again, D95.)
+			err = fmt.Errorf("pid %d ran exec: the program whose probes these are is gone (%v): %w", pid, err, ptrace.ErrExited)
 		}
 		return nil, s.unloadedErr(err)
 	}
 	p.before = before
 	phases.Mark("before")
-	res := &Result{PID: s.pid}
+	res := &Result{PID: s.shownPid()}
 	// A site a killed hotpatch left mid-patch is ours: make it whole first
 	// (and say so), rather than refusing it as foreign forever. (One pass
 	// finds whether any site is in neither form; only then are they sorted
@@ -566,8 +591,8 @@ func (s *Session) Apply(ctx context.Context, actions []Action, protocol string, 
 	runErr = s.unloadedErr(runErr)
 	if runErr != nil {
 		switch {
-		case Gone(runErr) || processGone(s.pid):
-			runErr = exitedErr(s.pid, runErr)
+		case Gone(runErr) || processGone(s.shownPid()):
+			runErr = exitedErr(s.shownPid(), runErr)
 		case ctx.Err() != nil:
 			runErr = fmt.Errorf("interrupted: %w", runErr)
 		}
@@ -650,7 +675,9 @@ func Gone(err error) bool {
 // gone, and saying so would end a session that flip commands still serve.
 func exitedErr(pid int, cause error) error {
 	if procfs.LeaderExited(pid) {
-		return fmt.Errorf("pid %d: %w (%v)", pid, procfs.ErrLeaderExited, cause)
+		// The thread the lock reached it through exited (D95): the
+		// process runs on; a new command takes another.
+		return fmt.Errorf("pid %d: %w, and the thread hotpatch reached it through exited (%v): run the command again", pid, procfs.ErrLeaderExited, cause)
 	}
 	if errors.Is(cause, ptrace.ErrExited) {
 		return fmt.Errorf("pid %d exited: %w", pid, cause)
@@ -659,7 +686,8 @@ func exitedErr(pid int, cause error) error {
 }
 
 // processGone reports whether pid no longer runs (absent, or a zombie).
-func processGone(pid int) bool { return procfs.Gone(pid, 0) }
+// A process whose main thread has exited runs on (D95).
+func processGone(pid int) bool { return procfs.Gone(pid, 0) && !procfs.LeaderExited(pid) }
 
 // Tally summarises where sites ended, e.g. "3 on, 5 off", for one-line errors.
 func Tally(sites []SiteResult) string {
@@ -1004,4 +1032,63 @@ func (s *Session) targetAt(path string) *Target {
 		}
 	}
 	return nil
+}
+
+// shownPid is the process's pid as the user named it.
+func (s *Session) shownPid() int {
+	if s.shown != 0 {
+		return s.shown
+	}
+	return s.pid
+}
+
+// reanchor replaces the thread a session reaches a process through once
+// its main thread has exited (D95), when that thread has exited too: the
+// session still holds the process's lock (the flock), so it seizes another
+// live thread, as the lock would. Only a session whose tracer holds that
+// thread alone (flip), and not inside Batch (which looks before it
+// starts); with a tracer of every thread the command fails on its own
+// path (exitedErr, or the exec it finds). One stat read per command or
+// Batch, and only for such a process.
+func (s *Session) reanchor() error {
+	if s.shown == 0 || s.shown == s.pid || s.lock == nil || s.lock.fd < 0 || !procfs.Gone(s.pid, 0) {
+		return nil
+	}
+	if s.full || s.inBatch || s.tracer == nil {
+		// The command's own path finds its tracer gone and says why: the
+		// program ran exec, or the thread exited (exitedErr).
+		return nil
+	}
+	if s.execed() {
+		return fmt.Errorf("pid %d ran exec: the program whose probes these are is gone (the thread hotpatch reached it through, %d, exited with it): %w", s.shown, s.pid, ptrace.ErrExited)
+	}
+	gone := fmt.Errorf("pid %d: %w, and the thread hotpatch reached it through (%d) exited: run the command again", s.shown, procfs.ErrLeaderExited, s.pid)
+	tids, err := liveThreads(s.shown)
+	if err != nil {
+		return err
+	}
+	for _, tid := range tids {
+		opts := lockOptions()
+		opts.Process = s.shown
+		t, err := ptrace.Attach(tid, opts)
+		if err != nil {
+			gone = fmt.Errorf("%w (thread %d: %v)", gone, tid, err)
+			continue // exited meanwhile, or traced by a debugger: the next
+		}
+		_ = s.tracer.Detach() // it traced nothing that lives
+		s.tracer, s.lock.t, s.lock.via, s.pid = t, t, tid, tid
+		return nil
+	}
+	return gone
+}
+
+// execed reports whether the address space the session's targets were
+// read from is gone while the process runs on: it ran exec (from any
+// thread). The maps file opened with the targets answers nothing then.
+func (s *Session) execed() bool {
+	if s.maps == nil || len(s.targets) == 0 || len(s.targets[0].Object.Exec) == 0 {
+		return false
+	}
+	_, ok, err := s.maps.Covering(s.targets[0].Object.Exec[0].Start)
+	return (err != nil || !ok) && !processGone(s.shown)
 }

@@ -23,6 +23,9 @@ var ErrNeedsFullAttach = errors.New("request needs every thread traced")
 // tracer serves nothing else, so fn must not block on anything but the
 // target's memory: read the commands first, then Batch them.
 func (s *Session) Batch(fn func() error) error {
+	if err := s.reanchor(); err != nil { // the tracer may not change inside
+		return err
+	}
 	if err := s.attach(false); err != nil {
 		return err
 	}

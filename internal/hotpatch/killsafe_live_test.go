@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
@@ -21,7 +22,7 @@ import (
 // it had to wait out.
 func inflightCounters(t *testing.T, s *subject) (traps, repairs, holds uint64) {
 	t.Helper()
-	r, err := shm.OpenPID(s.Pid)
+	r, err := shm.OpenPID(procfs.Via(s.Pid)) // the main thread may have exited
 	if err != nil {
 		t.Fatalf("the runtime's region: %v", err)
 	}
@@ -402,7 +403,7 @@ func TestHandlerSkipsUnmappedEntry(t *testing.T) {
 	testutil.RequirePtrace(t)
 	lib := testutil.Runtime(t, "gcc")
 	s := startMTEnv(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"}, "nop", true, lib, nil)
-	r, err := shm.OpenPID(s.Pid)
+	r, err := shm.OpenPID(procfs.Via(s.Pid)) // the main thread may have exited
 	if err != nil {
 		t.Fatal(err)
 	}

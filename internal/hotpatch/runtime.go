@@ -10,6 +10,7 @@ import (
 
 	"github.com/edgeprobe/edgeprobe/internal/elfsafe"
 	"github.com/edgeprobe/edgeprobe/internal/inject"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 	"github.com/edgeprobe/edgeprobe/internal/shm"
@@ -55,7 +56,7 @@ type RuntimeOptions struct {
 func (o RuntimeOptions) ForRequest(pid int, probeFiles []string, actions []Action) RuntimeOptions {
 	if len(actions) > 0 {
 		o.check = func(objs []procmaps.Object) error {
-			return checkRequest(Request{PID: pid, ProbeFiles: probeFiles, Actions: actions}, objs)
+			return checkRequest(Request{PID: pid, ProbeFiles: probeFiles, Actions: actions}, procfs.Via(pid), objs)
 		}
 	}
 	return o
@@ -102,7 +103,7 @@ func (s *Session) EnsureRuntime(ctx context.Context, opts RuntimeOptions) (*Runt
 	if s.inBatch {
 		return nil, ErrNeedsFullAttach
 	}
-	st, err := ensureRuntime(ctx, s.pid, opts, &Lock{t: s.tracer})
+	st, err := ensureRuntime(ctx, s.pid, opts, &Lock{t: s.tracer, via: s.pid, fd: -1})
 	if st != nil && st.Load != nil {
 		s.full = true // inject.Load upgraded the tracer
 	}
@@ -122,7 +123,13 @@ func (s *Session) EnsureRuntime(ctx context.Context, opts RuntimeOptions) (*Runt
 // already holds (a Session's), used instead of taking one.
 func ensureRuntime(ctx context.Context, pid int, opts RuntimeOptions, held *Lock) (*RuntimeStatus, error) {
 	// Looking takes no lock (stats may run beside a trace that holds it);
-	// changing anything does, and looks again under it.
+	// changing anything does, and looks again under it. Looking goes
+	// through a live thread when the main thread has exited (D95); the
+	// lock is taken by the process's pid.
+	proc := pid
+	if held == nil {
+		pid = procfs.Via(pid)
+	}
 	p, err := inject.Inspect(pid)
 	if err != nil {
 		if errors.Is(err, os.ErrPermission) {
@@ -153,10 +160,11 @@ func ensureRuntime(ctx context.Context, pid int, opts RuntimeOptions, held *Lock
 	}
 	lock := held
 	if !opts.NoInject && lock == nil {
-		if lock, err = AcquireLockContext(ctx, pid, opts.WaitLock); err != nil {
+		if lock, err = AcquireLockContext(ctx, proc, opts.WaitLock); err != nil {
 			return st, err
 		}
 		defer lock.Release()
+		pid = lock.Pid()
 		// Looked before the lock: look again under it.
 		if p, err = inject.Inspect(pid); err != nil {
 			return st, err

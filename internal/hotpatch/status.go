@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/ptrace"
 )
 
@@ -23,6 +24,7 @@ type ProbeState struct {
 // Status reads every probe's live bytes. It reads /proc/PID/mem without
 // attaching: reading needs no tracer, and a listing must not disturb anything.
 func Status(pid int, probeFiles []string) ([]ProbeState, error) {
+	pid = procfs.Via(pid) // the main thread may have exited (D95)
 	targets, err := LoadTargets(pid, probeFiles)
 	if err != nil {
 		return nil, err

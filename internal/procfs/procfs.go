@@ -16,9 +16,10 @@ var ErrNoProcess = errors.New("no such process")
 
 // ErrLeaderExited: the process's main thread has exited (pthread_exit in
 // main) while other threads run on. ptrace cannot attach an exited thread,
-// and /proc/PID/mem reaches the memory through it, so nothing of ours can
-// work on such a process; it is not gone either.
-var ErrLeaderExited = errors.New("its main thread has exited while its other threads run on: ptrace cannot attach an exited thread, nor reach the process's memory through it, so edgeprobe cannot work on this process")
+// and /proc/PID/mem, maps and fd reach nothing through it: what works on
+// such a process goes through another of its threads (Via, D95). It is not
+// gone either.
+var ErrLeaderExited = errors.New("its main thread has exited while its other threads run on")
 
 // LeaderExited reports whether pid's main thread is a zombie while another
 // of its threads runs on, not on its way out (ErrLeaderExited). A process
@@ -172,14 +173,21 @@ func TracerPid(pid, tid int) int {
 }
 
 // InnerPid is the process's pid in its own (innermost) pid namespace, the
-// number getpid() returns inside it: the last field of NSpid, or pid itself
+// number getpid() returns inside it: the last field of NStgid (NSpid on
+// kernels before 4.1), or pid itself
 // when the kernel does not say.
 func InnerPid(pid int) int {
 	st, err := ReadStatus(pid, 0)
 	if err != nil {
 		return pid
 	}
-	f := strings.Fields(st["NSpid"])
+	// NStgid: the process's id, also when pid names one of its threads
+	// (the live thread hotpatch works through once the main thread has
+	// exited, D95); NSpid is that thread's own id.
+	f := strings.Fields(st["NStgid"])
+	if len(f) == 0 {
+		f = strings.Fields(st["NSpid"])
+	}
 	if len(f) == 0 {
 		return pid
 	}
@@ -279,4 +287,35 @@ func CPUTime(pid, tid int) (time.Duration, error) {
 		return 0, err
 	}
 	return time.Duration(st.Utime+st.Stime) * 10 * time.Millisecond, nil
+}
+
+// Via is the thread id through which /proc reaches pid's memory: pid
+// itself, or, when its main thread has exited (LeaderExited), the lowest
+// of its other live threads: /proc/TID/mem, maps and fd of a live thread
+// reach the address space and the descriptor table the exited main
+// thread's no longer do (D95). Such a thread may exit in turn: what is
+// opened through it stays valid (the files hold the address space), a new
+// open may need a new Via.
+func Via(pid int) int {
+	if !LeaderExited(pid) {
+		return pid
+	}
+	ents, err := os.ReadDir(path(pid, 0, "task"))
+	if err != nil {
+		return pid
+	}
+	best := 0
+	for _, e := range ents {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil || tid == pid || best != 0 && tid > best {
+			continue
+		}
+		if ts, err := ReadStat(pid, tid); err == nil && ts.State != 'Z' && ts.State != 'X' {
+			best = tid
+		}
+	}
+	if best == 0 {
+		return pid
+	}
+	return best
 }

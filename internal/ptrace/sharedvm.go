@@ -39,7 +39,10 @@ func VMSharers(pid int) []int {
 		if err != nil || p == pid || p <= 0 {
 			continue
 		}
-		if sameVM(ref, p) {
+		// A match with no memory is a kernel thread matching a ref that
+		// lost its mm while exiting, not yet a zombie (the main thread of
+		// a process whose other threads run on, mid-pthread_exit: D95).
+		if sameVM(ref, p) && procfs.HasMemory(p) {
 			out = append(out, p)
 		}
 	}

@@ -27,6 +27,11 @@ type Options struct {
 	// thread to report a stop (a thread in uninterruptible sleep reports only
 	// when it wakes). Zero means 5s.
 	StopTimeout time.Duration
+	// Process is the process's pid when the thread attached is not its
+	// leader (its main thread has exited: hotpatch works through another
+	// thread, D95); 0 otherwise. An exec by another thread is then
+	// reported under this pid.
+	Process int
 	// KillAtTrap (tests only) makes the calling process SIGKILL itself
 	// right after it reaped a SIGTRAP signal-delivery-stop while a trap is
 	// armed, before it handles the stop: a tracer killed in the window
@@ -300,6 +305,20 @@ func (t *Tracer) Upgrade() error {
 		if leader == nil {
 			return fmt.Errorf("pid %d: %w", t.pid, ErrExited)
 		}
+		if leader.kind == running && procfs.LeaderExited(t.pid) {
+			// The leader exited after we seized it (pthread_exit in main)
+			// and the process runs on: a zombie never stops, and it stays
+			// traced by us (the caller's lock: its TracerPid names us)
+			// until this thread exits. Every other thread is seized with
+			// the full options; the zombie is no longer one we stop,
+			// resume or detach (D95).
+			delete(t.threads, t.pid)
+			t.opts.LeaderOnly = false
+			if err := t.seizeAll(fullOptions, time.Now().Add(t.opts.StopTimeout)); err != nil {
+				return err
+			}
+			return t.seizeVforkChildren()
+		}
 		if leader.kind == running {
 			if err := unix.PtraceInterrupt(t.pid); err != nil {
 				return fmt.Errorf("upgrade: interrupt pid %d: %w", t.pid, mapErrno(err))
@@ -367,22 +386,27 @@ func (t *Tracer) seizeAll(options uintptr, patient ...time.Time) error {
 			if _, ok := t.threads[tid]; ok {
 				continue
 			}
-			fresh++
 			err := seize(tid, options)
 			switch {
 			case err == nil:
 			case err == unix.ESRCH:
 				continue // exited between the scan and the seize
+			case threadGone(t.pid, tid):
+				// Exiting: seizing a dying thread fails with EPERM. Not
+				// counted as new (a dying thread clones nothing): the
+				// exited main thread of a process that runs on stays in
+				// the list for good (D95).
+				continue
 			case err == unix.EPERM && tracerOf(tid) == t.tid: // TracerPid is the tracer thread's id
 				// auto-attached as a clone of a thread we seized
-			case threadGone(t.pid, tid):
-				continue // exiting: seizing a dying thread fails with EPERM
 			case err == unix.EPERM && len(patient) > 0 && time.Now().Before(patient[0]) && tracerOf(tid) > 0:
 				time.Sleep(100 * time.Microsecond) // its tracer is detaching: poll
+				fresh++                            // not settled: scan again
 				continue
 			default:
 				return attachErr(tid, err)
 			}
+			fresh++
 			if _, ok := t.threads[tid]; !ok {
 				t.threads[tid] = &thread{tid: tid, announced: true}
 			}
@@ -773,7 +797,7 @@ func (t *Tracer) handle(wpid int, ws unix.WaitStatus) {
 		return
 	}
 	th := t.threads[wpid]
-	if th == nil && tgidOf(wpid) != t.pid && tgidOf(wpid) > 0 {
+	if th == nil && wpid != t.tgid() && tgidOf(wpid) != t.tgid() && tgidOf(wpid) > 0 {
 		// A child process whose first stop came before its parent's fork
 		// or vfork event: keep it stopped until that event says which.
 		t.early[wpid] = true
@@ -832,6 +856,15 @@ func (t *Tracer) handle(wpid int, ws unix.WaitStatus) {
 		th.kind = stopPlain
 	case event == unix.PTRACE_EVENT_VFORK_DONE:
 		th.inVfork = false
+		th.kind = stopPlain
+	case event == unix.PTRACE_EVENT_EXEC && wpid != t.pid && wpid == t.tgid():
+		// Traced through one of its threads (its main thread had exited,
+		// D95) and another thread called execve: the kernel killed every
+		// other thread, ours among them, and the execing thread now has
+		// the process's pid. As for an exec by the thread we traced.
+		t.pid = wpid
+		t.execed = true
+		t.threads = map[int]*thread{wpid: th}
 		th.kind = stopPlain
 	case event == unix.PTRACE_EVENT_EXEC && wpid != t.pid:
 		// A vfork child (traced like a thread) called execve: it has its
@@ -1013,6 +1046,16 @@ func (t *Tracer) repairChild(kid int) (int, error) {
 }
 
 // tgidOf returns the thread group of a task, or -1.
+// tgid is the process of the traced thread: t.pid itself, or the
+// process's pid when we trace it through another thread (Options.Process,
+// D95).
+func (t *Tracer) tgid() int {
+	if t.opts.Process > 0 {
+		return t.opts.Process
+	}
+	return t.pid
+}
+
 func tgidOf(tid int) int {
 	st, err := procfs.ReadStatus(tid, 0)
 	if err != nil {
@@ -1061,6 +1104,9 @@ func (t *Tracer) waitFor(ctx context.Context, timeout time.Duration, what string
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("waiting for %s: %w", what, err)
 		}
+		if spins >= 500 && spins%100 == 0 && t.dropZombieLeader() {
+			continue // the condition may hold without it
+		}
 		if time.Since(start) > timeout {
 			return fmt.Errorf("waiting for %s: timed out after %v (%s)", what, timeout, t.describe())
 		}
@@ -1075,6 +1121,21 @@ func (t *Tracer) waitFor(ctx context.Context, timeout time.Duration, what string
 		}
 		tm.Stop()
 	}
+}
+
+// dropZombieLeader forgets the leader once it has exited while other
+// threads run on (pthread_exit in main): the kernel reports no exit for it
+// until the whole process ends, and a zombie never stops, so a wait for
+// every thread to stop would time out on it. It stays traced by us (the
+// caller's lock, D95) until this thread exits. Looked at only in a wait
+// that has already spun for a while: it reads /proc.
+func (t *Tracer) dropZombieLeader() bool {
+	th := t.threads[t.pid]
+	if th == nil || th.kind != running || !procfs.LeaderExited(t.pid) {
+		return false
+	}
+	delete(t.threads, t.pid)
+	return true
 }
 
 // Pause keeps serving events (holding trapped threads, forwarding signals)

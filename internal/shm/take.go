@@ -44,6 +44,17 @@ func isRegionLink(link string) bool {
 // it without waiting (O_NONBLOCK).
 func takeFD(pid, fd int) (*os.File, error) {
 	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err == unix.EINVAL || err == unix.ENOENT {
+		// pid is a thread, not a process (ENOENT on Linux 6.9 and later,
+		// EINVAL before): the live thread hotpatch works through when the
+		// process's main thread has exited (D95). Its descriptor table is
+		// the process's; PIDFD_THREAD (Linux 6.9) names it, else the path
+		// below does.
+		pidfd, err = unix.PidfdOpen(pid, pidfdThread)
+		if err == unix.EINVAL {
+			return takeByPath(pid, fd)
+		}
+	}
 	if err == nil {
 		var got int
 		got, err = unix.PidfdGetfd(pidfd, fd, 0)
@@ -161,3 +172,6 @@ func regionFiles(pid int, fn func(f *os.File, fd int, err error) bool) error {
 	}
 	return nil
 }
+
+// pidfdThread is PIDFD_THREAD (O_EXCL): a pidfd of one thread.
+const pidfdThread = unix.O_EXCL

@@ -171,7 +171,8 @@ func (p *Process) base(path string) uint64 {
 // Read64 reads a 64-bit little-endian value from the process's memory.
 func (p *Process) Read64(addr uint64) uint64 {
 	p.t.Helper()
-	f, err := os.Open(fmt.Sprintf("/proc/%d/mem", p.Pid))
+	// Through a live thread: the main thread may have exited (procfs.Via).
+	f, err := os.Open(fmt.Sprintf("/proc/%d/mem", procfs.Via(p.Pid)))
 	if err != nil {
 		p.t.Fatal(err)
 	}
