@@ -66,7 +66,11 @@ func AcquireLockContext(ctx context.Context, pid int, wait bool) (*Lock, error) 
 			return &Lock{t: t, via: pid, fd: -1}, nil
 		}
 		if errors.Is(err, ptrace.ErrLeaderExited) {
-			return acquireExited(ctx, pid, wait)
+			l, err := acquireExited(ctx, pid, wait)
+			if errors.Is(err, errLeaderBack) {
+				continue // an exec from another thread made a new main thread: seize it
+			}
+			return l, err
 		}
 		if !errors.Is(err, ptrace.ErrTraced) {
 			return nil, err // a real permission problem, or no process
@@ -98,6 +102,11 @@ func busy(ctx context.Context, pid int, who string, wait bool) error {
 		return nil
 	}
 }
+
+// errLeaderBack: the process has a live main thread again (another thread
+// ran exec, which makes it the main one) while we took the lock of a
+// process whose main thread had exited; the leader's seize applies again.
+var errLeaderBack = errors.New("the process has a main thread again (exec)")
 
 // acquireExited is the lock of a process whose main thread has exited
 // (D95), in this order:
@@ -145,7 +154,7 @@ func tryExited(pid int) (*Lock, string, error) {
 		if holder != pid || spins >= 1000 {
 			unix.Close(fd)
 			if holder == pid {
-				return nil, fmt.Sprintf("its own SIGTRAP handler (a repair in progress)"), nil
+				return nil, "its own SIGTRAP handler (a repair in progress)", nil
 			}
 			if holder <= 0 {
 				return nil, "another hotpatch (it holds the lock of a process whose main thread has exited)", nil
@@ -168,7 +177,7 @@ func tryExited(pid int) (*Lock, string, error) {
 		if procfs.Gone(pid, 0) {
 			return nil, "", fmt.Errorf("pid %d: %w", pid, procfs.ErrNoProcess)
 		}
-		return nil, "", fmt.Errorf("pid %d: its main thread changed while we locked it (exec); try again", pid)
+		return nil, "", errLeaderBack
 	}
 	tids, err := liveThreads(pid)
 	if err != nil {
