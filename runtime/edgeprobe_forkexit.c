@@ -184,7 +184,9 @@ EP_STATIC void ep_write_output(void) {
 	ok = ok && ep_write_range(fd, ep.base + h->keys_off, used * sizeof(uint64_t), keys_off) &&
 	     ep_write_range(fd, (const char *)ep.funcs, used * sizeof(struct ep_func), func_off);
 	uint64_t mlen = 0;
-	int mfd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	/* The exiting thread's own: /proc/self is the main thread's, whose maps
+	 * read empty once it has exited while the process ran on (D95). */
+	int mfd = open("/proc/thread-self/maps", O_RDONLY | O_CLOEXEC);
 	if (mfd >= 0) {
 		char buf[4096];
 		for (;;) {

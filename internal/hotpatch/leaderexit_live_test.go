@@ -640,3 +640,59 @@ func TestLeaderExitedExec(t *testing.T) {
 		})
 	}
 }
+
+// TestLeaderExitedLoad: a process whose main thread has exited, started
+// without the runtime: --enable loads it (its loader thread dlopens the
+// memfd through /proc/thread-self/fd: /proc/self/fd is the exited main
+// thread's, empty), stats then counts exactly the 1000 calls of the step
+// run with work's probes on, and the file the runtime writes at exit
+// (EDGEPROBE_OUTPUT, with the maps read through /proc/thread-self: the
+// main thread's read empty) names work with the same 1000 calls.
+func TestLeaderExitedLoad(t *testing.T) {
+	testutil.RequirePtrace(t)
+	t.Setenv(EnvRuntime, testutil.Runtime(t, "gcc"))
+	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}, Compiler: "gcc", Opt: "-O2"})
+	list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
+	output := filepath.Join(t.TempDir(), "out.edgeprobe")
+	p := testutil.Start(t, []string{"EDGEPROBE_OUTPUT=" + output}, fix.Path, "steps")
+	awaitLeaderExited(t, p.Pid)
+	pid := fmt.Sprint(p.Pid)
+	r := hotpatchOK(t, "--pid", pid, "--probes", list, "--enable", "work")
+	if !strings.Contains(r.Stderr, "loaded the edgeprobe runtime") {
+		t.Fatalf("--enable: stderr %q; want the runtime loaded", r.Stderr)
+	}
+	if err := os.WriteFile(p.StopFile+".1", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if l := p.Line(); l != "step 1" {
+		t.Fatalf("step 1: %q", l)
+	}
+	hotpatchOK(t, "--pid", pid, "--probes", list, "--disable", "work")
+	workCalls := func(args ...string) {
+		t.Helper()
+		r := hotpatchOK(t, append([]string{"stats", "--probes", list, "--json"}, args...)...)
+		var st struct {
+			Functions []struct {
+				Name           string
+				Entries, Exits uint64
+			}
+		}
+		if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil {
+			t.Fatalf("stats --json: %v: %q", err, r.Stdout)
+		}
+		for _, f := range st.Functions {
+			if f.Name == "work" {
+				if f.Entries != 1000 || f.Exits != 1000 {
+					t.Errorf("stats %s: work entered %d, exited %d times; want the step's 1000", strings.Join(args, " "), f.Entries, f.Exits)
+				}
+				return
+			}
+		}
+		t.Errorf("stats %s names no work: %q", strings.Join(args, " "), r.Stdout)
+	}
+	workCalls("--pid", pid)
+	if o, _ := p.Finish(); !strings.HasPrefix(o, "done 1") {
+		t.Fatalf("leaderexit: %q", o)
+	}
+	workCalls("--input", output)
+}

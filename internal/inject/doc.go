@@ -10,7 +10,7 @@
 // registers and extended state saved and restored exactly, an interrupted
 // system call restarted), and makes it map two small areas, create a memfd
 // for the runtime's bytes and start one new thread; that thread dlopens the
-// runtime from /proc/self/fd/N (so the target's mount namespace does not
+// runtime from /proc/thread-self/fd/N (so the target's mount namespace does not
 // matter) and stores each hook slot with one aligned 8-byte store executed
 // in the target, then ends. The borrowed thread is back at its own work
 // before the dlopen begins. docs/injection.md has the safety arguments.

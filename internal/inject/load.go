@@ -296,7 +296,7 @@ func (p *Process) prepare(ctx context.Context, b *ptrace.Borrowed, opts Options,
 			return err
 		}
 		le.PutUint64(block[offMemfd:], uint64(fd))
-		copy(block[offPath:], fmt.Sprintf("/proc/self/fd/%d\x00", fd))
+		copy(block[offPath:], fmt.Sprintf("/proc/thread-self/fd/%d\x00", fd)) // the loader thread's own: /proc/self is the main thread's, which may have exited (D95)
 	}
 	if err := b.WriteMem(data, block); err != nil {
 		unmap()

@@ -49,7 +49,7 @@ const (
 	offCount     = 0x58  // number of entries
 	offValues    = 0x60  // the runtime's hooks, in Hooks order (4 x 8)
 	offFlags     = 0x80  // dlopen flags
-	offPath      = 0x100 // "/proc/self/fd/N"
+	offPath      = 0x100 // "/proc/thread-self/fd/N"
 	offNames     = 0x140 // hook names, 32 bytes each
 	offMemfdName = 0x1c0 // memfd_create's name
 	offThread    = 0x1f0 // pthread_t out
