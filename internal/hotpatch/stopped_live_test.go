@@ -16,8 +16,9 @@ import (
 // (SIGSTOP, Ctrl-Z) before hotpatch comes is toggled with every protocol,
 // read by stats, and driven by a session, and each of them ends (exit 0)
 // and leaves every thread stopped: hotpatch attaches and detaches, it never
-// continues a process its user stopped. (A stop during a session was checked
-// by hand: the threads show `t` while attached and `T` after.)
+// continues a process its user stopped: its workers' loop count does not
+// move. (A stop during a session was checked by hand: the threads show `t`
+// while attached and `T` after.)
 func TestStoppedTargetStaysStopped(t *testing.T) {
 	testutil.RequirePtrace(t)
 	bin := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"mt.c"}}).Path
@@ -34,10 +35,25 @@ func TestStoppedTargetStaysStopped(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+	// The workers' loop count (mt.c's progress) when every thread stopped:
+	// a program that ran again, even briefly, would have moved it.
+	progress := p.Symbol(bin, "progress")
+	at := p.Read64(progress)
 	check := func(what string) {
 		t.Helper()
-		if !allStopped(t, p.Pid) {
-			t.Errorf("after %s: the stopped program runs again (threads %v)", what, taskStates(t, p.Pid))
+		// A thread the tracer detaches from while its group is stopped is
+		// woken only to enter the group-stop again (the kernel's
+		// __ptrace_unlink): it may show R for a moment, running no code of
+		// the program's. Watched, with a bound, like the stop above.
+		for deadline := time.Now().Add(10 * time.Second); !allStopped(t, p.Pid); {
+			if time.Now().After(deadline) {
+				t.Errorf("after %s: the stopped program runs again (threads %v)", what, taskStates(t, p.Pid))
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if now := p.Read64(progress); now != at {
+			t.Errorf("after %s: the stopped program ran (its workers' loop count went from %d to %d)", what, at, now)
 		}
 	}
 	for _, proto := range []string{ProtoAuto, ProtoFlip, ProtoInt3, ProtoInt3Async, ProtoStop} {
