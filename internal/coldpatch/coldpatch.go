@@ -63,6 +63,12 @@ func Run(path string, opts Options) (*Result, error) {
 		if out, err = filepath.Abs(opts.Output); err != nil {
 			return nil, err
 		}
+		// The output is replaced by a rename: through a link another user
+		// planted at that name, root's rename would replace the file the
+		// link names (any file root may write), so the same rule holds.
+		if err := procfs.CheckLinks(out); err != nil {
+			return nil, err
+		}
 		if real, err := filepath.EvalSymlinks(out); err == nil {
 			out = real
 		}
@@ -78,6 +84,9 @@ func Run(path string, opts Options) (*Result, error) {
 				path, sys.Nlink, sys.Nlink-1, ErrHardLinks)
 		}
 	} else if ost, err := os.Stat(out); err == nil {
+		if err := checkOutputOwner(out, ost); err != nil {
+			return nil, err
+		}
 		like = ost // an existing output keeps its owner and mode
 	}
 	list, report, err := elfscan.ScanReader(bytes.NewReader(image), int64(len(image)), abs, elfscan.Options{Placeholder: opts.Placeholder})

@@ -21,6 +21,13 @@ import (
 // procfs.ErrPlantedLink.
 var ErrPlantedLink = procfs.ErrPlantedLink
 
+// ErrOthersOutput means the output file (-o) exists, in a sticky directory
+// everyone may write (/tmp), and belongs to another user: replacing it
+// would keep that user as the owner of root's cold binary (writeLike keeps
+// an existing output's owner), so it is refused, as fs.protected_regular
+// refuses root's O_CREAT of such a file.
+var ErrOthersOutput = errors.New("output is another user's file in a sticky world-writable directory")
+
 // ErrHardLinks means the file to rewrite in place has other hard links:
 // replacing it (temp + rename) would leave them holding the old binary.
 var ErrHardLinks = errors.New("file has other hard links")
@@ -200,4 +207,21 @@ func splitNul(b []byte) []string {
 		}
 	}
 	return out
+}
+
+// checkOutputOwner refuses an existing output that another user owns in a
+// sticky, world-writable directory (ErrOthersOutput): owned neither by us
+// nor by the directory's owner, the rule of fs.protected_regular.
+func checkOutputOwner(out string, st os.FileInfo) error {
+	dir, err := os.Stat(filepath.Dir(out))
+	if err != nil {
+		return nil // the write that follows says why
+	}
+	fs, ok1 := st.Sys().(*syscall.Stat_t)
+	ds, ok2 := dir.Sys().(*syscall.Stat_t)
+	if ok1 && ok2 && dir.Mode()&os.ModeSticky != 0 && dir.Mode().Perm()&0o002 != 0 &&
+		int(fs.Uid) != os.Geteuid() && fs.Uid != ds.Uid {
+		return fmt.Errorf("%s (uid %d): %w: not replaced; remove it or write elsewhere", out, fs.Uid, ErrOthersOutput)
+	}
+	return nil
 }

@@ -251,3 +251,63 @@ func TestRunPlantedLink(t *testing.T) {
 		t.Errorf("coldpatch --dry-run through root's own link: %v", err)
 	}
 }
+
+// TestOutputPlanted: root's `coldpatch BINARY -o /tmp/NAME` where another
+// user got to NAME first. A link there (to a file of root's) would have the
+// output's rename replace the file it names; a file of theirs would stay
+// theirs (an existing output keeps its owner), so they could rewrite root's
+// cold binary before it runs. Both are refused in one error, nothing is
+// written; root's own link and root's own file in the same place are used.
+func TestOutputPlanted(t *testing.T) {
+	other := testutil.OtherUser(t)
+	bin := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c"}}).Path
+	victim := filepath.Join(t.TempDir(), "victim") // root's, in a root-only directory
+	if err := os.WriteFile(victim, []byte("root's file\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tmp, err := os.MkdirTemp("", "edgeprobe-planted-out-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	if err := os.Chmod(tmp, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	as := func(args ...string) {
+		t.Helper()
+		if out, err := testutil.CombinedOutputBound(other.Command(args[0], args[1:]...)); err != nil {
+			t.Fatalf("%v as %s: %v: %s", args, other.Name, err, out)
+		}
+	}
+	link, file := filepath.Join(tmp, "link.cold"), filepath.Join(tmp, "file.cold")
+	as("ln", "-s", victim, link)
+	as("sh", "-c", `echo theirs > "$0"`, file)
+	if _, err := Run(bin, Options{Output: link}); !errors.Is(err, ErrPlantedLink) {
+		t.Errorf("-o %s (%s's link to root's file): %v; want ErrPlantedLink", link, other.Name, err)
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "root's file\n" {
+		t.Errorf("root's file was replaced through the other user's link (%d bytes now, starting %q)", len(b), b[:min(len(b), 4)])
+	}
+	if _, err := Run(bin, Options{Output: file}); !errors.Is(err, ErrOthersOutput) {
+		t.Errorf("-o %s (%s's file): %v; want ErrOthersOutput", file, other.Name, err)
+	}
+	if b, _ := os.ReadFile(file); string(b) != "theirs\n" {
+		t.Errorf("the other user's file was replaced (%d bytes now, starting %q)", len(b), b[:min(len(b), 4)])
+	}
+	// Root's own link and own file there are written.
+	own, ownLink := filepath.Join(tmp, "own.cold"), filepath.Join(tmp, "ownlink.cold")
+	if err := os.WriteFile(own, nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(own, ownLink); err != nil {
+		t.Fatal(err)
+	}
+	for _, out := range []string{own, ownLink} {
+		if res, err := Run(bin, Options{Output: out}); err != nil || !res.Written {
+			t.Errorf("-o %s (root's own): %v, written %v", out, err, res != nil && res.Written)
+		}
+	}
+	if b, _ := os.ReadFile(own); !bytes.HasPrefix(b, []byte("\x7fELF")) {
+		t.Errorf("root's own output is not the cold binary (%d bytes)", len(b))
+	}
+}

@@ -28,16 +28,33 @@ func TestStoppedTargetStaysStopped(t *testing.T) {
 	}
 	// Every thread in the group-stop: watched, with a bound (the kernel
 	// gives no event for another process's stop).
-	for deadline := time.Now().Add(10 * time.Second); !allStopped(t, p.Pid); {
-		if time.Now().After(deadline) {
-			t.Fatalf("pid %d not group-stopped 10 s after SIGSTOP", p.Pid)
+	stoppedWithin := func(d time.Duration) bool {
+		for deadline := time.Now().Add(d); !allStopped(t, p.Pid); {
+			if time.Now().After(deadline) {
+				return false
+			}
+			time.Sleep(time.Millisecond)
 		}
-		time.Sleep(time.Millisecond)
+		return true
 	}
+	if !stoppedWithin(10 * time.Second) {
+		t.Fatalf("pid %d not group-stopped 10 s after SIGSTOP", p.Pid)
+	}
+	// A thread hotpatch detaches while the group-stop holds is woken in the
+	// kernel to re-enter it (ptrace's unlink reinstates the pending stop):
+	// it shows R for a moment and runs no code of the program's (mt.c's
+	// progress counter stays put). A thread hotpatch continued would run
+	// mt.c's loop for good and never show T again, so the check waits for
+	// the stop, bounded, instead of reading the states once.
+	progress := p.Symbol(bin, "progress")
+	before := p.Read64(progress)
 	check := func(what string) {
 		t.Helper()
-		if !allStopped(t, p.Pid) {
-			t.Errorf("after %s: the stopped program runs again (threads %v)", what, taskStates(t, p.Pid))
+		if !stoppedWithin(5 * time.Second) {
+			t.Errorf("after %s: the stopped program runs again (threads %v, 5 s on)", what, taskStates(t, p.Pid))
+		}
+		if now := p.Read64(progress); now != before {
+			t.Errorf("after %s: the stopped program ran (progress %d -> %d)", what, before, now)
 		}
 	}
 	for _, proto := range []string{ProtoAuto, ProtoFlip, ProtoInt3, ProtoInt3Async, ProtoStop} {
