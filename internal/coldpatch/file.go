@@ -211,17 +211,15 @@ func splitNul(b []byte) []string {
 
 // checkOutputOwner refuses an existing output that another user owns in a
 // sticky, world-writable directory (ErrOthersOutput): owned neither by us
-// nor by the directory's owner, the rule of fs.protected_regular.
+// nor by the directory's owner, the rule of fs.protected_regular
+// (procfs.OthersInSticky).
 func checkOutputOwner(out string, st os.FileInfo) error {
 	dir, err := os.Stat(filepath.Dir(out))
 	if err != nil {
 		return nil // the write that follows says why
 	}
-	fs, ok1 := st.Sys().(*syscall.Stat_t)
-	ds, ok2 := dir.Sys().(*syscall.Stat_t)
-	if ok1 && ok2 && dir.Mode()&os.ModeSticky != 0 && dir.Mode().Perm()&0o002 != 0 &&
-		int(fs.Uid) != os.Geteuid() && fs.Uid != ds.Uid {
-		return fmt.Errorf("%s (uid %d): %w: not replaced; remove it or write elsewhere", out, fs.Uid, ErrOthersOutput)
+	if uid, theirs := procfs.OthersInSticky(dir, st); theirs {
+		return fmt.Errorf("%s (uid %d): %w: not replaced; remove it or write elsewhere", out, uid, ErrOthersOutput)
 	}
 	return nil
 }

@@ -23,7 +23,6 @@ var ErrPlantedLink = errors.New("symbolic link owned by another user in a sticky
 // after this walk, before the open, is followed: the kernel's own rule,
 // where it is on, closes that window.)
 func CheckLinks(path string) error {
-	euid := os.Geteuid()
 	p, err := filepath.Abs(path)
 	if err != nil {
 		return nil
@@ -49,11 +48,8 @@ func CheckLinks(path string) error {
 		}
 		name := filepath.Join(cur, parts[link])
 		if dir, err := os.Stat(cur); err == nil {
-			ls, ok1 := fi.Sys().(*syscall.Stat_t)
-			ds, ok2 := dir.Sys().(*syscall.Stat_t)
-			if ok1 && ok2 && dir.Mode()&os.ModeSticky != 0 && dir.Mode().Perm()&0o002 != 0 &&
-				int(ls.Uid) != euid && ls.Uid != ds.Uid {
-				return fmt.Errorf("%s: %w (uid %d): not followed, as fs.protected_symlinks would not; name the file itself", name, ErrPlantedLink, ls.Uid)
+			if uid, theirs := OthersInSticky(dir, fi); theirs {
+				return fmt.Errorf("%s: %w (uid %d): not followed, as fs.protected_symlinks would not; name the file itself", name, ErrPlantedLink, uid)
 			}
 		}
 		target, err := os.Readlink(name)
@@ -66,4 +62,19 @@ func CheckLinks(path string) error {
 		p = filepath.Join(append([]string{target}, parts[link+1:]...)...)
 	}
 	return nil
+}
+
+// OthersInSticky reports whether f, an entry of the directory dir, belongs
+// to another user in a sticky directory everyone may write (/tmp): owned
+// neither by us (the effective uid) nor by the directory's owner. It is the
+// kernel's rule for fs.protected_symlinks and protected_regular (often
+// off), which root's tools keep themselves. uid is f's owner.
+func OthersInSticky(dir, f os.FileInfo) (uid uint32, theirs bool) {
+	fs, ok1 := f.Sys().(*syscall.Stat_t)
+	ds, ok2 := dir.Sys().(*syscall.Stat_t)
+	if !ok1 || !ok2 {
+		return 0, false
+	}
+	return fs.Uid, dir.Mode()&os.ModeSticky != 0 && dir.Mode().Perm()&0o002 != 0 &&
+		int(fs.Uid) != os.Geteuid() && fs.Uid != ds.Uid
 }

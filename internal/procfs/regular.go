@@ -33,6 +33,21 @@ func OpenRegular(path string) (*os.File, error) {
 // OpenRegularFile is OpenRegular with the access mode flag (O_RDONLY,
 // O_WRONLY or O_RDWR).
 func OpenRegularFile(path string, flag int) (*os.File, error) {
+	pfd, st, err := lookup(path)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(pfd)
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fmt.Errorf("%s: %w (mode %#o)", path, ErrNotRegular, st.Mode&unix.S_IFMT)
+	}
+	return reopen(path, pfd, flag&unix.O_ACCMODE|unix.O_NONBLOCK)
+}
+
+// lookup finds path with O_PATH, which opens nothing (a FIFO does not wait,
+// a device's open is not called), and fstats what it found.
+func lookup(path string) (int, unix.Stat_t, error) {
+	var st unix.Stat_t
 	var pfd int
 	var err error
 	for {
@@ -42,19 +57,22 @@ func OpenRegularFile(path string, flag int) (*os.File, error) {
 		}
 	}
 	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+		return -1, st, &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	defer unix.Close(pfd)
-	var st unix.Stat_t
 	if err := unix.Fstat(pfd, &st); err != nil {
-		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
+		unix.Close(pfd)
+		return -1, st, &os.PathError{Op: "fstat", Path: path, Err: err}
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, fmt.Errorf("%s: %w (mode %#o)", path, ErrNotRegular, st.Mode&unix.S_IFMT)
-	}
+	return pfd, st, nil
+}
+
+// reopen opens the very file lookup found, through our own /proc/self/fd
+// link to it (which nothing else can change), with flag.
+func reopen(path string, pfd, flag int) (*os.File, error) {
 	var fd int
+	var err error
 	for {
-		fd, err = unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), flag&unix.O_ACCMODE|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
+		fd, err = unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), flag|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
 		if err != unix.EINTR {
 			break
 		}
@@ -86,37 +104,16 @@ func OpenOwned(path string) (*os.File, error) {
 	if err := CheckLinks(path); err != nil {
 		return nil, err
 	}
-	var pfd int
-	var err error
-	for {
-		pfd, err = unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
-		if err != unix.EINTR {
-			break
-		}
-	}
+	pfd, st, err := lookup(path)
 	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+		return nil, err
 	}
 	defer unix.Close(pfd)
-	var st unix.Stat_t
-	if err := unix.Fstat(pfd, &st); err != nil {
-		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
-	}
 	if t := st.Mode & unix.S_IFMT; t != unix.S_IFREG && t != unix.S_IFIFO {
 		return nil, fmt.Errorf("%s: %w nor a FIFO (mode %#o)", path, ErrNotRegular, t)
 	}
 	if euid := uint32(os.Geteuid()); st.Uid != euid && st.Uid != 0 {
 		return nil, fmt.Errorf("%s: %w (uid %d): its content would choose what this hotpatch (uid %d) does", path, ErrNotOwned, st.Uid, euid)
 	}
-	var fd int
-	for {
-		fd, err = unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: path, Err: err}
-	}
-	return os.NewFile(uintptr(fd), path), nil
+	return reopen(path, pfd, unix.O_RDONLY) // blocking: our own FIFO waits for its writer
 }
