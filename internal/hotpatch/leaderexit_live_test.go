@@ -55,12 +55,7 @@ func TestLeaderExited(t *testing.T) {
 					next := func() {
 						t.Helper()
 						step++
-						if err := os.WriteFile(fmt.Sprintf("%s.%d", p.StopFile, step), nil, 0o644); err != nil {
-							t.Fatal(err)
-						}
-						if l := p.Line(); l != fmt.Sprintf("step %d", step) {
-							t.Fatalf("step %d: %q", step, l)
-						}
+						leaderStep(t, p, step)
 					}
 					toggle := func(args ...string) {
 						t.Helper()
@@ -93,10 +88,7 @@ func TestLeaderExited(t *testing.T) {
 							t.Errorf("probe %d (%s %s) is %s after the last disable", st.ID, st.Kind, st.Function, st.State)
 						}
 					}
-					out, errOut := p.Finish()
-					if !strings.HasPrefix(out, "done 1") || !strings.Contains(errOut, "hooks enters=2000 exits=2000") {
-						t.Fatalf("leaderexit: stdout %q, stderr %q; want 2000 calls of work counted (steps 2 and 4 of 5)", out, errOut)
-					}
+					leaderFinish(t, p, 2000) // steps 2 and 4 of 5 on
 				})
 			}
 		})
@@ -174,6 +166,28 @@ func TestLeaderExitsMidSession(t *testing.T) {
 // process running on, failing after a minute. (The process's memory is
 // not readable through the exited thread, so its progress counter cannot
 // be the handshake.)
+// leaderStep runs step n of leaderexit.c's "steps" mode: the step file,
+// then the fixture's "step n" line once its 1000 work() calls are made.
+func leaderStep(t *testing.T, p *testutil.Process, n int) {
+	t.Helper()
+	if err := os.WriteFile(fmt.Sprintf("%s.%d", p.StopFile, n), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if l := p.Line(); l != fmt.Sprintf("step %d", n) {
+		t.Fatalf("step %d: %q", n, l)
+	}
+}
+
+// leaderFinish ends the fixture and checks the counting hooks saw calls
+// entries and exits of work().
+func leaderFinish(t *testing.T, p *testutil.Process, calls int) {
+	t.Helper()
+	out, errOut := p.Finish()
+	if want := fmt.Sprintf("hooks enters=%d exits=%d", calls, calls); !strings.HasPrefix(out, "done 1") || !strings.Contains(errOut, want) {
+		t.Fatalf("leaderexit: stdout %q, stderr %q; want %s", out, errOut, want)
+	}
+}
+
 func awaitLeaderExited(t *testing.T, pid int) {
 	t.Helper()
 	for deadline := time.Now().Add(time.Minute); !procfs.LeaderExited(pid); runtime.Gosched() {
@@ -476,16 +490,8 @@ func TestLeaderExitedLockRace(t *testing.T) {
 	if s := state(); s != "2 on, 0 off" {
 		t.Errorf("after the racing enables: %s", s)
 	}
-	if err := os.WriteFile(p.StopFile+".1", nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if l := p.Line(); l != "step 1" {
-		t.Fatalf("step 1: %q", l)
-	}
-	out, errOut := p.Finish()
-	if !strings.HasPrefix(out, "done 1") || !strings.Contains(errOut, "hooks enters=1000 exits=1000") {
-		t.Fatalf("leaderexit: stdout %q, stderr %q; want the 1000 calls of step 1 counted", out, errOut)
-	}
+	leaderStep(t, p, 1)
+	leaderFinish(t, p, 1000)
 }
 
 // TestLeaderExitedOtherUser: the lock of a process whose main thread has
@@ -572,16 +578,8 @@ func TestLeaderExitedAnchorExits(t *testing.T) {
 			if proto != ProtoAuto {
 				hotpatchOK(t, "--pid", fmt.Sprint(p.Pid), "--probes", list, "--enable", "work")
 			}
-			if err := os.WriteFile(p.StopFile+".1", nil, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			if l := p.Line(); l != "step 1" {
-				t.Fatalf("step 1: %q", l)
-			}
-			out, errOut := p.Finish()
-			if !strings.HasPrefix(out, "done 1") || !strings.Contains(errOut, "hooks enters=1000 exits=1000") {
-				t.Fatalf("leaderexit: stdout %q, stderr %q", out, errOut)
-			}
+			leaderStep(t, p, 1)
+			leaderFinish(t, p, 1000)
 		})
 	}
 }
@@ -661,12 +659,7 @@ func TestLeaderExitedLoad(t *testing.T) {
 	if !strings.Contains(r.Stderr, "loaded the edgeprobe runtime") {
 		t.Fatalf("--enable: stderr %q; want the runtime loaded", r.Stderr)
 	}
-	if err := os.WriteFile(p.StopFile+".1", nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if l := p.Line(); l != "step 1" {
-		t.Fatalf("step 1: %q", l)
-	}
+	leaderStep(t, p, 1)
 	hotpatchOK(t, "--pid", pid, "--probes", list, "--disable", "work")
 	workCalls := func(args ...string) {
 		t.Helper()
