@@ -103,15 +103,9 @@ func Scan(path string, opts Options) (*probelist.List, *Report, error) {
 // ScanReader is Scan on size bytes read from r; path names the object in the
 // probe list and in errors.
 func ScanReader(r io.ReaderAt, size int64, path string, opts Options) (*probelist.List, *Report, error) {
-	placeholder := opts.Placeholder
-	if placeholder == "" {
-		placeholder = probelist.PlaceholderFlip
-	}
-	if placeholder != probelist.PlaceholderFlip && placeholder != probelist.PlaceholderNop {
-		return nil, nil, fmt.Errorf("elfscan: unknown placeholder %q", opts.Placeholder)
-	}
-	if abs, err := filepath.Abs(path); err == nil {
-		path = abs
+	path, placeholder, err := prepare(path, opts)
+	if err != nil {
+		return nil, nil, err
 	}
 	if size < 0 {
 		return nil, nil, &Error{Path: path, Kind: ErrTruncated, Detail: fmt.Sprintf("size %d", size)}
@@ -134,17 +128,27 @@ func ScanReader(r io.ReaderAt, size int64, path string, opts Options) (*probelis
 // ScanBytes is ScanReader on an object already read (data is not copied;
 // it must not change while the result is used).
 func ScanBytes(data []byte, path string, opts Options) (*probelist.List, *Report, error) {
-	placeholder := opts.Placeholder
+	path, placeholder, err := prepare(path, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	return scanBytes(data, path, placeholder)
+}
+
+// prepare checks opts' placeholder (flip by default) and makes path absolute
+// (kept as given when it cannot be).
+func prepare(path string, opts Options) (absPath, placeholder string, err error) {
+	placeholder = opts.Placeholder
 	if placeholder == "" {
 		placeholder = probelist.PlaceholderFlip
 	}
 	if placeholder != probelist.PlaceholderFlip && placeholder != probelist.PlaceholderNop {
-		return nil, nil, fmt.Errorf("elfscan: unknown placeholder %q", opts.Placeholder)
+		return "", "", fmt.Errorf("elfscan: unknown placeholder %q", opts.Placeholder)
 	}
 	if abs, err := filepath.Abs(path); err == nil {
 		path = abs
 	}
-	return scanBytes(data, path, placeholder)
+	return path, placeholder, nil
 }
 
 func scanBytes(data []byte, path, placeholder string) (*probelist.List, *Report, error) {
