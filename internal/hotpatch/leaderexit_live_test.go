@@ -38,10 +38,7 @@ func TestLeaderExited(t *testing.T) {
 	} {
 		name := c.spec.String() + map[bool]string{false: "-hooks", true: "-runtime"}[c.runtime]
 		t.Run(name, func(t *testing.T) {
-			spec := c.spec
-			spec.Sources = []string{"leaderexit.c"}
-			fix := testutil.Build(t, spec)
-			list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
+			fix, list := leaderFixture(t, c.spec)
 			preload := hooks
 			if c.runtime {
 				preload += ":" + rt
@@ -117,8 +114,7 @@ func listStates(t *testing.T, pid, list string) []ProbeState {
 func TestLeaderExitsMidSession(t *testing.T) {
 	testutil.RequirePtrace(t)
 	hooks := hooksLib(t)
-	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}})
-	list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
+	fix, list := leaderFixture(t, testutil.Spec{})
 	for _, proto := range []string{ProtoAuto, ProtoInt3} {
 		t.Run(proto, func(t *testing.T) {
 			p := testutil.Start(t, []string{"LD_PRELOAD=" + hooks}, fix.Path, "late")
@@ -166,6 +162,15 @@ func TestLeaderExitsMidSession(t *testing.T) {
 // process running on, failing after a minute. (The process's memory is
 // not readable through the exited thread, so its progress counter cannot
 // be the handshake.)
+// leaderFixture builds leaderexit.c with spec (its sources set here) and
+// writes its probe list next to it.
+func leaderFixture(t *testing.T, spec testutil.Spec) (testutil.Fixture, string) {
+	t.Helper()
+	spec.Sources = []string{"leaderexit.c"}
+	fix := testutil.Build(t, spec)
+	return fix, testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
+}
+
 // leaderStep runs step n of leaderexit.c's "steps" mode: the step file,
 // then the fixture's "step n" line once its 1000 work() calls are made.
 func leaderStep(t *testing.T, p *testutil.Process, n int) {
@@ -212,8 +217,7 @@ func TestLeaderExitedKilledMidPatch(t *testing.T) {
 	testutil.RequirePtrace(t)
 	hooks := hooksLib(t)
 	rt := testutil.Runtime(t, "gcc")
-	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}, Compiler: "gcc", Opt: "-O2"})
-	list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
+	fix, list := leaderFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
 	for _, mode := range []string{"alone", "session-holds", "outside-repair"} {
 		t.Run(mode, func(t *testing.T) {
 			held := mode == "session-holds"
@@ -305,8 +309,7 @@ func TestLeaderExitedKilledMidPatch(t *testing.T) {
 // profile end normally; every probe is off after them.
 func TestLeaderExitedCaptures(t *testing.T) {
 	testutil.RequirePtrace(t)
-	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}})
-	list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
+	fix, list := leaderFixture(t, testutil.Spec{})
 	p := testutil.Start(t, []string{"LD_PRELOAD=" + testutil.Runtime(t, "gcc")}, fix.Path, "steps")
 	awaitLeaderExited(t, p.Pid)
 	pid := fmt.Sprint(p.Pid)
@@ -405,8 +408,7 @@ func TestLeaderExitedCaptures(t *testing.T) {
 // reports changing them (two at once would both see them off).
 func TestLeaderExitedLockRace(t *testing.T) {
 	testutil.RequirePtrace(t)
-	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}, Compiler: "gcc", Opt: "-O2"})
-	list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
+	fix, list := leaderFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
 	p := testutil.Start(t, []string{"LD_PRELOAD=" + hooksLib(t)}, fix.Path, "steps")
 	awaitLeaderExited(t, p.Pid)
 	pid := fmt.Sprint(p.Pid)
@@ -503,8 +505,7 @@ func TestLeaderExitedOtherUser(t *testing.T) {
 	testutil.RequirePtrace(t)
 	testutil.RequireTool(t, "flock")
 	other := testutil.OtherUser(t)
-	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}})
-	list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
+	fix, list := leaderFixture(t, testutil.Spec{})
 	p := testutil.Start(t, []string{"LD_PRELOAD=" + hooksLib(t)}, fix.Path, "steps")
 	awaitLeaderExited(t, p.Pid)
 	fd := fmt.Sprintf("/proc/%d/fd", p.Pid)
@@ -531,8 +532,7 @@ func TestLeaderExitedOtherUser(t *testing.T) {
 // nothing, and a new hotpatch takes another thread and works.
 func TestLeaderExitedAnchorExits(t *testing.T) {
 	testutil.RequirePtrace(t)
-	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}, Compiler: "gcc", Opt: "-O2"})
-	list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
+	fix, list := leaderFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
 	hooks := hooksLib(t)
 	for _, proto := range []string{ProtoAuto, ProtoInt3} {
 		t.Run(proto, func(t *testing.T) {
@@ -594,8 +594,7 @@ func TestLeaderExitedAnchorExits(t *testing.T) {
 func TestLeaderExitedExec(t *testing.T) {
 	testutil.RequirePtrace(t)
 	hooks := hooksLib(t)
-	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}, Compiler: "clang", Opt: "-O2"})
-	list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
+	fix, list := leaderFixture(t, testutil.Spec{Compiler: "clang", Opt: "-O2"})
 	for _, proto := range []string{ProtoAuto, ProtoInt3} {
 		t.Run(proto, func(t *testing.T) {
 			stop2 := filepath.Join(t.TempDir(), "stop2")
@@ -649,8 +648,7 @@ func TestLeaderExitedExec(t *testing.T) {
 func TestLeaderExitedLoad(t *testing.T) {
 	testutil.RequirePtrace(t)
 	t.Setenv(EnvRuntime, testutil.Runtime(t, "gcc"))
-	fix := testutil.Build(t, testutil.Spec{Sources: []string{"leaderexit.c"}, Compiler: "gcc", Opt: "-O2"})
-	list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fix.Path), "leaderexit.json"), fix.Path)
+	fix, list := leaderFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
 	output := filepath.Join(t.TempDir(), "out.edgeprobe")
 	p := testutil.Start(t, []string{"EDGEPROBE_OUTPUT=" + output}, fix.Path, "steps")
 	awaitLeaderExited(t, p.Pid)
