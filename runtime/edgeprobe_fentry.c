@@ -690,6 +690,81 @@ __attribute__((visibility("hidden"), no_instrument_function, cold)) uint64_t ep_
 	return ep_fentry_exit_impl(sp, 0, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0), rregs).ret;
 }
 
+/* ---- contexts switched by swapcontext (edgeprobe_ctx.c, D102) ----
+ *
+ * The running context's entries, [ctx_rs_base, rs_n), leave this thread's
+ * stack when it is switched out and are written into a record on its own
+ * stack (swapcontext's frame, which stays put while the context is
+ * suspended); whichever thread resumes it puts them on its own stack. */
+
+_Static_assert(sizeof(struct ep_rframe) == EP_RS_ENTRY, "EP_RS_ENTRY is the size of a return-stack entry");
+
+/* How many entries the running context owns. */
+EP_SHARED_COLD uint32_t ep_rs_ctx_count(void) {
+	if (ep_tls.rs_state != EP_RS_ON || !ep_tls.rs)
+		return 0;
+	uint32_t n = ep_tls.rs_n, b = ep_tls.ctx_rs_base;
+	return b < n ? n - b : 0;
+}
+
+/* Take the top k entries off this thread's stack into out, oldest first.
+ * The shadow frames [dbase, dtop) travel with them: an entry's depth is
+ * kept relative to dbase, or EP_NONE when its frame is not among them (its
+ * exit is then an orphan). Inside the caller's busy word. */
+EP_SHARED_COLD void ep_rs_ctx_park(void *out, uint32_t k, uint32_t dbase, uint32_t dtop) {
+	struct ep_rframe *o = out, *rs = ep_tls.rs;
+	uint32_t n = ep_tls.rs_n;
+	if (!k || !rs || k > n)
+		return;
+	for (uint32_t i = 0; i < k; i++) {
+		o[i] = rs[n - k + i];
+		uint32_t d = o[i].d;
+		o[i].d = (o[i].epoch == ep_epoch && d >= dbase && d < dtop) ? d - dbase : EP_NONE;
+	}
+	SIGFENCE();
+	ep_tls.rs_n = n - k;
+	ep_tls.ctx_rs_base = n - k;
+}
+
+/* Put k parked entries on this thread's stack, oldest first: mode 1, their
+ * frames now start at shadow depth dbase; mode 2, their frames did not come
+ * (depths EP_NONE); mode 0, this thread's stack may not be touched (a hook
+ * of this thread is live: the context was resumed by a signal handler that
+ * interrupted it). An entry that cannot be kept (mode 0, no stack, stack
+ * full) has its return address written back into its slot: that slot is in
+ * a suspended frame of the stack this thread runs on now, above the
+ * caller's, so no other thread can be using it; the frame then returns
+ * normally, unmeasured (its shadow frame, if any, counted unmatched).
+ * Inside the caller's busy word (modes 1, 2). */
+EP_SHARED_COLD void ep_rs_ctx_unpark(struct ep_thread *th, const void *in, uint32_t k, uint32_t dbase, int mode) {
+	const struct ep_rframe *p = in;
+	if (mode && ep_tls.rs_state == EP_RS_UNSET)
+		ep_rs_init(); /* libc: the caller saved errno */
+	int keep = mode && ep_tls.rs_state == EP_RS_ON && ep_tls.rs;
+	uint32_t n = keep ? ep_tls.rs_n : 0;
+	if (keep)
+		ep_tls.ctx_rs_base = n;
+	for (uint32_t i = 0; i < k; i++) {
+		struct ep_rframe f = p[i];
+		if (keep && n < ep_tls.rs_cap) {
+			if (f.d != EP_NONE)
+				f.d = mode == 1 ? f.d + dbase : EP_NONE;
+			ep_tls.rs[n++] = f;
+			continue;
+		}
+		uint64_t *slot = (uint64_t *)(uintptr_t)f.slot;
+		if (LOAD(slot) == EP_TRAMP) {
+			STORE(slot, f.ret);
+			if (mode && (uintptr_t)th >= EP_SLOT_MIN) /* mode 0: the live hook may be counting */
+				OWN_ADD(&th->fentry_restored, 1);
+		}
+	}
+	if (keep) {
+		SIGFENCE();
+		ep_tls.rs_n = n;
+	}
+}
+
 /* ---- unwinding through hijacked frames ----
  *
  * The unwinder reaches ep_fentry_return as the return address of a hijacked
