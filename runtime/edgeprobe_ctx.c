@@ -80,6 +80,13 @@ EP_STATIC uint32_t ep_ctx_frames(struct ep_thread *th, uint32_t *base) {
 	return depth <= ep.stack_depth ? depth - b : 0;
 }
 
+/* The largest record: it is allocated on the coroutine's stack, which may
+ * be small (16 KiB). A context with more to park (over 50 probed frames
+ * deep with fentry exits, 85 without) parks nothing: its fentry entries are
+ * given up in place (their frames return normally, unmeasured) and its
+ * shadow frames are counted unmatched (their cyg exits are orphans). */
+#define EP_PARK_MAX 4096u
+
 EP_STATIC size_t ep_park_bytes(uint32_t nrs, uint32_t nfr) {
 	return sizeof(struct ep_park) + (size_t)nrs * EP_RS_ENTRY + (size_t)nfr * sizeof(struct ep_frame);
 }
@@ -92,13 +99,18 @@ __attribute__((noinline, no_instrument_function)) static size_t ep_ctx_need(void
 	struct ep_thread *th = ep_tls.slot;
 	if ((uintptr_t)th >= EP_SLOT_MIN)
 		nfr = ep_ctx_frames(th, &b);
-	return nrs || nfr ? ep_park_bytes(nrs, nfr) : 0;
+	if (!nrs && !nfr)
+		return 0;
+	size_t bytes = ep_park_bytes(nrs, nfr);
+	return bytes <= EP_PARK_MAX ? bytes : sizeof(struct ep_park);
 }
 
 /* Move the running context's frames and entries into pk (bytes long).
  * Parks nothing when this thread is inside a hook (a signal handler that
- * interrupted one switches contexts) or when they no longer fit (a handler
- * ran hooks between the sizing and now). */
+ * interrupted one switches contexts: its entries stay, as without the
+ * interposer). When they do not fit (over EP_PARK_MAX, or a handler ran
+ * hooks between the sizing and now) the entries are given up in place and
+ * the frames counted unmatched. */
 __attribute__((noinline, no_instrument_function)) static void ep_ctx_park(struct ep_park *pk, size_t bytes) {
 	uint64_t here = EP_HERE();
 	pk->nrs = pk->nfr = 0;
@@ -135,6 +147,14 @@ __attribute__((noinline, no_instrument_function)) static void ep_ctx_park(struct
 		pk->nrs = nrs;
 		pk->nfr = nfr;
 		ep_tls.ctx_d_base = b;
+	} else {
+		/* too deep to park: the calls in progress lose their latencies,
+		 * counted unmatched now rather than left for the next context */
+		ep_rs_ctx_giveup(slot ? th : NULL);
+		if (slot) {
+			ep_pop_to(th, b);
+			ep_tls.ctx_d_base = b;
+		}
 	}
 	SIGFENCE();
 	ep_tls.busy = 0;

@@ -98,3 +98,71 @@ func checkHandoffPlain(t *testing.T, bin string, rounds uint64) {
 		t.Fatalf("without the runtime: %q; want %d started, finished and migrations", plain, 8*rounds)
 	}
 }
+
+// TestCoroutineHandoffDeep: cohandoff.c with every yield from D frames of
+// the probed recursive nest(). At D = 20 the suspended context's record
+// fits (EP_PARK_MAX, D102) and every call exits matched, as in
+// TestCoroutineHandoff. At D = 100 it does not: the runtime parks nothing
+// and gives the calls in progress up at each switch, never a wrong return
+// nor a trap: fentry gives each hijacked slot its return address back in
+// place (the slots are on the stack being switched out, suspended under
+// this very call) and those calls return unmeasured; cyg exits become
+// orphans. Either way each given-up call is counted unmatched, exactly,
+// and the dispatcher's own calls (parked with the workers) stay matched.
+func TestCoroutineHandoffDeep(t *testing.T) {
+	const rounds = 200
+	for _, cc := range []string{"gcc", "clang"} {
+		for _, prof := range []string{"cyg", testutil.ProfileFentry} {
+			t.Run(cc+"-"+prof, func(t *testing.T) {
+				lib := buildRuntime(t, cc)
+				spec := testutil.Spec{Compiler: cc, Opt: "-O2", Sources: []string{"cohandoff.c"}, Flags: []string{"-pthread"},
+					Name: fmt.Sprintf("cohandoff-%s-O2-%s", cc, prof)}
+				if prof == testutil.ProfileFentry {
+					spec.NoInstr, spec.Profile = true, prof
+				}
+				bin := testutil.Build(t, spec).Path
+				for _, depth := range []uint64{20, 100} {
+					out := filepath.Join(t.TempDir(), "out")
+					got := mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + out}, fmt.Sprint(rounds), fmt.Sprint(depth))
+					var s, f, m uint64
+					if _, err := fmt.Sscanf(got, "started %d finished %d migrations %d", &s, &f, &m); err != nil ||
+						s != 8*rounds || f != s || m != s {
+						t.Fatalf("depth %d: %q; want %d started, finished and migrations", depth, got, 8*rounds)
+					}
+					r := openOutput(t, out)
+					fs := byName(t, r, r.Maps())
+					for name, n := range map[string]uint64{"work": 2 * s, "dispatch": s + 8} {
+						if g := fs[name]; g.Entries != n || g.Exits != n || g.Orphans+g.Unmatched+g.Open != 0 {
+							t.Errorf("depth %d: %s: %d entries, %d exits, %d orphans, %d unmatched, %d open; want %d, matched",
+								depth, name, g.Entries, g.Exits, g.Orphans, g.Unmatched, g.Open, n)
+						}
+					}
+					c := r.Counters()
+					for name, n := range map[string]uint64{"handle": s, "nest": s * depth, "yield_now": s} {
+						g := fs[name]
+						want := Func{Entries: n, Exits: n}
+						switch {
+						case depth == 20:
+						case prof == "cyg":
+							want.Orphans, want.Unmatched = n, n
+						default:
+							want.Exits, want.Unmatched = 0, n
+						}
+						if g.Entries != want.Entries || g.Exits != want.Exits || g.Orphans != want.Orphans || g.Unmatched != want.Unmatched ||
+							g.Open != 0 || !g.Balanced() {
+							t.Errorf("depth %d: %s: %d entries, %d exits, %d orphans, %d unmatched, %d open; want %d, %d, %d, %d, 0",
+								depth, name, g.Entries, g.Exits, g.Orphans, g.Unmatched, g.Open, want.Entries, want.Exits, want.Orphans, want.Unmatched)
+						}
+					}
+					restored := uint64(0)
+					if depth == 100 && prof == testutil.ProfileFentry {
+						restored = s * (depth + 2)
+					}
+					if c.FentryRestored != restored {
+						t.Errorf("depth %d: %d hijacked slots given back, want %d", depth, c.FentryRestored, restored)
+					}
+				}
+			})
+		}
+	}
+}
