@@ -22,11 +22,13 @@
  * load). No thread ever reads or writes another thread's stacks, and no
  * shared table or lock is involved.
  *
- * Frames in the record are counted unmatched on their function while the
- * context is suspended (they are on no thread's shadow stack, so not
- * "open"), and the count is taken back when they are put on a stack again:
- * the balance holds at every moment, and a context never resumed stays
- * counted unmatched.
+ * Frames in the record are on no thread's shadow stack, where readers count
+ * a function's open calls: each is counted in the `parked` field of its
+ * cache entry (ep_local, on the thread that pushed it) while suspended, and
+ * readers add those to `open`: the balance holds at every moment, and a
+ * context never resumed shows its calls open. A frame with no cache entry
+ * (the thread's cache full) cannot be counted so: its context parks
+ * nothing (as when too deep).
  *
  * Not covered (docs/runtime.md): switchers that do not call libc's
  * swapcontext (boost.context's own assembly, setcontext, getcontext
@@ -128,7 +130,13 @@ __attribute__((noinline, no_instrument_function)) static void ep_ctx_park(struct
 	uint32_t nrs = ep_rs_ctx_count(), nfr = 0, b = 0;
 	if (slot)
 		nfr = ep_ctx_frames(th, &b);
-	if (ep_park_bytes(nrs, nfr) <= bytes) {
+	int fits = ep_park_bytes(nrs, nfr) <= bytes;
+	for (uint32_t i = 0; fits && i < nfr; i++) {
+		const struct ep_frame *fr = ep_frames(th) + b + i;
+		if (!ep_frame_skip(fr) && !fr->loff)
+			fits = 0; /* no cache entry to count it parked in (cache full) */
+	}
+	if (fits) {
 		char *p = (char *)(pk + 1);
 		ep_rs_ctx_park(p, nrs, b, b + nfr);
 		if (nfr) {
@@ -136,8 +144,9 @@ __attribute__((noinline, no_instrument_function)) static void ep_ctx_park(struct
 			const struct ep_frame *from = ep_frames(th) + b;
 			for (uint32_t i = 0; i < nfr; i++) {
 				to[i] = from[i];
+				/* on no thread's stack now: open through the count */
 				if (!ep_frame_skip(&to[i]))
-					ADD(&ep.funcs[to[i].gidx].unmatched, 1); /* on no stack: not open */
+					ADD(&ep_local_at(th, to[i].loff)->parked, 1);
 			}
 			SIGFENCE();
 			STORE(&th->depth, b);
@@ -160,6 +169,23 @@ __attribute__((noinline, no_instrument_function)) static void ep_ctx_park(struct
 	ep_tls.busy = 0;
 }
 
+/* The parked frames of pk leave the parked count of their cache entries
+ * on the thread that parked them (atomic: that thread may be counting other
+ * frames of the same function meanwhile). Then, unless they are put on a
+ * stack again (put), they are counted unmatched, as frames healed away. */
+EP_STATIC void ep_ctx_unpark_count(const struct ep_park *pk, const struct ep_frame *fr, struct ep_thread *th, int put, int own) {
+	for (uint32_t i = 0; i < pk->nfr; i++) {
+		if (ep_frame_skip(&fr[i]))
+			continue;
+		ADD(&ep_local_at(pk->th, fr[i].loff)->parked, (uint64_t)-1);
+		if (!put) {
+			ADD(&ep.funcs[fr[i].gidx].unmatched, 1);
+			if (own)
+				OWN_ADD(&th->unmatched, 1);
+		}
+	}
+}
+
 /* The context of pk resumed on this thread (perhaps not the one that
  * parked it): put its frames and entries on this thread's stacks. */
 __attribute__((noinline, no_instrument_function)) static void ep_ctx_unpark(struct ep_park *pk) {
@@ -167,15 +193,20 @@ __attribute__((noinline, no_instrument_function)) static void ep_ctx_unpark(stru
 		return;
 	int saved_errno = errno; /* the slot claim and the return stack's mmap: libc */
 	uint64_t here = EP_HERE();
+	char *p = (char *)(pk + 1);
+	const struct ep_frame *from = (const struct ep_frame *)(const void *)(p + (size_t)pk->nrs * EP_RS_ENTRY);
+	if (pk->epoch != ep_epoch)
+		pk->nfr = 0; /* resumed in a fork child: the frames and the counts the
+		              * record names are the parent's region's, never the
+		              * child's (its entries are orphans: ep_fentry_record_exit) */
 	struct ep_thread *th = ep_tls.slot;
 	if (th == EP_TS_NONE)
 		th = ep_claim();
 	int slot = (uintptr_t)th >= EP_SLOT_MIN;
-	int live = ep_tls.busy && ep_busy_live(slot ? th : NULL, here);
-	char *p = (char *)(pk + 1);
-	if (live) {
+	if (ep_tls.busy && ep_busy_live(slot ? th : NULL, here)) {
 		/* inside a hook of this thread: give the slots back, touch nothing
-		 * else (the frames stay counted unmatched) */
+		 * of this thread's (the frames counted unmatched) */
+		ep_ctx_unpark_count(pk, from, th, 0, 0);
 		ep_rs_ctx_unpark(th, p, pk->nrs, 0, 0);
 		errno = saved_errno;
 		return;
@@ -189,24 +220,31 @@ __attribute__((noinline, no_instrument_function)) static void ep_ctx_unpark(stru
 	if (slot) {
 		uint32_t depth = th->depth;
 		dbase = depth;
-		if (pk->nfr && pk->epoch == ep_epoch && depth <= ep.stack_depth && pk->nfr <= ep.stack_depth - depth) {
+		if (pk->nfr && depth <= ep.stack_depth && pk->nfr <= ep.stack_depth - depth) {
 			int same = th == pk->th && th->tid == pk->tid;
-			const struct ep_frame *from = (const struct ep_frame *)(const void *)(p + (size_t)pk->nrs * EP_RS_ENTRY);
 			struct ep_frame *to = ep_frames(th) + depth;
+			ep_ctx_unpark_count(pk, from, th, 1, 1);
 			for (uint32_t i = 0; i < pk->nfr; i++) {
 				to[i] = from[i];
-				if (!same) {
-					to[i].loff = 0;  /* another thread's local counters: count in ep_func */
-					to[i].flags = 0; /* trace filter state is per thread */
+				if (!same && !ep_frame_skip(&to[i])) {
+					/* its exit counts in this thread's cache entry (or
+					 * the shared counters); trace filter state is per
+					 * thread */
+					uint32_t g;
+					struct ep_local *l = ep_lookup(th, to[i].fn, &g);
+					to[i].loff = l ? (uint32_t)((char *)l - (char *)th) : 0;
+					to[i].flags = 0;
 				}
-				if (!ep_frame_skip(&to[i]))
-					ADD(&ep.funcs[to[i].gidx].unmatched, (uint64_t)-1);
 			}
 			SIGFENCE();
 			STORE(&th->depth, depth + pk->nfr);
 			mode = 1;
+		} else {
+			ep_ctx_unpark_count(pk, from, th, 0, 1);
 		}
 		ep_tls.ctx_d_base = dbase;
+	} else {
+		ep_ctx_unpark_count(pk, from, th, 0, 0);
 	}
 	ep_rs_ctx_unpark(th, p, pk->nrs, dbase, mode);
 	SIGFENCE();
