@@ -166,3 +166,49 @@ func TestCoroutineHandoffDeep(t *testing.T) {
 		}
 	}
 }
+
+// TestCoroutineLatencies (review7's F5, D102): two ucontext coroutines on
+// one thread inside the same probed function (coswap.c): A enters, B
+// enters, A returns, B returns. Before D102 the cyg provider matched each
+// exit to the other call's frame (recorded 1 ms and 7 ms where the calls
+// took 6 and 2, nothing counted lost), and the fentry provider lost B's
+// exit. Now each coroutine's frames are parked with it: every call exits
+// matched, and every recorded latency lies between the program's own
+// measurement inside the call and around it (a swapped start time falls
+// outside: the earlier enter makes one call too long, the later one the
+// other too short).
+func TestCoroutineLatencies(t *testing.T) {
+	const rounds = 3
+	for _, cc := range []string{"gcc", "clang"} {
+		for _, opt := range []string{"-O0", "-O2"} {
+			for _, prof := range []string{"cyg", testutil.ProfileFentry} {
+				t.Run(cc+opt+"-"+prof, func(t *testing.T) {
+					lib := buildRuntime(t, cc)
+					spec := testutil.Spec{Compiler: cc, Opt: opt, Sources: []string{"coswap.c"},
+						Name: fmt.Sprintf("coswap-%s%s-%s", cc, opt, prof)}
+					if prof == testutil.ProfileFentry {
+						spec.NoInstr, spec.Profile = true, prof
+					}
+					bin := testutil.Build(t, spec).Path
+					out := filepath.Join(t.TempDir(), "out")
+					got := mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + out}, fmt.Sprint(rounds))
+					var calls, inner, outer uint64
+					if _, err := fmt.Sscanf(got, "calls %d inner_min %d outer_max %d", &calls, &inner, &outer); err != nil || calls != 2*rounds {
+						t.Fatalf("with the runtime: %q; want %d calls", got, 2*rounds)
+					}
+					r := openOutput(t, out)
+					h := byName(t, r, r.Maps())["handle"]
+					if h.Entries != calls || h.Exits != calls || h.Samples != calls || h.Orphans+h.Unmatched+h.Open != 0 {
+						t.Errorf("handle: %d entries, %d exits, %d samples, %d orphans, %d unmatched, %d open; want %d calls, each timed and matched",
+							h.Entries, h.Exits, h.Samples, h.Orphans, h.Unmatched, h.Open, calls)
+					}
+					if h.MinNs < inner || h.MaxNs > outer {
+						t.Errorf("handle: recorded min %d ns, max %d ns; the program measured no call shorter than %d ns inside it "+
+							"and none longer than %d ns around it", h.MinNs, h.MaxNs, inner, outer)
+					}
+					noMismatch(t, r.Counters())
+				})
+			}
+		}
+	}
+}
