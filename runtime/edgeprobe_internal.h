@@ -48,7 +48,8 @@
  *   - a failure to set up (no memory, no memfd_create, bad limits) disables recording,
  *     it never aborts the host;
  *   - names shared between files are hidden (EP_HIDDEN, EP_SHARED*): the
- *     library exports the hooks only (and prctl/syscall: edgeprobe_seccomp.c).
+ *     library exports the hooks only (and prctl/syscall: edgeprobe_seccomp.c;
+ *     swapcontext: edgeprobe_ctx.c).
  *
  * Every .c file includes this header first and ends by popping the
  * general-regs-only pragma it pushes.
