@@ -138,7 +138,7 @@ __attribute__((noinline, no_instrument_function)) static void ep_ctx_park(struct
 	}
 	if (fits) {
 		char *p = (char *)(pk + 1);
-		ep_rs_ctx_park(p, nrs, b, b + nfr);
+		nrs = ep_rs_ctx_park(p, nrs, b, b + nfr);
 		if (nfr) {
 			struct ep_frame *to = (struct ep_frame *)(void *)(p + (size_t)nrs * EP_RS_ENTRY);
 			const struct ep_frame *from = ep_frames(th) + b;
@@ -191,9 +191,14 @@ EP_STATIC void ep_ctx_unpark_count(const struct ep_park *pk, const struct ep_fra
 __attribute__((noinline, no_instrument_function)) static void ep_ctx_unpark(struct ep_park *pk) {
 	if (!pk->nrs && !pk->nfr)
 		return;
+	/* Taken: a second resume of the same saved state (a copy of the
+	 * ucontext_t resumed twice) finds nothing to put back twice. */
+	char *p = (char *)(pk + 1); /* the entries, then the frames */
+	struct ep_park rec = *pk;
+	pk->nrs = pk->nfr = 0;
+	pk = &rec;
 	int saved_errno = errno; /* the slot claim and the return stack's mmap: libc */
 	uint64_t here = EP_HERE();
-	char *p = (char *)(pk + 1);
 	const struct ep_frame *from = (const struct ep_frame *)(const void *)(p + (size_t)pk->nrs * EP_RS_ENTRY);
 	if (pk->epoch != ep_epoch)
 		pk->nfr = 0; /* resumed in a fork child: the frames and the counts the

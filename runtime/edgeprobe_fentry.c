@@ -715,15 +715,16 @@ EP_SHARED_COLD uint32_t ep_rs_ctx_count(void) {
 	return b < n ? n - b : 0;
 }
 
-/* Take the top k entries off this thread's stack into out, oldest first.
+/* Take the top k entries off this thread's stack into out, oldest first;
+ * returns how many it took (k, or 0 when there are not k).
  * The shadow frames [dbase, dtop) travel with them: an entry's depth is
  * kept relative to dbase, or EP_NONE when its frame is not among them (its
  * exit is then an orphan). Inside the caller's busy word. */
-EP_SHARED_COLD void ep_rs_ctx_park(void *out, uint32_t k, uint32_t dbase, uint32_t dtop) {
+EP_SHARED_COLD uint32_t ep_rs_ctx_park(void *out, uint32_t k, uint32_t dbase, uint32_t dtop) {
 	struct ep_rframe *o = out, *rs = ep_tls.rs;
 	uint32_t n = ep_tls.rs_n;
 	if (!k || !rs || k > n)
-		return;
+		return 0;
 	for (uint32_t i = 0; i < k; i++) {
 		o[i] = rs[n - k + i];
 		uint32_t d = o[i].d;
@@ -732,6 +733,7 @@ EP_SHARED_COLD void ep_rs_ctx_park(void *out, uint32_t k, uint32_t dbase, uint32
 	SIGFENCE();
 	ep_tls.rs_n = n - k;
 	ep_tls.ctx_rs_base = n - k;
+	return k;
 }
 
 /* Give entries [from, to) of p up: each frame gets its return address back

@@ -281,7 +281,7 @@ EP_SHARED void ep_rs_free(void);
  * EP_RS_ENTRY bytes, parked on the context's own stack by swapcontext. */
 #define EP_RS_ENTRY 32u
 EP_SHARED_COLD uint32_t ep_rs_ctx_count(void);
-EP_SHARED_COLD void ep_rs_ctx_park(void *out, uint32_t k, uint32_t dbase, uint32_t dtop);
+EP_SHARED_COLD uint32_t ep_rs_ctx_park(void *out, uint32_t k, uint32_t dbase, uint32_t dtop);
 EP_SHARED_COLD void ep_rs_ctx_giveup(struct ep_thread *th);
 EP_SHARED_COLD void ep_rs_ctx_unpark(struct ep_thread *th, const void *in, uint32_t k, uint32_t dbase, int mode);
 
