@@ -212,3 +212,43 @@ func TestCoroutineLatencies(t *testing.T) {
 		}
 	}
 }
+
+// TestFentryHealAcrossThreads (D104; review7's question on F6): a thread's
+// healing must never write into a slot another thread has hijacked since
+// (cohazard.c). A coroutine's f() is hijacked on thread A and yields; thread
+// B resumes it, f longjmps out (no hook sees its frame die) and g() is
+// called from the same frame, so its return slot is the same address,
+// hijacked on B; g yields; A then calls h() on its own stack, and A's
+// healing judged f's entry dead. Before D102 it gave the slot f's return
+// address back: the slot still held the trampoline (g's hijack), and g
+// returned into f's call site ("where 1", fentry_restored 1; at -O2 worse:
+// "where 0", or SIGSEGV with clang). Now f's entry travels with the
+// coroutine and dies on B, where g's hijack replaces it: g returns home and
+// exits matched, f is counted unmatched, and no slot is given back.
+func TestFentryHealAcrossThreads(t *testing.T) {
+	for _, cc := range []string{"gcc", "clang"} {
+		for _, opt := range []string{"-O0", "-O2"} {
+			t.Run(cc+opt, func(t *testing.T) {
+				lib := buildRuntime(t, cc)
+				bin := testutil.Build(t, testutil.Spec{Compiler: cc, Opt: opt, Sources: []string{"cohazard.c"}, NoInstr: true,
+					Flags: []string{"-pthread"}, Profile: testutil.ProfileFentry, Name: "cohazard-" + cc + opt}).Path
+				if got := mustRun(t, "", bin, nil); got != "where 2 h 1\n" {
+					t.Fatalf("without the runtime: %q, want where 2 h 1", got)
+				}
+				out := filepath.Join(t.TempDir(), "out")
+				if got := mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + out}); got != "where 2 h 1\n" {
+					t.Fatalf("with the runtime: %q, want where 2 h 1 (g returned to its own call site)", got)
+				}
+				r := openOutput(t, out)
+				fs := byName(t, r, r.Maps())
+				checkCounts(t, fs, map[string]ee{"f": {1, 0}, "g": {1, 1}, "h": {1, 1}})
+				if f, g := fs["f"], fs["g"]; f.Unmatched != 1 || g.Unmatched+g.Orphans != 0 || !f.Balanced() || !g.Balanced() {
+					t.Errorf("f: %d unmatched; g: %d unmatched, %d orphans; want f's dead frame unmatched, g matched", f.Unmatched, g.Unmatched, g.Orphans)
+				}
+				if c := r.Counters(); c.FentryRestored != 0 {
+					t.Errorf("%d slots given back; want none (no thread holds another's entries)", c.FentryRestored)
+				}
+			})
+		}
+	}
+}
