@@ -572,12 +572,14 @@ __attribute__((visibility("hidden"), no_instrument_function, cold)) void ep_fent
 
 /* A return through a slot with no entry on this thread's stack nor in its
  * graveyard: an entry leaves the stack only when its frame returns, when
- * its slot is given back (ep_rs_forget, which keeps it in the graveyard),
- * or when our own frames have overwritten the slot; but a coroutine resumed
- * on another thread returns there with its entry on the thread it entered
- * on (review7; docs/runtime.md, fentry limits), and a full graveyard window
- * forgets. There is no address to return to; say so and stop with a trap
- * rather than jump anywhere. */
+ * its slot is given back (ep_rs_forget; the graveyard keeps it), when its
+ * context is parked by swapcontext (edgeprobe_ctx.c: it comes back with the
+ * context, on whatever thread), or when our own frames have overwritten the
+ * slot; but a coroutine switched by something else than libc's swapcontext
+ * and resumed on another thread returns there with its entry on the thread
+ * it entered on (review7; docs/runtime.md, fentry limits), and a full
+ * graveyard window forgets. There is no address to return to; say so and
+ * stop with a trap rather than jump anywhere. */
 EP_COLD void ep_fentry_lost(uint64_t slot) {
 	char buf[320], *p = buf, *end = buf + sizeof buf - 2;
 	p = ep_append(p, end, "edgeprobe: fentry return through an unknown frame (slot 0x");
@@ -585,8 +587,8 @@ EP_COLD void ep_fentry_lost(uint64_t slot) {
 		*p++ = "0123456789abcdef"[(slot >> i) & 15];
 	/* The one known way here (docs/runtime.md): a coroutine that entered a
 	 * probed function on another thread; the message names the way out. */
-	p = ep_append(p, end, "): the return address is lost (a coroutine resumed on another thread? "
-	                      "EDGEPROBE_FENTRY_EXITS=0 probes entries only and hijacks no return)\n");
+	p = ep_append(p, end, "): the return address is lost (a coroutine switched without libc's swapcontext "
+	                      "and resumed on another thread? EDGEPROBE_FENTRY_EXITS=0 probes entries only)\n");
 	ssize_t r = write(2, buf, (size_t)(p - buf));
 	(void)r;
 	__builtin_trap();
