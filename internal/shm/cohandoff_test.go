@@ -3,6 +3,7 @@ package shm
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
@@ -249,6 +250,44 @@ func TestFentryHealAcrossThreads(t *testing.T) {
 					t.Errorf("%d slots given back; want none (no thread holds another's entries)", c.FentryRestored)
 				}
 			})
+		}
+	}
+}
+
+// TestCoroutineFork (D102): fork while a coroutine is suspended inside
+// probed handle() (cofork.c); parent and child each resume their copy and
+// handle() returns in both. The parked record is the parent's: in the
+// parent the call exits matched; in the child, whose region never counted
+// the entry, the exit is an orphan (balanced) and nothing of the parent's
+// region is touched; both processes run to their end.
+func TestCoroutineFork(t *testing.T) {
+	for _, cc := range []string{"gcc", "clang"} {
+		for _, opt := range []string{"-O0", "-O2"} {
+			for _, prof := range []string{"cyg", testutil.ProfileFentry} {
+				t.Run(cc+opt+"-"+prof, func(t *testing.T) {
+					lib := buildRuntime(t, cc)
+					spec := testutil.Spec{Compiler: cc, Opt: opt, Sources: []string{"cofork.c"},
+						Name: fmt.Sprintf("cofork-%s%s-%s", cc, opt, prof)}
+					if prof == testutil.ProfileFentry {
+						spec.NoInstr, spec.Profile = true, prof
+					}
+					bin := testutil.Build(t, spec).Path
+					if got := mustRun(t, "", bin, nil); !strings.HasSuffix(got, " status 0 done 7\n") {
+						t.Fatalf("without the runtime: %q", got)
+					}
+					parent, child := runForked(t, lib, bin, "run")
+					p := byName(t, parent, parent.Maps())["handle"]
+					if p.Entries != 1 || p.Exits != 1 || p.Samples != 1 || p.Orphans+p.Unmatched+p.Open != 0 {
+						t.Errorf("parent's handle: %d entries, %d exits, %d samples, %d orphans, %d unmatched, %d open; want one matched call",
+							p.Entries, p.Exits, p.Samples, p.Orphans, p.Unmatched, p.Open)
+					}
+					c := byName(t, child, child.Maps())["handle"]
+					if c.Entries != 0 || c.Exits != 1 || c.Orphans != 1 || c.Unmatched+c.Open != 0 || !c.Balanced() {
+						t.Errorf("child's handle: %d entries, %d exits, %d orphans, %d unmatched, %d open; want one orphan exit",
+							c.Entries, c.Exits, c.Orphans, c.Unmatched, c.Open)
+					}
+				})
+			}
 		}
 	}
 }
