@@ -251,7 +251,10 @@ __attribute__((noinline, no_instrument_function)) static void ep_ctx_unpark(stru
 	} else {
 		ep_ctx_unpark_count(pk, from, th, 0, 0);
 	}
-	ep_rs_ctx_unpark(th, p, pk->nrs, dbase, mode);
+	if (pk->nrs)
+		ep_rs_ctx_unpark(th, p, pk->nrs, dbase, mode);
+	else
+		ep_tls.ctx_rs_base = ep_tls.rs_n; /* no entries came: this context's begin here */
 	SIGFENCE();
 	ep_tls.busy = 0;
 	errno = saved_errno;
