@@ -291,3 +291,55 @@ func TestCoroutineFork(t *testing.T) {
 		}
 	}
 }
+
+// TestCoroutineHandoffSignals (D102): cohandoff.c with a thread sending
+// SIGUSR1 to the workers without pause; the handler calls probed onsig() on
+// whatever stack the worker runs: a coroutine's, the middle of a park or a
+// resume, a hook. The switches and the handler's hooks exclude each other
+// through the thread's busy word: every call of the coroutines' functions
+// still exits matched, each handler call is counted matched or, when it
+// interrupted a hook (or a park), dropped and counted (reentrant; late when
+// the signal landed in a worker's thread-exit handlers), and the program
+// runs to its end.
+func TestCoroutineHandoffSignals(t *testing.T) {
+	const rounds = 5000
+	for _, cc := range []string{"gcc", "clang"} {
+		for _, prof := range []string{"cyg", testutil.ProfileFentry} {
+			t.Run(cc+"-"+prof, func(t *testing.T) {
+				lib := buildRuntime(t, cc)
+				spec := testutil.Spec{Compiler: cc, Opt: "-O2", Sources: []string{"cohandoff.c"}, Flags: []string{"-pthread"},
+					Name: fmt.Sprintf("cohandoff-%s-O2-%s", cc, prof)}
+				if prof == testutil.ProfileFentry {
+					spec.NoInstr, spec.Profile = true, prof
+				}
+				bin := testutil.Build(t, spec).Path
+				out := filepath.Join(t.TempDir(), "out")
+				got := mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + out}, fmt.Sprint(rounds), "0", "sig")
+				var s, f, m, lo, hi, handled uint64
+				if _, err := fmt.Sscanf(got, "started %d finished %d migrations %d min %d max %d handled %d", &s, &f, &m, &lo, &hi, &handled); err != nil ||
+					s != 8*rounds || f != s || m != s || handled == 0 {
+					t.Fatalf("with the runtime: %q; want %d started, finished and migrations, and signals handled", got, 8*rounds)
+				}
+				r := openOutput(t, out)
+				fs := byName(t, r, r.Maps())
+				for name, n := range map[string]uint64{"handle": s, "yield_now": s, "work": 2 * s, "dispatch": s + 8} {
+					if g := fs[name]; g.Entries != n || g.Exits != n || g.Orphans+g.Unmatched+g.Open != 0 {
+						t.Errorf("%s: %d entries, %d exits, %d orphans, %d unmatched, %d open; want %d calls, each matched",
+							name, g.Entries, g.Exits, g.Orphans, g.Unmatched, g.Open, n)
+					}
+				}
+				o, c := fs["onsig"], r.Counters()
+				// a handler call lost to a hook it interrupted: reentrant; to
+				// a slot claim it interrupted (a worker's first hook): early;
+				// run after its thread's exit handlers (a signal in flight
+				// as the worker ends): late
+				drops := c.ReentrantDrops + c.PreinitDrops + c.LateDrops
+				if o.Entries != o.Exits || o.Orphans+o.Unmatched+o.Open != 0 || o.Entries > handled || handled-o.Entries > drops {
+					t.Errorf("onsig: %d entries, %d exits, %d orphans, %d unmatched, %d open; %d reentrant, %d early drops; %d handler runs: "+
+						"each matched or a counted drop (counters %+v)", o.Entries, o.Exits, o.Orphans, o.Unmatched, o.Open, c.ReentrantDrops, c.PreinitDrops, handled, c)
+				}
+				t.Logf("%d migrations, %d signals handled, %d reentrant, %d early, %d late drops", m, handled, c.ReentrantDrops, c.PreinitDrops, c.LateDrops)
+			})
+		}
+	}
+}
