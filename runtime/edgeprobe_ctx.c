@@ -83,11 +83,11 @@ EP_STATIC uint32_t ep_ctx_frames(struct ep_thread *th, uint32_t *base) {
 }
 
 /* The largest record: it is allocated on the coroutine's stack, which may
- * be small (16 KiB). A context with more to park (over 50 probed frames
- * deep with fentry exits, 85 without) parks nothing: its fentry entries are
+ * be small (16 KiB). A context with more to park (over 25 probed frames
+ * deep with fentry exits, 42 without) parks nothing: its fentry entries are
  * given up in place (their frames return normally, unmeasured) and its
  * shadow frames are counted unmatched (their cyg exits are orphans). */
-#define EP_PARK_MAX 4096u
+#define EP_PARK_MAX 2048u
 
 EP_STATIC size_t ep_park_bytes(uint32_t nrs, uint32_t nfr) {
 	return sizeof(struct ep_park) + (size_t)nrs * EP_RS_ENTRY + (size_t)nfr * sizeof(struct ep_frame);

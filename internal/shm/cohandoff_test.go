@@ -59,7 +59,10 @@ func TestCoroutineHandoff(t *testing.T) {
 					}
 					var s, f, m, lo, hi uint64
 					out := filepath.Join(t.TempDir(), "out")
-					got := mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + out}, fmt.Sprint(rounds))
+					// the program's clock: the enclosure is then exact (a TSC
+					// calibrated over 0.5 ms is off by some ppm: tens of ns on
+					// a call descheduled for milliseconds)
+					got := mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + out, "EDGEPROBE_CLOCK=mono"}, fmt.Sprint(rounds))
 					if _, err := fmt.Sscanf(got, "started %d finished %d migrations %d min %d max %d", &s, &f, &m, &lo, &hi); err != nil ||
 						s != 8*rounds || f != s || m != s {
 						t.Fatalf("with the runtime: %q; want %d started, finished and migrations", got, 8*rounds)
@@ -101,9 +104,11 @@ func checkHandoffPlain(t *testing.T, bin string, rounds uint64) {
 }
 
 // TestCoroutineHandoffDeep: cohandoff.c with every yield from D frames of
-// the probed recursive nest(). At D = 20 the suspended context's record
-// fits (EP_PARK_MAX, D102) and every call exits matched, as in
-// TestCoroutineHandoff. At D = 100 it does not: the runtime parks nothing
+// the probed recursive nest(), the coroutines on 16 KiB stacks with a guard
+// page (the record is allocated there: it must never overflow one). At
+// D = 20 the suspended context's record fits (EP_PARK_MAX, 2 KiB, D102) and
+// every call exits matched, as in TestCoroutineHandoff. At D = 100 it does
+// not: the runtime parks nothing
 // and gives the calls in progress up at each switch, never a wrong return
 // nor a trap: fentry gives each hijacked slot its return address back in
 // place (the slots are on the stack being switched out, suspended under
@@ -124,7 +129,7 @@ func TestCoroutineHandoffDeep(t *testing.T) {
 				bin := testutil.Build(t, spec).Path
 				for _, depth := range []uint64{20, 100} {
 					out := filepath.Join(t.TempDir(), "out")
-					got := mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + out}, fmt.Sprint(rounds), fmt.Sprint(depth))
+					got := mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + out}, fmt.Sprint(rounds), fmt.Sprint(depth), "nosig", "small")
 					var s, f, m uint64
 					if _, err := fmt.Sscanf(got, "started %d finished %d migrations %d", &s, &f, &m); err != nil ||
 						s != 8*rounds || f != s || m != s {
@@ -192,7 +197,8 @@ func TestCoroutineLatencies(t *testing.T) {
 					}
 					bin := testutil.Build(t, spec).Path
 					out := filepath.Join(t.TempDir(), "out")
-					got := mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + out}, fmt.Sprint(rounds))
+					// the program's clock (CLOCK_MONOTONIC): the bounds are then exact
+					got := mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + out, "EDGEPROBE_CLOCK=mono"}, fmt.Sprint(rounds))
 					var calls, inner, outer uint64
 					if _, err := fmt.Sscanf(got, "calls %d inner_min %d outer_max %d", &calls, &inner, &outer); err != nil || calls != 2*rounds {
 						t.Fatalf("with the runtime: %q; want %d calls", got, 2*rounds)
