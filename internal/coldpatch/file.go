@@ -1,13 +1,16 @@
 package coldpatch
 
 import (
+	"crypto/rand"
 	"debug/elf"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -82,13 +85,13 @@ func checkHeader(f *os.File, size int64, path string) error {
 	return nil
 }
 
-// readChecked opens path, checks its ELF header and only then reads it all.
-// Only a regular file is opened (procfs.OpenRegular): a FIFO named as the
+// readChecked opens the file e found (path), checks its ELF header and only then reads it all.
+// Only a regular file is opened (Entry.OpenRegular): a FIFO named as the
 // binary (or put there, or linked there, by another user: coldpatch runs as
 // root on build outputs) made the open wait for a writer forever, and a
 // device had its open called, before the check that refused them.
-func readChecked(path string) ([]byte, os.FileInfo, error) {
-	f, err := procfs.OpenRegular(path)
+func readChecked(e *procfs.Entry, path string) ([]byte, os.FileInfo, error) {
+	f, err := e.OpenRegular(unix.O_RDONLY)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -117,17 +120,20 @@ func readChecked(path string) ([]byte, os.FileInfo, error) {
 //
 // keepOwner is false for a new output file (-o), which belongs to whoever
 // runs coldpatch and takes only the input's mode.
-func writeLike(path string, data []byte, like os.FileInfo, keepOwner bool) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+func writeLike(e *procfs.Entry, path string, data []byte, like os.FileInfo, keepOwner bool) error {
+	// Everything happens in the directory Walk found (e.Dir), never by
+	// path: a directory of the path swapped for a link meanwhile changes
+	// nothing (D99).
+	name, fd, err := createTemp(e.Dir, "."+e.Name+".tmp")
 	if err != nil {
-		return err
+		return &os.PathError{Op: "create", Path: filepath.Join(filepath.Dir(path), "."+e.Name+".tmp*"), Err: err}
 	}
+	tmp := os.NewFile(uintptr(fd), filepath.Join(filepath.Dir(path), name))
 	done := false
 	defer func() {
 		if !done {
 			tmp.Close()
-			os.Remove(tmp.Name())
+			unix.Unlinkat(e.Dir, name, 0)
 		}
 	}()
 	if _, err := tmp.Write(data); err != nil {
@@ -143,8 +149,8 @@ func writeLike(path string, data []byte, like os.FileInfo, keepOwner bool) error
 		if err := tmp.Chmod(mode); err != nil {
 			return err
 		}
-		if keepOwner {
-			copyXattrs(path, int(tmp.Fd()))
+		if keepOwner && e.File >= 0 {
+			copyXattrs("/proc/self/fd/"+strconv.Itoa(e.File), int(tmp.Fd()))
 		}
 	} else if err := tmp.Chmod(0o755); err != nil {
 		return err
@@ -155,17 +161,37 @@ func writeLike(path string, data []byte, like os.FileInfo, keepOwner bool) error
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		os.Remove(tmp.Name())
+	if err := unix.Renameat(e.Dir, name, e.Dir, e.Name); err != nil {
+		unix.Unlinkat(e.Dir, name, 0)
 		done = true
-		return err
+		return &os.LinkError{Op: "rename", Old: tmp.Name(), New: path, Err: err}
 	}
 	done = true
-	if d, err := os.Open(dir); err == nil {
+	if d, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(e.Dir), unix.O_RDONLY|unix.O_DIRECTORY, 0); err == nil {
 		_ = d.Sync() // the rename itself durable; best effort
 		d.Close()
 	}
 	return nil
+}
+
+// createTemp creates a new file named prefix+random in the directory dir
+// (a descriptor), O_EXCL and O_NOFOLLOW, as os.CreateTemp does by path.
+func createTemp(dir int, prefix string) (string, int, error) {
+	var b [4]byte
+	for try := 0; ; try++ {
+		if _, err := rand.Read(b[:]); err != nil {
+			return "", -1, err
+		}
+		name := prefix + hex.EncodeToString(b[:])
+		fd, err := unix.Openat(dir, name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err == unix.EEXIST && try < 100 {
+			continue
+		}
+		if err == unix.EINTR {
+			continue
+		}
+		return name, fd, err
+	}
 }
 
 // copyXattrs copies every extended attribute of from onto fd, best effort:
@@ -173,22 +199,22 @@ func writeLike(path string, data []byte, like os.FileInfo, keepOwner bool) error
 // is skipped. security.capability is copied after the chown above, which
 // would otherwise have dropped it.
 func copyXattrs(from string, fd int) {
-	sz, err := unix.Llistxattr(from, nil)
+	sz, err := unix.Listxattr(from, nil)
 	if err != nil || sz <= 0 {
 		return
 	}
 	buf := make([]byte, sz)
-	sz, err = unix.Llistxattr(from, buf)
+	sz, err = unix.Listxattr(from, buf)
 	if err != nil {
 		return
 	}
 	for _, name := range splitNul(buf[:sz]) {
-		vsz, err := unix.Lgetxattr(from, name, nil)
+		vsz, err := unix.Getxattr(from, name, nil)
 		if err != nil || vsz < 0 {
 			continue
 		}
 		val := make([]byte, vsz)
-		if vsz, err = unix.Lgetxattr(from, name, val); err != nil {
+		if vsz, err = unix.Getxattr(from, name, val); err != nil {
 			continue
 		}
 		_ = unix.Fsetxattr(fd, name, val[:vsz], 0)
@@ -213,8 +239,8 @@ func splitNul(b []byte) []string {
 // sticky, world-writable directory (ErrOthersOutput): owned neither by us
 // nor by the directory's owner, the rule of fs.protected_regular
 // (procfs.OthersInSticky).
-func checkOutputOwner(out string, st os.FileInfo) error {
-	dir, err := os.Stat(filepath.Dir(out))
+func checkOutputOwner(e *procfs.Entry, out string, st os.FileInfo) error {
+	dir, err := e.DirStat()
 	if err != nil {
 		return nil // the write that follows says why
 	}
