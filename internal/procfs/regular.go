@@ -129,3 +129,31 @@ func OpenOwned(path string) (*os.File, error) {
 	}
 	return reopen(path, pfd, unix.O_RDONLY) // blocking: our own FIFO waits for its writer
 }
+
+// OpenInput opens path for reading if it is a regular file (anybody's),
+// or a FIFO or pipe of ours or root's (`<(...)`, a FIFO we made), and runs
+// no open of anything else: looked up by Walk (another user's link in
+// /tmp is not followed), checked with fstat, then that very file opened
+// (a FIFO of ours waits for its writer, as named on purpose).
+//
+// It is for files we only print (`hotpatch replay FILE`, D100): another
+// user's regular file is data like any other, but their FIFO in /tmp held
+// the command in the open forever, and a device (or a link to one) had its
+// open called.
+func OpenInput(path string) (*os.File, error) {
+	pfd, st, err := lookup(path)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(pfd)
+	switch t := st.Mode & unix.S_IFMT; {
+	case t == unix.S_IFREG:
+		return reopen(path, pfd, unix.O_RDONLY|unix.O_NONBLOCK)
+	case t != unix.S_IFIFO:
+		return nil, fmt.Errorf("%s: %w nor a FIFO (mode %#o)", path, ErrNotRegular, t)
+	}
+	if euid := uint32(os.Geteuid()); st.Uid != euid && st.Uid != 0 {
+		return nil, fmt.Errorf("%s: a FIFO %w (uid %d): its writer would hold this command (uid %d) in the open", path, ErrNotOwned, st.Uid, euid)
+	}
+	return reopen(path, pfd, unix.O_RDONLY)
+}
