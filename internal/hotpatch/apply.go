@@ -223,9 +223,11 @@ type Session struct {
 	// handlersDone: awaitHandlers found no SIGTRAP handler repairing; with
 	// the leader seized since Open, none starts writing again (D90)
 	handlersDone bool
-	mem          *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
-	noSpans      bool        // every flip site written alone (SetSpanWrites)
-	inBatch      bool        // inside Batch: the tracer may not change
+	// regionHeld: Hold took the region's flock (D101).
+	regionHeld bool
+	mem        *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
+	noSpans    bool        // every flip site written alone (SetSpanWrites)
+	inBatch    bool        // inside Batch: the tracer may not change
 	// threadMem: inside Batch, the target's memory as the tracer thread
 	// reaches it (ptrace.ThreadMem), lent for the Batch; nil outside.
 	threadMem *ptrace.ThreadMem
