@@ -8,6 +8,7 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/elfscan"
 	"github.com/edgeprobe/edgeprobe/internal/probecache"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 )
 
@@ -70,6 +71,9 @@ func loadTargets(pid int, objs []procmaps.Object, probeFiles []string) ([]*Targe
 		targets = append(targets, &Target{Object: o, List: list, Origin: "scan"})
 	}
 	if len(targets) == 0 {
+		if err := procfs.Zombie(pid); err != nil {
+			return nil, err // its maps are empty because it has exited
+		}
 		return nil, fmt.Errorf("pid %d maps no object with hook sites (build with -finstrument-functions, or -pg -mfentry; nop-placeholder binaries need --probes)", pid)
 	}
 	return targets, nil

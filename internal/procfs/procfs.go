@@ -114,6 +114,19 @@ func Gone(pid, tid int) bool {
 	return err != nil || st.State == 'Z' || st.State == 'X'
 }
 
+// Zombie returns the one-line error for a process that has exited whose
+// parent has not reaped it (a zombie: every thread gone), wrapping
+// ErrNoProcess, or nil (it runs, or only its main thread exited, D95, or
+// it does not exist: the caller's own error says so). The kernel answers
+// such a process's ptrace attach and /proc/PID/mem with EPERM and ESRCH,
+// which read as a permission problem (review8).
+func Zombie(pid int) error {
+	if st, err := ReadStat(pid, 0); err == nil && st.State == 'Z' && !LeaderExited(pid) {
+		return fmt.Errorf("pid %d has exited (a zombie its parent has not reaped): %w", pid, ErrNoProcess)
+	}
+	return nil
+}
+
 // HasMemory reports whether the process has an address space: false once
 // it is exiting (its memory is released before it becomes a zombie), or
 // gone. A process that ran exec has one (the new program's). One whose maps

@@ -462,6 +462,9 @@ func attachErr(tid int, err error) error {
 		if procfs.LeaderExited(tid) {
 			return fmt.Errorf("pid %d: %w", tid, ErrLeaderExited)
 		}
+		if err := procfs.Zombie(tid); err != nil {
+			return err
+		}
 		if who := tracerOf(tid); who > 0 {
 			return fmt.Errorf("attach to thread %d: %w by %s: %w", tid, ErrTraced, describe(who), ErrPermission)
 		}
