@@ -90,21 +90,31 @@ func ReadStat(pid, tid int) (Stat, error) {
 	if err != nil {
 		return Stat{}, err
 	}
+	st, ok := parseStat(b)
+	if !ok {
+		return Stat{}, fmt.Errorf("%s: unexpected format", path(pid, tid, "stat"))
+	}
+	return st, nil
+}
+
+// parseStat parses a stat file's text; the process chooses its command
+// name, spaces and parentheses included (FuzzParseStat).
+func parseStat(b []byte) (Stat, bool) {
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return Stat{}, fmt.Errorf("%s: unexpected format", path(pid, tid, "stat"))
+		return Stat{}, false
 	}
 	f := strings.Fields(s[i+1:])
 	if len(f) < 20 || len(f[0]) != 1 {
-		return Stat{}, fmt.Errorf("%s: unexpected format", path(pid, tid, "stat"))
+		return Stat{}, false
 	}
 	// f[0] is field 3 (state); utime, stime and starttime are 14, 15, 22.
 	st := Stat{State: f[0][0]}
 	st.Utime, _ = strconv.ParseUint(f[11], 10, 64)
 	st.Stime, _ = strconv.ParseUint(f[12], 10, 64)
 	st.StartTime, _ = strconv.ParseUint(f[19], 10, 64)
-	return st, nil
+	return st, true
 }
 
 // Gone reports whether the process (or thread) no longer runs: absent, or
