@@ -1,15 +1,12 @@
 package coldpatch
 
 import (
-	"crypto/rand"
 	"debug/elf"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strconv"
 	"syscall"
 
@@ -124,16 +121,15 @@ func writeLike(e *procfs.Entry, path string, data []byte, like os.FileInfo, keep
 	// Everything happens in the directory Walk found (e.Dir), never by
 	// path: a directory of the path swapped for a link meanwhile changes
 	// nothing (D99).
-	name, fd, err := createTemp(e.Dir, "."+e.Name+".tmp")
+	tmp, name, err := e.CreateTemp()
 	if err != nil {
-		return &os.PathError{Op: "create", Path: filepath.Join(filepath.Dir(path), "."+e.Name+".tmp*"), Err: err}
+		return err
 	}
-	tmp := os.NewFile(uintptr(fd), filepath.Join(filepath.Dir(path), name))
 	done := false
 	defer func() {
 		if !done {
 			tmp.Close()
-			unix.Unlinkat(e.Dir, name, 0)
+			e.RemoveTemp(name)
 		}
 	}()
 	if _, err := tmp.Write(data); err != nil {
@@ -161,37 +157,14 @@ func writeLike(e *procfs.Entry, path string, data []byte, like os.FileInfo, keep
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	if err := unix.Renameat(e.Dir, name, e.Dir, e.Name); err != nil {
-		unix.Unlinkat(e.Dir, name, 0)
+	if err := e.Replace(name); err != nil {
+		e.RemoveTemp(name)
 		done = true
-		return &os.LinkError{Op: "rename", Old: tmp.Name(), New: path, Err: err}
+		return err
 	}
 	done = true
-	if d, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(e.Dir), unix.O_RDONLY|unix.O_DIRECTORY, 0); err == nil {
-		_ = d.Sync() // the rename itself durable; best effort
-		d.Close()
-	}
+	e.SyncDir() // the rename itself durable; best effort
 	return nil
-}
-
-// createTemp creates a new file named prefix+random in the directory dir
-// (a descriptor), O_EXCL and O_NOFOLLOW, as os.CreateTemp does by path.
-func createTemp(dir int, prefix string) (string, int, error) {
-	var b [4]byte
-	for try := 0; ; try++ {
-		if _, err := rand.Read(b[:]); err != nil {
-			return "", -1, err
-		}
-		name := prefix + hex.EncodeToString(b[:])
-		fd, err := unix.Openat(dir, name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-		if err == unix.EEXIST && try < 100 {
-			continue
-		}
-		if err == unix.EINTR {
-			continue
-		}
-		return name, fd, err
-	}
 }
 
 // copyXattrs copies every extended attribute of from onto fd, best effort:

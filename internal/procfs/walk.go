@@ -1,10 +1,13 @@
 package procfs
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -246,4 +249,49 @@ func readlinkFd(fd int) (string, error) {
 func othersInSticky(dir, f *unix.Stat_t) (uint32, bool) {
 	return f.Uid, dir.Mode&unix.S_ISVTX != 0 && dir.Mode&0o002 != 0 &&
 		int(f.Uid) != os.Geteuid() && f.Uid != dir.Uid
+}
+
+// CreateTemp makes a new file in the directory Walk found, named
+// "."+Name+".tmp"+random (O_EXCL|O_NOFOLLOW, mode 0600), for Replace to
+// put over Name: an atomic write by descriptor, which a directory of the
+// path swapped for a link meanwhile does not redirect (D99). It returns the
+// file and its name in that directory.
+func (e *Entry) CreateTemp() (*os.File, string, error) {
+	prefix := "." + e.Name + ".tmp"
+	var b [4]byte
+	for try := 0; ; try++ {
+		if _, err := rand.Read(b[:]); err != nil {
+			return nil, "", err
+		}
+		name := prefix + hex.EncodeToString(b[:])
+		fd, err := unix.Openat(e.Dir, name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err == unix.EINTR || err == unix.EEXIST && try < 100 {
+			continue
+		}
+		if err != nil {
+			return nil, "", &os.PathError{Op: "create", Path: filepath.Join(filepath.Dir(e.Path), prefix+"*"), Err: err}
+		}
+		return os.NewFile(uintptr(fd), filepath.Join(filepath.Dir(e.Path), name)), name, nil
+	}
+}
+
+// Replace renames tmp (a name CreateTemp made) over Name, in the directory
+// Walk found.
+func (e *Entry) Replace(tmp string) error {
+	if err := unix.Renameat(e.Dir, tmp, e.Dir, e.Name); err != nil {
+		return &os.LinkError{Op: "rename", Old: filepath.Join(filepath.Dir(e.Path), tmp), New: e.Path, Err: err}
+	}
+	return nil
+}
+
+// RemoveTemp removes tmp from the directory Walk found (best effort).
+func (e *Entry) RemoveTemp(tmp string) { _ = unix.Unlinkat(e.Dir, tmp, 0) }
+
+// SyncDir flushes the directory Walk found (a rename's durability; best
+// effort).
+func (e *Entry) SyncDir() {
+	if d, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(e.Dir), unix.O_RDONLY|unix.O_DIRECTORY, 0); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
 }
