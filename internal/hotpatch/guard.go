@@ -249,9 +249,11 @@ func (s *Session) awaitHandlers() error {
 }
 
 // regionHoldWait bounds Hold's retries: the runtime's SIGTRAP handler
-// holds the region's flock only for the moment it looks; longer is
-// another hotpatch.
-const regionHoldWait = 100 * time.Millisecond
+// holds the region's flock only for the moment it looks, and a hotpatch
+// of this namespace that held the process before us (--wait) only until
+// its Close, right after its detach; as long as the wait for a handler,
+// so that a loaded machine's scheduling is not taken for a holder.
+const regionHoldWait = handlerWait
 
 // Hold takes an exclusive flock of the runtime's region file (through
 // /proc/PID/fd/N: the memfd's own inode), kept until Close (D101). The
@@ -263,7 +265,7 @@ const regionHoldWait = 100 * time.Millisecond
 // takes it before it reads the repair lock (every int3 protocol and
 // repair); a session takes it at its start. A process without the
 // runtime has nothing to hold. Held by another open file for longer than
-// a handler's look: another hotpatch holds the process, ErrBusy.
+// regionHoldWait: another hotpatch holds the process, ErrBusy.
 func (s *Session) Hold() error {
 	if s.regionHeld {
 		return nil
