@@ -3,6 +3,7 @@ package hotpatch
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -85,4 +86,46 @@ func TestPidNamespaceKilledMidPatch(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLeaderExitedOtherProc: D95's flock of /proc/PID/fd is per procfs
+// instance, so a hotpatch reading another /proc (a second mount of proc in
+// a mount namespace of its own, as a container has) does not see a session
+// that holds a process whose main thread has exited. It is still refused,
+// in one line, naming the session: the anchor, the lowest live thread,
+// which both seize, is the session's (D101 documents what is left when the
+// anchor changes). The session's state is unchanged.
+func TestLeaderExitedOtherProc(t *testing.T) {
+	testutil.RequirePtrace(t)
+	testutil.RequireRoot(t, "mounts a second procfs")
+	testutil.RequireTool(t, "unshare")
+	fix, list := leaderFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + hooksLib(t)}, fix.Path, "steps")
+	awaitLeaderExited(t, p.Pid)
+	pid := fmt.Sprint(p.Pid)
+	ss := startSession(t, &subject{Process: p, probeArgs: []string{"--probes", list}})
+	ss.send(t, "enable work")
+	if l := ss.read(t); !l.OK || l.Changed != 2 {
+		t.Fatalf("session enable: %+v", l)
+	}
+	for _, proto := range []string{"flip", "int3"} {
+		hp := exec.Command("unshare", "-m", "sh", "-c", `mount -t proc proc /proc && exec "$0" "$@"`,
+			testutil.Command(t, "hotpatch"), "--pid", pid, "--probes", list, "--protocol", proto, "--disable", "work")
+		var stdout, stderr strings.Builder
+		hp.Stdout, hp.Stderr = &stdout, &stderr
+		err := testutil.RunBound(hp)
+		t.Logf("%s through another /proc: %s", proto, strings.TrimSpace(stderr.String()))
+		if err == nil || strings.Count(stderr.String(), "\n") != 1 || !strings.Contains(stderr.String(), "(hotpatch)") {
+			t.Errorf("%s through another /proc while a session holds the process: %v, stdout %q, stderr %q; want a failure, one line naming the session",
+				proto, err, stdout.String(), stderr.String())
+		}
+	}
+	for _, st := range listStates(t, pid, list) {
+		if st.Function == "work" && st.State != "on" {
+			t.Errorf("work's probe %d is %s after the refused toggles; want the session's on", st.ID, st.State)
+		}
+	}
+	ss.in.Close()
+	ss.wait(t)
+	p.Finish()
 }
