@@ -1073,9 +1073,19 @@ func (s *Session) reanchor() error {
 		opts := lockOptions()
 		opts.Process = s.shown
 		t, err := ptrace.Attach(tid, opts)
+		if errors.Is(err, ptrace.ErrTraced) {
+			// Not the next one: a tracer of a thread of the process
+			// may be another hotpatch that reads another /proc
+			// instance and took the lock there (D101), or a debugger.
+			who := "another tracer"
+			if holder := tracerOf(tid); holder > 0 {
+				who = describeTracer(holder)
+			}
+			return fmt.Errorf("pid %d: the thread hotpatch reached it through (%d) exited, and thread %d is traced by %s: %w", s.shown, s.pid, tid, who, ErrBusy)
+		}
 		if err != nil {
 			gone = fmt.Errorf("%w (thread %d: %v)", gone, tid, err)
-			continue // exited meanwhile, or traced by a debugger: the next
+			continue // exited meanwhile: the next
 		}
 		_ = s.tracer.Detach() // it traced nothing that lives
 		s.tracer, s.lock.t, s.lock.via, s.pid = t, t, tid, tid

@@ -1,6 +1,7 @@
 package hotpatch
 
 import (
+	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
@@ -127,5 +128,90 @@ func TestLeaderExitedOtherProc(t *testing.T) {
 	}
 	ss.in.Close()
 	ss.wait(t)
+	p.Finish()
+}
+
+// TestReanchorOtherTracer: a flip session holds a process whose main
+// thread has exited through its anchor (the lowest live thread), which
+// then exits. A second session, reading another /proc (a second procfs
+// mount: D95's flock of /proc/PID/fd is another inode there), takes the
+// lock: its flock, the zombie leader's TracerPid 0, the seize of the
+// lowest live thread. The first session's next command must not go on
+// beside it: before, reanchor skipped the thread another tracer held and
+// seized the next one, and both sessions changed the sites (the first's
+// `disable work` turned work off under the second). Now it fails in one
+// result line naming the other tracer, and changes nothing.
+func TestReanchorOtherTracer(t *testing.T) {
+	testutil.RequirePtrace(t)
+	testutil.RequireRoot(t, "mounts a second procfs")
+	testutil.RequireTool(t, "unshare")
+	fix, list := leaderFixture(t, testutil.Spec{Compiler: "gcc", Opt: "-O2"})
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + hooksLib(t)}, fix.Path, "steps", "idle2")
+	awaitLeaderExited(t, p.Pid)
+	pid := fmt.Sprint(p.Pid)
+	tasks := func() int {
+		ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", p.Pid))
+		return len(ents)
+	}
+	a := startSession(t, &subject{Process: p, probeArgs: []string{"--probes", list}})
+	a.send(t, "enable work")
+	if l := a.read(t); !l.OK || l.Changed != 2 {
+		t.Fatalf("session A enable: %+v", l)
+	}
+	// A's anchor, the first idle thread, exits.
+	before := tasks()
+	if err := os.WriteFile(p.StopFile+".idle", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); tasks() >= before; time.Sleep(time.Millisecond) { // polling, not synchronisation
+		if time.Now().After(deadline) {
+			t.Fatal("the first idle thread did not exit in a minute")
+		}
+	}
+	// Session B, through another /proc, takes the second idle thread.
+	b := &session{cmd: exec.Command("unshare", "-m", "sh", "-c", `mount -t proc proc /proc && exec "$0" "$@"`,
+		testutil.Command(t, "hotpatch"), "session", "--pid", pid, "--probes", list)}
+	b.cmd.Stderr = &b.stderr
+	var err error
+	if b.in, err = b.cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	out, err := b.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.out = bufio.NewReader(out)
+	if err := testutil.StartBound(b.cmd); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if b.cmd.ProcessState == nil {
+			b.cmd.Process.Kill()
+			b.cmd.Wait()
+		}
+	})
+	b.send(t, "stats")
+	if l := b.read(t); !l.OK {
+		t.Fatalf("session B (another /proc): %+v, stderr %q", l, b.stderr.String())
+	}
+	// A's next command, while B holds the process.
+	a.send(t, "disable work")
+	l := a.read(t)
+	t.Logf("session A while B holds: %+v", l)
+	if l.OK || l.Changed != 0 || !strings.Contains(l.Error, "traced by") {
+		t.Errorf("session A's disable while B holds the process through another /proc: %+v; want a failure naming the other tracer, nothing changed", l)
+	}
+	for _, st := range listStates(t, pid, list) {
+		if st.Function == "work" && st.State != "on" {
+			t.Errorf("work's probe %d is %s: session A changed it while B held the process", st.ID, st.State)
+		}
+	}
+	b.in.Close()
+	b.wait(t)
+	a.in.Close()
+	a.cmd.Wait()
+	if err := os.WriteFile(p.StopFile+".idle2", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	p.Finish()
 }
