@@ -1047,7 +1047,8 @@ func (s *Session) shownPid() int {
 // reanchor replaces the thread a session reaches a process through once
 // its main thread has exited (D95), when that thread has exited too: the
 // session still holds the process's lock (the flock), so it seizes another
-// live thread, as the lock would. Only a session whose tracer holds that
+// live thread, as the lock would; one another tracer holds ends the
+// command (ErrBusy, D101) rather than being passed over. Only a session whose tracer holds that
 // thread alone (flip), and not inside Batch (which looks before it
 // starts); with a tracer of every thread the command fails on its own
 // path (exitedErr, or the exec it finds). One stat read per command or
