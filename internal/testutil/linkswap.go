@@ -31,10 +31,23 @@ type LinkSwap struct {
 // ProtectedSymlinksOff turns the kernel's fs.protected_symlinks off for
 // the test (it is off in many containers and some distributions: the case
 // our own checks must hold in) and restores it at Cleanup. Needs root.
+// Test binaries of several packages run at once: each holds an exclusive
+// flock of a root-only lock file from before it reads the setting until
+// it has restored it, so that none saves another's 0 and "restores" the
+// machine to it.
 func ProtectedSymlinksOff(t testing.TB) {
 	t.Helper()
 	RequireRoot(t, "sets fs.protected_symlinks")
 	const knob = "/proc/sys/fs/protected_symlinks"
+	lock, err := unix.Open("/run/edgeprobe-test-protected-symlinks.lock", unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		Unavailable(t, "the lock of %s: %v", knob, err)
+	}
+	if err := unix.Flock(lock, unix.LOCK_EX); err != nil {
+		unix.Close(lock)
+		t.Fatalf("the lock of %s: %v", knob, err)
+	}
+	t.Cleanup(func() { unix.Close(lock) }) // after the restore below (Cleanup runs last-in first-out)
 	old, err := os.ReadFile(knob)
 	if err != nil {
 		Unavailable(t, "%s: %v", knob, err)
