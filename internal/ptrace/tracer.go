@@ -468,12 +468,34 @@ func attachErr(tid int, err error) error {
 		if who := tracerOf(tid); who > 0 {
 			return fmt.Errorf("attach to thread %d: %w by %s: %w", tid, ErrTraced, describe(who), ErrPermission)
 		}
-		if _, serr := os.Stat(fmt.Sprintf("/proc/%d", tid)); serr != nil {
+		var pst unix.Stat_t
+		if unix.Stat(fmt.Sprintf("/proc/%d", tid), &pst) != nil {
 			return fmt.Errorf("attach to thread %d: %w", tid, ErrNoProcess)
+		}
+		if notDumpable(tid, int(pst.Uid)) {
+			return fmt.Errorf("attach to thread %d: the process is yours but not dumpable (it runs a set-id or file-capability program, or called prctl(PR_SET_DUMPABLE, 0)): tracing it needs CAP_SYS_PTRACE: %w", tid, ErrPermission)
 		}
 		return fmt.Errorf("attach to thread %d (%s): %w", tid, permissionHint(yamaScope(), os.Geteuid()), ErrPermission)
 	}
 	return fmt.Errorf("attach to thread %d: %w", tid, err)
+}
+
+// notDumpable reports whether thread tid, whose /proc directory belongs
+// to procUID, is a process of ours by its real uid that the kernel does
+// not let us trace: its /proc files belong to root (the kernel's mark of a
+// process that is not dumpable: a set-id or file-capability exec, or
+// prctl(PR_SET_DUMPABLE, 0)). Root traces those anyway.
+func notDumpable(tid, procUID int) bool {
+	euid := os.Geteuid()
+	if euid == 0 || procUID == euid {
+		return false
+	}
+	st, err := procfs.ReadStatus(tid, 0)
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(st["Uid"]) // real, effective, saved, filesystem
+	return len(f) == 4 && f[0] == strconv.Itoa(euid)
 }
 
 // yamaScope is kernel.yama.ptrace_scope, "" without Yama.
