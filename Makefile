@@ -27,10 +27,11 @@ bin/libedgeprobe.so: $(RUNTIME_SRC)
 # file name: edgeprobe_fentry.c and edgeprobe_fentry.S both exist.
 # The runtime for static programs: link it whole (-Wl,--whole-archive), so its
 # hooks, not glibc's (one aliased no-op for enter and exit), are the ones called.
+# EP_ARCHIVE: its swapcontext calls libc.a's under its internal name (no dlsym there).
 bin/libedgeprobe.a: $(RUNTIME_SRC)
 	@mkdir -p bin/obj
 	rm -f bin/obj/*.o
-	$(foreach f,$(filter %.c %.S,$^),$(CC) $(filter-out -shared,$(RUNTIME_CFLAGS)) -c $(f) -o bin/obj/$(notdir $(f)).o &&) true
+	$(foreach f,$(filter %.c %.S,$^),$(CC) $(filter-out -shared,$(RUNTIME_CFLAGS)) -DEP_ARCHIVE -c $(f) -o bin/obj/$(notdir $(f)).o &&) true
 	rm -f $@ && ar rcs $@ $(patsubst runtime/%,bin/obj/%.o,$(filter %.c %.S,$^))
 
 vet:

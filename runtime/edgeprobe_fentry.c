@@ -395,13 +395,13 @@ EP_INLINE void ep_fentry_record_exit(struct ep_thread *th, const struct ep_rfram
  * trampoline, give the original return address back: should the frame be
  * alive after all (a coroutine's stack), it returns normally, unmeasured.
  * Slots between our stack pointer and the current slot hold our own frames
- * now: that frame is certainly dead. */
+ * now: that frame is certainly dead. (Callers keep f in the graveyard.) */
 EP_STATIC void ep_rs_forget(struct ep_thread *th, const struct ep_rframe *f, uint64_t mysp) {
 	uint64_t *slot = (uint64_t *)(uintptr_t)f->slot;
-	ep_rs_grave_put(f);
 	if (f->slot < mysp && LOAD(slot) == EP_TRAMP) {
 		STORE(slot, f->ret);
-		OWN_ADD(&th->fentry_restored, 1);
+		if (th)
+			OWN_ADD(&th->fentry_restored, 1);
 	}
 }
 
@@ -411,8 +411,14 @@ EP_STATIC void ep_rs_drop(struct ep_thread *th, uint32_t n, uint32_t old_n, uint
 	for (uint32_t i = n; i < old_n; i++) {
 		if (ep_tls.rs[i].epoch == ep_epoch && ep_tls.rs[i].d < dmin)
 			dmin = ep_tls.rs[i].d;
-		ep_rs_forget(th, &ep_tls.rs[i], mysp);
+		ep_rs_grave_put(&ep_tls.rs[i]); /* oldest first: the newest per slot stays */
 	}
+	/* Slots newest first: of two entries for one slot (a dead frame's and
+	 * a later frame's at the same address) the slot holds the later hijack,
+	 * which its own entry gives back; the dead one then finds no trampoline
+	 * there to overwrite with its stale address. */
+	for (uint32_t i = old_n; i > n; i--)
+		ep_rs_forget(th, &ep_tls.rs[i - 1], mysp);
 	ep_tls.rs_n = n;
 	if (dmin != EP_NONE)
 		ep_pop_to(th, dmin);
@@ -566,12 +572,14 @@ __attribute__((visibility("hidden"), no_instrument_function, cold)) void ep_fent
 
 /* A return through a slot with no entry on this thread's stack nor in its
  * graveyard: an entry leaves the stack only when its frame returns, when
- * its slot is given back (ep_rs_forget, which keeps it in the graveyard),
- * or when our own frames have overwritten the slot; but a coroutine resumed
- * on another thread returns there with its entry on the thread it entered
- * on (review7; docs/runtime.md, fentry limits), and a full graveyard window
- * forgets. There is no address to return to; say so and stop with a trap
- * rather than jump anywhere. */
+ * its slot is given back (ep_rs_forget; the graveyard keeps it), when its
+ * context is parked by swapcontext (edgeprobe_ctx.c: it comes back with the
+ * context, on whatever thread), or when our own frames have overwritten the
+ * slot; but a coroutine switched by something else than libc's swapcontext
+ * and resumed on another thread returns there with its entry on the thread
+ * it entered on (review7; docs/runtime.md, fentry limits), and a full
+ * graveyard window forgets. There is no address to return to; say so and
+ * stop with a trap rather than jump anywhere. */
 EP_COLD void ep_fentry_lost(uint64_t slot) {
 	char buf[320], *p = buf, *end = buf + sizeof buf - 2;
 	p = ep_append(p, end, "edgeprobe: fentry return through an unknown frame (slot 0x");
@@ -579,8 +587,8 @@ EP_COLD void ep_fentry_lost(uint64_t slot) {
 		*p++ = "0123456789abcdef"[(slot >> i) & 15];
 	/* The one known way here (docs/runtime.md): a coroutine that entered a
 	 * probed function on another thread; the message names the way out. */
-	p = ep_append(p, end, "): the return address is lost (a coroutine resumed on another thread? "
-	                      "EDGEPROBE_FENTRY_EXITS=0 probes entries only and hijacks no return)\n");
+	p = ep_append(p, end, "): the return address is lost (a coroutine switched without libc's swapcontext "
+	                      "and resumed on another thread? EDGEPROBE_FENTRY_EXITS=0 probes entries only)\n");
 	ssize_t r = write(2, buf, (size_t)(p - buf));
 	(void)r;
 	__builtin_trap();
@@ -610,6 +618,10 @@ EP_COLD uint32_t ep_rs_unlink(struct ep_thread *th, uint32_t i, uint32_t n, uint
 	uint64_t slot = rs[i].slot;
 	uint32_t w = i;
 	uint32_t dmin = EP_NONE;
+	/* slots given back newest first, as in ep_rs_drop */
+	for (uint32_t j = n; j > i + 1; j--)
+		if (rs[j - 1].slot <= slot)
+			ep_rs_forget(th, &rs[j - 1], mysp);
 	for (uint32_t j = i + 1; j < n; j++) {
 		if (rs[j].slot > slot) {
 			rs[w++] = rs[j];
@@ -618,9 +630,7 @@ EP_COLD uint32_t ep_rs_unlink(struct ep_thread *th, uint32_t i, uint32_t n, uint
 		if (th && rs[j].epoch == ep_epoch && rs[j].d < dmin)
 			dmin = rs[j].d;
 		if (th)
-			ep_rs_forget(th, &rs[j], mysp);
-		else if (rs[j].slot < mysp && LOAD((uint64_t *)(uintptr_t)rs[j].slot) == EP_TRAMP)
-			STORE((uint64_t *)(uintptr_t)rs[j].slot, rs[j].ret);
+			ep_rs_grave_put(&rs[j]);
 	}
 	if (th && dmin != EP_NONE && dmin > rs[i].d)
 		ep_pop_to(th, dmin);
@@ -688,6 +698,106 @@ __attribute__((visibility("hidden"), no_instrument_function, cold)) uint64_t ep_
 	if (ep_tls.slot == EP_TS_NONE)
 		ep_claim();
 	return ep_fentry_exit_impl(sp, 0, EP_HERE(), (uint64_t)(uintptr_t)__builtin_return_address(0), rregs).ret;
+}
+
+/* ---- contexts switched by swapcontext (edgeprobe_ctx.c, D102) ----
+ *
+ * The running context's entries, [ctx_rs_base, rs_n), leave this thread's
+ * stack when it is switched out and are written into a record on its own
+ * stack (swapcontext's frame, which stays put while the context is
+ * suspended); whichever thread resumes it puts them on its own stack. */
+
+_Static_assert(sizeof(struct ep_rframe) == EP_RS_ENTRY, "EP_RS_ENTRY is the size of a return-stack entry");
+
+/* How many entries the running context owns. */
+EP_SHARED_COLD uint32_t ep_rs_ctx_count(void) {
+	if (ep_tls.rs_state != EP_RS_ON || !ep_tls.rs)
+		return 0;
+	uint32_t n = ep_tls.rs_n, b = ep_tls.ctx_rs_base;
+	return b < n ? n - b : 0;
+}
+
+/* Take the top k entries off this thread's stack into out, oldest first;
+ * returns how many it took (k, or 0 when there are not k).
+ * The shadow frames [dbase, dtop) travel with them: an entry's depth is
+ * kept relative to dbase, or EP_NONE when its frame is not among them (its
+ * exit is then an orphan). Inside the caller's busy word. */
+EP_SHARED_COLD uint32_t ep_rs_ctx_park(void *out, uint32_t k, uint32_t dbase, uint32_t dtop) {
+	struct ep_rframe *o = out, *rs = ep_tls.rs;
+	uint32_t n = ep_tls.rs_n;
+	if (!k || !rs || k > n)
+		return 0;
+	for (uint32_t i = 0; i < k; i++) {
+		o[i] = rs[n - k + i];
+		uint32_t d = o[i].d;
+		o[i].d = (o[i].epoch == ep_epoch && d >= dbase && d < dtop) ? d - dbase : EP_NONE;
+	}
+	SIGFENCE();
+	ep_tls.rs_n = n - k;
+	ep_tls.ctx_rs_base = n - k;
+	return k;
+}
+
+/* Give entries [from, to) of p up: each frame gets its return address back
+ * in its slot and returns normally, unmeasured (its shadow frame, if any,
+ * is counted unmatched where it lies). Only slots above here (the caller's
+ * frame) are written: they are in suspended frames of the stack this thread
+ * runs on, so no other thread can be using them; an entry below is dead (a
+ * longjmp left it), its slot free stack or one of our own frames now.
+ * Newest first: should a dead entry and a live one share a slot, the slot
+ * holds the live one's hijack, and once given back it no longer holds the
+ * trampoline for the dead one to write over. */
+EP_STATIC void ep_rs_give_back(struct ep_thread *th, const struct ep_rframe *p, uint32_t from, uint32_t to, uint64_t here,
+                               int count) {
+	for (uint32_t i = to; i > from; i--) {
+		uint64_t *slot = (uint64_t *)(uintptr_t)p[i - 1].slot;
+		if (p[i - 1].slot > here && LOAD(slot) == EP_TRAMP) {
+			STORE(slot, p[i - 1].ret);
+			if (count && (uintptr_t)th >= EP_SLOT_MIN)
+				OWN_ADD(&th->fentry_restored, 1);
+		}
+	}
+}
+
+/* The running context's entries, too many to park (edgeprobe_ctx.c caps
+ * the record): give them up in place and take them off the stack. Inside
+ * the caller's busy word. */
+EP_SHARED_COLD void ep_rs_ctx_giveup(struct ep_thread *th) {
+	uint32_t k = ep_rs_ctx_count(), n = ep_tls.rs_n;
+	if (!k)
+		return;
+	ep_rs_give_back(th, ep_tls.rs, n - k, n, EP_HERE(), 1);
+	SIGFENCE();
+	ep_tls.rs_n = n - k;
+	ep_tls.ctx_rs_base = n - k;
+}
+
+/* Put k parked entries on this thread's stack, oldest first: mode 1, their
+ * frames now start at shadow depth dbase; mode 2, their frames did not come
+ * (depths EP_NONE); mode 0, this thread's stack may not be touched (a hook
+ * of this thread is live: the context was resumed by a signal handler that
+ * interrupted it). Entries that cannot be kept (mode 0, no stack, stack
+ * full: the newest ones) are given back in place (ep_rs_give_back).
+ * Inside the caller's busy word (modes 1, 2). */
+EP_SHARED_COLD void ep_rs_ctx_unpark(struct ep_thread *th, const void *in, uint32_t k, uint32_t dbase, int mode) {
+	const struct ep_rframe *p = in;
+	if (mode && ep_tls.rs_state == EP_RS_UNSET)
+		ep_rs_init(); /* libc: the caller saved errno */
+	int keep = mode && ep_tls.rs_state == EP_RS_ON && ep_tls.rs;
+	uint32_t n = keep ? ep_tls.rs_n : 0, i = 0;
+	if (keep) {
+		ep_tls.ctx_rs_base = n;
+		for (; i < k && n < ep_tls.rs_cap; i++) {
+			struct ep_rframe f = p[i];
+			if (f.d != EP_NONE)
+				f.d = mode == 1 ? f.d + dbase : EP_NONE;
+			ep_tls.rs[n++] = f;
+		}
+		SIGFENCE();
+		ep_tls.rs_n = n;
+	}
+	/* mode 0: the live hook may be counting */
+	ep_rs_give_back(th, p, i, k, EP_HERE(), mode != 0);
 }
 
 /* ---- unwinding through hijacked frames ----

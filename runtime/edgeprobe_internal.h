@@ -48,7 +48,8 @@
  *   - a failure to set up (no memory, no memfd_create, bad limits) disables recording,
  *     it never aborts the host;
  *   - names shared between files are hidden (EP_HIDDEN, EP_SHARED*): the
- *     library exports the hooks only (and prctl/syscall: edgeprobe_seccomp.c).
+ *     library exports the hooks only (and prctl/syscall: edgeprobe_seccomp.c;
+ *     swapcontext: edgeprobe_ctx.c).
  *
  * Every .c file includes this header first and ends by popping the
  * general-regs-only pragma it pushes.
@@ -215,6 +216,12 @@ struct ep_tls {
 	uint32_t rs_n;
 	uint32_t rs_cap;
 	uint32_t rs_state; /* EP_RS_*: 0 not set up yet, on, off */
+	/* Where the running context's return-stack entries and shadow frames
+	 * begin (edgeprobe_ctx.c): set when a context parked by swapcontext
+	 * resumes on this thread; what lies below belongs to contexts left
+	 * without the interposer. Cold paths only. */
+	uint32_t ctx_rs_base;
+	uint32_t ctx_d_base;
 };
 /* Defined in edgeprobe_thread.c. */
 extern __thread struct ep_tls ep_tls __attribute__((tls_model("initial-exec"), visibility("hidden")));
@@ -270,6 +277,13 @@ EP_SHARED_COLD int ep_seccomp_at_load(void);
 /* edgeprobe_fentry.c */
 EP_SHARED uint32_t ep_fentry_mode(void);
 EP_SHARED void ep_rs_free(void);
+/* A suspended context's return-stack entries (edgeprobe_ctx.c, D102): each
+ * EP_RS_ENTRY bytes, parked on the context's own stack by swapcontext. */
+#define EP_RS_ENTRY 32u
+EP_SHARED_COLD uint32_t ep_rs_ctx_count(void);
+EP_SHARED_COLD uint32_t ep_rs_ctx_park(void *out, uint32_t k, uint32_t dbase, uint32_t dtop);
+EP_SHARED_COLD void ep_rs_ctx_giveup(struct ep_thread *th);
+EP_SHARED_COLD void ep_rs_ctx_unpark(struct ep_thread *th, const void *in, uint32_t k, uint32_t dbase, int mode);
 
 /* ---- clocks ---- */
 

@@ -381,7 +381,13 @@ struct ep_local {
 	uint64_t sum_ns;  /* 32 */
 	uint64_t frame_ids; /* 40: gidx | loff << 32: a frame's gidx and loff, one word
 	                     * (set with gidx, before addr; the cyg hooks' assembly copies it) */
-	uint64_t _pad[2];   /* 48 */
+	/* 48: this function's frames pushed on this thread and parked since
+	 * with a suspended context (edgeprobe_ctx.c, D102): added to `open` by
+	 * readers. Written with atomic adds by any thread: +1 by the thread that
+	 * parks a frame, -1 by the one that resumes it (zero in version 9
+	 * regions of runtimes before D102: the field was padding) */
+	uint64_t parked;
+	uint64_t _pad;      /* 56 */
 };
 
 /* Shadow-stack frame: 48 bytes. */

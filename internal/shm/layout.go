@@ -300,8 +300,12 @@ type localEntry struct {
 	Entries  uint64
 	Exits    uint64
 	SumNs    uint64
-	FrameIds uint64    // version 6: Gidx | Loff << 32, what a frame stores (the owner's; version 6-8: index + 1 for Loff)
-	_        [2]uint64 // version 9 (D98); a version 5-8 entry ends before it
+	FrameIds uint64 // version 6: Gidx | Loff << 32, what a frame stores (the owner's; version 6-8: index + 1 for Loff)
+	// Version 9 (D98; a version 5-8 entry ends before it). Parked (D102):
+	// frames counted here whose context is suspended in swapcontext, on no
+	// thread's shadow stack (zero from runtimes before D102: padding).
+	Parked uint64
+	_      uint64
 }
 
 // frame is struct ep_frame.

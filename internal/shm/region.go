@@ -579,7 +579,8 @@ type Func struct {
 	DeepEntries uint64
 	DeepExits   uint64
 	// Open counts the function's frames still on a thread's shadow stack
-	// (calls in progress, or frames no later hook has found dead yet).
+	// (calls in progress, or frames no later hook has found dead yet), and
+	// those parked with a context suspended in swapcontext (D102).
 	Open    uint64
 	Samples uint64 // timed exits (sum of Hist)
 	SumNs   uint64
@@ -712,6 +713,8 @@ func (r *Region) Functions() []Func {
 			f.Entries = addSat(f.Entries, atomic.LoadUint64(&l.Entries), &f.Overflow, "entries")
 			f.Exits = addSat(f.Exits, atomic.LoadUint64(&l.Exits), &f.Overflow, "exits")
 			f.SumNs = addSat(f.SumNs, atomic.LoadUint64(&l.SumNs), &f.Overflow, "total_ns")
+			// calls in progress in a suspended context (D102): open too
+			f.Open = addSat(f.Open, atomic.LoadUint64(&l.Parked), &f.Overflow, "open_frames")
 		}
 	}
 	// Open frames: every stored frame below each claimed slot's depth.

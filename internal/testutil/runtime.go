@@ -78,7 +78,9 @@ func RuntimeArchive(t testing.TB, cc string) string {
 	for _, f := range srcs {
 		// named after the whole file name: edgeprobe_fentry.c and .S both exist
 		obj := filepath.Join(dir, f+".o")
-		args := append([]string{"-O2", "-g", "-fPIC", "-pthread"}, RuntimeFlags...)
+		// EP_ARCHIVE, as the Makefile: the runtime's swapcontext calls
+		// libc.a's by its internal name (a static program has no dlsym)
+		args := append([]string{"-O2", "-g", "-fPIC", "-pthread", "-DEP_ARCHIVE"}, RuntimeFlags...)
 		run(t, cc, append(args, "-c", filepath.Join(src, f), "-o", obj)...)
 		objs = append(objs, obj)
 	}

@@ -52,7 +52,7 @@ int main(void) {
 	F(ep_thread, deep_lost); F(ep_thread, abandoned_hooks); F(ep_thread, fentry_restored); F(ep_thread, quota_skips);
 	F(ep_thread, sample_left); F(ep_thread, ev_gen); F(ep_thread, hook_ticks); F(ep_thread, hook_samples);
 	F(ep_thread, filter_out_cg); F(ep_thread, filter_lim_cg); F(ep_thread, filter_lim);
-	F(ep_local, addr); F(ep_local, gidx); F(ep_local, hint); F(ep_local, entries); F(ep_local, exits); F(ep_local, sum_ns); F(ep_local, frame_ids);
+	F(ep_local, addr); F(ep_local, gidx); F(ep_local, hint); F(ep_local, entries); F(ep_local, exits); F(ep_local, sum_ns); F(ep_local, frame_ids); F(ep_local, parked);
 	F(ep_frame, fn); F(ep_frame, ts); F(ep_frame, sp); F(ep_frame, site); F(ep_frame, gidx); F(ep_frame, loff); F(ep_frame, gen); F(ep_frame, flags);
 	F(ep_event, tsk); F(ep_event, fn);
 	S(ep_inflight_site); F(ep_inflight_site, addr); F(ep_inflight_site, len); F(ep_inflight_site, active); F(ep_inflight_site, inert);
