@@ -85,6 +85,14 @@ fuzz:
 	$(FUZZ) '^FuzzRecords$$' ./internal/capture
 	$(FUZZ) '^FuzzBuildID$$' ./internal/elfnote
 	$(FUZZ) '^FuzzParseExec$$' ./internal/procmaps
+	$(FUZZ) '^FuzzProgHeaders$$' ./internal/procmaps
+	$(FUZZ) '^FuzzObjectFacts$$' ./internal/inject
+	$(FUZZ) '^FuzzReplay$$' ./internal/report
+	$(FUZZ) '^FuzzPrintable$$' ./internal/calltrace
+	$(FUZZ) '^FuzzParseStat$$' ./internal/procfs
+	$(FUZZ) '^FuzzParseSelector$$' ./internal/probelist
+	$(FUZZ) '^FuzzParse$$' ./internal/phases
+	$(FUZZ) '^FuzzInflightSites$$' ./internal/shm
 
 demo: build
 	./scripts/demo.sh

@@ -174,6 +174,27 @@ EP_STATIC int ep_trap_flocked(void) {
 	return r != 0;
 }
 
+/* Whether a hotpatch holds the runtime's region file (D101): an exclusive
+ * flock hotpatch takes of the region's memfd (through /proc/PID/fd/N)
+ * before it reads the repair lock, and keeps for the rest of its session.
+ * The memfd is one inode whatever /proc or pid namespace a hotpatch sees
+ * the process through, where TracerPid names a tracer outside this
+ * process's pid namespace as 0 and the flock of /proc/self/fd is of this
+ * /proc's inode only (a container's own /proc). Taken and dropped at once
+ * on our own descriptor (one open file, so our other threads never
+ * conflict with it): 1 when another holds it, 0 when it was free or cannot
+ * be checked (no region yet, or the program closed or replaced the
+ * descriptor: the other checks stand, as before). */
+EP_STATIC int ep_trap_region_locked(void) {
+	int fd = __atomic_load_n(&ep_fd, __ATOMIC_RELAXED);
+	if (fd < 0)
+		return 0;
+	long r = ep_sys2(SYS_flock, fd, LOCK_EX | LOCK_NB);
+	if (r == 0)
+		ep_sys2(SYS_flock, fd, LOCK_UN);
+	return r == -EWOULDBLOCK;
+}
+
 /* Whether a hotpatch holds this process: a tracer holds this thread or the
  * process's leader, or the lock of a process whose main thread has exited
  * is held. Every hotpatch session seizes the leader first (its lock) and
@@ -182,10 +203,13 @@ EP_STATIC int ep_trap_flocked(void) {
  * site. When the main thread has exited, a session that seized it before
  * still shows in its TracerPid (a zombie stays traced until its tracer
  * exits), and one that started after holds the flock first, then waits
- * for the repair lock (D95): the same order, so the same argument. */
+ * for the repair lock (D95): the same order, so the same argument. A
+ * hotpatch outside this process's pid namespace (or reading another /proc)
+ * shows in none of these: it holds the region's flock before it reads the
+ * repair lock (D101), the same order again. */
 EP_STATIC int ep_trap_traced(void) {
 	return ep_trap_traced_at("/proc/thread-self/status") || ep_trap_traced_at("/proc/self/status") ||
-	       ep_trap_flocked();
+	       ep_trap_flocked() || ep_trap_region_locked();
 }
 
 EP_STATIC int ep_trap_barrier(void) {

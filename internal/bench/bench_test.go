@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -156,6 +157,41 @@ func TestToggleRow(t *testing.T) {
 func TestInvokeRow(t *testing.T) {
 	h := harness(t, "invoke")
 	requireKeys(t, h, "invoke.empty", "invoke.runtime", "inert_overhead_pct.flip", "inert_overhead_pct.nop")
+	if s := h.Rep.Stats["invoke_detail.per_call.runtime_count_only"]; s.N != h.invokeReps() {
+		t.Errorf("count-only has %d samples, want %d", s.N, h.invokeReps())
+	}
+	if os.Geteuid() == 0 && h.realtime != "yes" {
+		t.Errorf("row 1b's runs as root at real-time priority: %q, want yes", h.realtime)
+	}
+}
+
+// TestPinChildRealtime: a child started between pinChildRealtime and its undo
+// runs at SCHED_FIFO (policy 1, /proc/PID/stat field 41); one started after
+// the undo at the policy the harness had.
+func TestPinChildRealtime(t *testing.T) {
+	testutil.RequireRoot(t, "sched_setattr SCHED_FIFO needs CAP_SYS_NICE")
+	h := &Harness{Cfg: Tiny()}
+	policy := func() string {
+		out, err := exec.Command("cat", "/proc/self/stat").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := string(out)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:]) // fields from 3 on
+		return f[41-3]
+	}
+	unpin := h.pinChild()
+	undo := h.pinChildRealtime()
+	in := policy()
+	undo()
+	after := policy()
+	unpin()
+	if in != "1" || after != "0" {
+		t.Errorf("child's policy: %s under pinChildRealtime, %s after its undo; want 1 (SCHED_FIFO) and 0", in, after)
+	}
+	if h.realtime != "yes" || !strings.Contains(h.realtimeNote(), "SCHED_FIFO") {
+		t.Errorf("realtime %q, note %q", h.realtime, h.realtimeNote())
+	}
 }
 
 func TestBatchRow(t *testing.T) {

@@ -22,6 +22,7 @@ type Config struct {
 	ToggleReps     int           // toggles per direction for the flip/int3/stop rows
 	AsyncReps      int           // toggles per direction for int3-async and stop
 	InvokeN        int64         // calls per invocation/inert run
+	InvokeReps     int           // runs of each invocation build (default Reps)
 	MicroNs        []int64       // micro-benchmark sizes
 	MicroReps      map[int64]int // reps per size (default Reps)
 	UprobeMaxN     int64         // largest N run under uprobes
@@ -47,7 +48,7 @@ type Config struct {
 
 // Full is `make bench`.
 func Full() Config {
-	return Config{Name: "full", Reps: 7, ToggleReps: 2000, AsyncReps: 300, InvokeN: 20_000_000,
+	return Config{Name: "full", Reps: 7, ToggleReps: 2000, AsyncReps: 300, InvokeN: 20_000_000, InvokeReps: 15,
 		MicroNs: []int64{1_000_000, 10_000_000, 100_000_000}, MicroReps: map[int64]int{100_000_000: 3},
 		UprobeMaxN: 10_000_000, GdbNs: []int64{1_000, 10_000}, BatchFuncs: 20_000, BatchReps: 7,
 		Rates: []int{1_000, 10_000, 100_000, 0}, Window: time.Second, Executors: 1,
@@ -86,6 +87,7 @@ type Harness struct {
 	cpus    int
 
 	waitSource string // where Cfg.Int3Wait came from ("" = xmod.DefaultWait)
+	realtime   string // row 1b's runs at real-time priority: "yes", "no" (not allowed), "" (not run)
 }
 
 // New prepares a harness: calibrates the TSC and builds the runtime.

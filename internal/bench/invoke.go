@@ -51,13 +51,24 @@ func (h *Harness) invokeVariants() ([]*invokeVariant, error) {
 	}, nil
 }
 
+// invokeReps is the number of measured rounds of row 1b.
+func (h *Harness) invokeReps() int {
+	if h.Cfg.InvokeReps > 0 {
+		return h.Cfg.InvokeReps
+	}
+	return h.Cfg.Reps
+}
+
 // measureInvoke runs every variant once per round, the first round a
-// warm-up, and appends ns per call to each.
+// warm-up, and appends ns per call to each. Each run is pinned to the
+// target's core at real-time priority where the harness may set it
+// (pinChildRealtime): a loop of a few ns per call over a fraction of a second
+// measures its neighbours otherwise.
 func (h *Harness) measureInvoke(ctx context.Context, vs []*invokeVariant) error {
 	n := h.Cfg.InvokeN
-	for i := 0; i < h.Cfg.Reps+1; i++ {
+	for i := 0; i < h.invokeReps()+1; i++ {
 		for _, v := range vs {
-			r, err := h.runPlainMode(ctx, v.bin, n, v.mode, v.env, v.runtime)
+			r, err := h.runPinned(ctx, v.bin, n, v.mode, v.env, v.runtime, true)
 			if err != nil {
 				return fmt.Errorf("%s: %w", v.key, err)
 			}
@@ -87,9 +98,9 @@ func (h *Harness) reportInvoke(vs []*invokeVariant) {
 		return Summarize(d, h.TSC)
 	}
 	sec := Section{Title: "1b. Probe invocation and inert sites",
-		Text: fmt.Sprintf("bench/micro.c, %d calls of `empty()` per run, %d runs of each build interleaved (after a warm-up round), each run pinned to the same CPU. "+
+		Text: fmt.Sprintf("bench/micro.c, %d calls of `empty()` per run, %d runs of each build interleaved (after a warm-up round), each run pinned to the same CPU%s. "+
 			"An enabled probe has exactly the instrumented build's bytes (enabling a cold site restores them), so the instrumented build stands for it here; row 4 measures a genuinely hot-patched process. "+
-			"Invocation = (per-call time - uninstrumented) / 2: each call runs the entry and the exit probe.", n, h.Cfg.Reps),
+			"Invocation = (per-call time - uninstrumented) / 2: each call runs the entry and the exit probe.", n, h.invokeReps(), h.realtimeNote()),
 		Head: []string{"build", "per call", "vs uninstrumented, per probe hit", "overhead vs uninstrumented", "overhead vs glibc empty hooks"}}
 	for _, v := range vs {
 		pc := Summarize(v.perCall, h.TSC)

@@ -120,12 +120,13 @@ func firstLine(s string) string {
 // runPlain runs a micro binary to completion (optionally with a preload of
 // the runtime, whose counts are then read back).
 func (h *Harness) runPlain(ctx context.Context, bin string, n int64, env []string, withRuntime bool) (microRun, error) {
-	return h.runPlainMode(ctx, bin, n, "", env, withRuntime)
+	return h.runPinned(ctx, bin, n, "", env, withRuntime, false)
 }
 
-// runPlainMode is runPlain with micro.c's second argument (mode "tsc": the
-// loop calls empty_tsc(), one rdtsc more per call).
-func (h *Harness) runPlainMode(ctx context.Context, bin string, n int64, mode string, env []string, withRuntime bool) (microRun, error) {
+// runPinned is runPlain with micro.c's second argument (mode "tsc": the
+// loop calls empty_tsc(), one rdtsc more per call) and, with realtime, the
+// run at real-time priority (pinChildRealtime).
+func (h *Harness) runPinned(ctx context.Context, bin string, n int64, mode string, env []string, withRuntime, realtime bool) (microRun, error) {
 	var outFile string
 	if withRuntime {
 		outFile = tempFile(h.B.Dir, "ep-out-*")
@@ -139,6 +140,10 @@ func (h *Harness) runPlainMode(ctx context.Context, bin string, n int64, mode st
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	undo := h.pinChild() // every variant on the same core: no migration mid-loop
+	if realtime {
+		unpin, undoRT := undo, h.pinChildRealtime()
+		undo = func() { undoRT(); unpin() }
+	}
 	out, err := cmd.Output()
 	undo()
 	if err != nil {

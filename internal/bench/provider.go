@@ -232,6 +232,45 @@ func (h *Harness) pinChild() func() {
 	}
 }
 
+// realtimePriority is the SCHED_FIFO priority of row 1b's runs: above every
+// normal task, below the kernel's own real-time threads (priority 50 and up).
+const realtimePriority = 10
+
+// pinChildRealtime puts the calling thread, which pinChild locked, at
+// SCHED_FIFO realtimePriority, so that the next child it starts inherits it;
+// the returned function restores the thread's policy. Where the harness may
+// not (no CAP_SYS_NICE), the runs stay at normal priority and row 1b says so.
+func (h *Harness) pinChildRealtime() func() {
+	old, err := unix.SchedGetAttr(0, 0)
+	if err != nil {
+		h.realtime = "no"
+		return func() {}
+	}
+	rt := unix.SchedAttr{Policy: unix.SCHED_FIFO, Priority: realtimePriority}
+	if err := unix.SchedSetAttr(0, &rt, 0); err != nil {
+		if h.realtime == "" {
+			h.logf("row 1b at normal priority: sched_setattr: %v", err)
+		}
+		h.realtime = "no"
+		return func() {}
+	}
+	if h.realtime == "" {
+		h.realtime = "yes"
+	}
+	return func() { _ = unix.SchedSetAttr(0, old, 0) }
+}
+
+// realtimeNote is row 1b's word on the priority its runs had.
+func (h *Harness) realtimeNote() string {
+	switch h.realtime {
+	case "yes":
+		return fmt.Sprintf(" at real-time priority (SCHED_FIFO %d)", realtimePriority)
+	case "no":
+		return " at normal priority (the harness may not set a real-time one)"
+	}
+	return ""
+}
+
 // pcVariant is one build and environment of a workload.
 type pcVariant struct {
 	key, name string

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 )
 
 // EnvPath names the environment variable that overrides DefaultPath.
@@ -148,7 +149,7 @@ func Read(path string) (*Result, error) {
 	if path == "" {
 		path = DefaultPath()
 	}
-	b, err := os.ReadFile(path)
+	b, err := readOwned(path)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("%w at %s (run `hotpatch calibrate` to make one): %w", ErrNoCalibration, path, fs.ErrNotExist)
@@ -160,6 +161,29 @@ func Read(path string) (*Result, error) {
 		return nil, fmt.Errorf("calibration file %s: %w", path, err)
 	}
 	return r, nil
+}
+
+// maxFileBytes bounds a calibration file (a few hundred bytes of JSON).
+const maxFileBytes = 1 << 20
+
+// readOwned reads the calibration file only if it is ours or root's, a
+// regular file or a FIFO (procfs.OpenOwned: another user's link in /tmp is
+// not followed), and at most maxFileBytes of it. Its content chooses the
+// int3 wait of every hotpatch run that reads it; its path may be in a
+// directory others write (EDGEPROBE_CALIBRATION, or /tmp/.local/state for a
+// user without a home), where another user's FIFO held every hotpatch in
+// the open and a link to /dev/zero was read without end (review8).
+func readOwned(path string) ([]byte, error) {
+	f, err := procfs.OpenOwned(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxFileBytes+1))
+	if err == nil && len(b) > maxFileBytes {
+		err = fmt.Errorf("%s: more than %d bytes: %w", path, maxFileBytes, ErrBadCalibration)
+	}
+	return b, err
 }
 
 // Load returns the calibrated int3 wait saved at path ("" means

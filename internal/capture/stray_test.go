@@ -67,6 +67,7 @@ func strayEvent(t *testing.T, spec testutil.Spec, rate bool) {
 	c1 := runCapture(t, args1...)
 	waitFor(t, "capture 1 to start", func() bool { return region.Control()&shm.CtlTrace != 0 })
 	// A's calls in capture 1 before it parks: its ring's head moves on
+	waitFor(t, "A's thread slot", func() bool { return hasSlot(region, a) }) // a loaded machine may not have run A's first hook yet
 	h0 := ringHead(t, region, a)
 	waitFor(t, "A's events in capture 1", func() bool { return ringHead(t, region, a) >= h0+8 })
 	touch(t, arm)
@@ -80,6 +81,7 @@ func strayEvent(t *testing.T, spec testutil.Spec, rate bool) {
 
 	c2 := runCapture(t, "trace", "--pid", pid, "--tid", strconv.Itoa(b), "--duration", "10m", "-o", out2, "--json")
 	waitFor(t, "capture 2 to start", func() bool { return region.Control()&shm.CtlTrace != 0 })
+	waitFor(t, "B's thread slot", func() bool { return hasSlot(region, b) })
 	hb := ringHead(t, region, b)
 	touch(t, release)
 	if l := p.Line(); l != "released" {
@@ -127,6 +129,17 @@ func namedThread(t *testing.T, pid int, name string) int {
 }
 
 // ringHead is the events thread tid has written into its ring so far.
+// hasSlot reports whether thread tid owns a slot of the region yet (its
+// first hook call makes it).
+func hasSlot(r *shm.Region, tid int) bool {
+	for _, th := range r.Threads() {
+		if th.Owned && int(th.Tid) == tid {
+			return true
+		}
+	}
+	return false
+}
+
 func ringHead(t *testing.T, r *shm.Region, tid int) uint64 {
 	t.Helper()
 	for _, th := range r.Threads() {

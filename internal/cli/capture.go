@@ -427,12 +427,15 @@ func newReplayCmd(stdout io.Writer) *cobra.Command {
 		Long: `replay reads a trace written by 'hotpatch trace --format perfetto' (or any Perfetto trace
 of thread-track slices) and prints each thread's calls as a call graph with durations,
 arguments and return values, like uftrace replay: a call that made no traced call on one
-line, the others opened with '{' and closed with '}'.`,
+line, the others opened with '{' and closed with '}'. FILE is a regular file, or a FIFO or
+pipe of yours.`,
 		Example: `  hotpatch trace --pid 4242 --enable 'handle_*' --duration 2s -o trace.pftrace
   hotpatch replay trace.pftrace | less`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			f, err := os.Open(args[0])
+			// A regular file, or a FIFO of ours (D100): not another
+			// user's FIFO or a device, whose open or read never ends.
+			f, err := procfs.OpenInput(args[0])
 			if err != nil {
 				return err
 			}

@@ -3,7 +3,6 @@ package cli
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -20,16 +19,27 @@ import (
 // as a file the shell's redirection made would.
 type atomicOutput struct {
 	f    *os.File
+	e    *procfs.Entry // where: the directory by descriptor (D99)
+	tmp  string        // the temporary's name there
 	path string
 	done bool
 }
 
+// createAtomic looks path up with procfs.Walk (another user's link in /tmp
+// on the way is refused) and makes the temporary by descriptor in the
+// directory found, where commit renames it: a directory of the path
+// swapped for a link meanwhile redirects neither (D99).
 func createAtomic(path string) (*atomicOutput, error) {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	e, err := procfs.Walk(path)
 	if err != nil {
 		return nil, err
 	}
-	return &atomicOutput{f: f, path: path}, nil
+	f, tmp, err := e.CreateTemp()
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	return &atomicOutput{f: f, e: e, tmp: tmp, path: path}, nil
 }
 
 func (a *atomicOutput) Write(p []byte) (int, error) { return a.f.Write(p) }
@@ -40,10 +50,11 @@ func (a *atomicOutput) commit() error {
 			return fmt.Errorf("%s: %w", a.path, err)
 		}
 	}
-	if err := os.Rename(a.f.Name(), a.path); err != nil {
+	if err := a.e.Replace(a.tmp); err != nil {
 		return err
 	}
 	a.done = true
+	a.e.Close()
 	return nil
 }
 
@@ -51,7 +62,9 @@ func (a *atomicOutput) commit() error {
 func (a *atomicOutput) abort() {
 	if !a.done {
 		a.f.Close()
-		os.Remove(a.f.Name())
+		a.e.RemoveTemp(a.tmp)
+		a.e.Close()
+		a.done = true
 	}
 }
 

@@ -99,6 +99,12 @@ func runSession(tf targetFlags, protocol string, waitLock bool, inj *injectFlags
 	if err != nil {
 		return classify(err)
 	}
+	// Held from the start, as the lock is: the runtime's SIGTRAP handler
+	// repairs nothing while a session runs, wherever it runs from (D101).
+	if err := s.Hold(); err != nil {
+		s.Close()
+		return classify(err)
+	}
 	s.SetBrief(true) // results carry counts, not sites
 	sess := &scriptSession{s: s, protocol: protocol, wait: wait, start: time.Now(), inj: inj, stderr: stderr}
 	err = sess.serve(ctx, in, stdout)

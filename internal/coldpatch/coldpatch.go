@@ -47,18 +47,21 @@ func Run(path string, opts Options) (*Result, error) {
 	}
 	// A symlink is followed: the file it names is read and, in place, is
 	// the one rewritten (the link stays a link), as strip does; not one
-	// another user planted in /tmp (procfs.CheckLinks).
-	if err := procfs.CheckLinks(abs); err != nil {
-		return nil, err
-	}
-	if real, err := filepath.EvalSymlinks(abs); err == nil {
-		abs = real
-	}
-	image, st, err := readChecked(abs)
+	// another user planted in /tmp. procfs.Walk looks the path up one
+	// component at a time from descriptors, and the file read, the
+	// directory the temporary is made in and the name renamed over are the
+	// ones it checked: a link swapped in meanwhile is not followed (D99).
+	in, err := procfs.Walk(abs)
 	if err != nil {
 		return nil, err
 	}
-	out := abs
+	defer in.Close()
+	abs = in.Path
+	image, st, err := readChecked(in, abs)
+	if err != nil {
+		return nil, err
+	}
+	out, dst := abs, in
 	if opts.Output != "" {
 		if out, err = filepath.Abs(opts.Output); err != nil {
 			return nil, err
@@ -66,12 +69,11 @@ func Run(path string, opts Options) (*Result, error) {
 		// The output is replaced by a rename: through a link another user
 		// planted at that name, root's rename would replace the file the
 		// link names (any file root may write), so the same rule holds.
-		if err := procfs.CheckLinks(out); err != nil {
+		if dst, err = procfs.Walk(out); err != nil {
 			return nil, err
 		}
-		if real, err := filepath.EvalSymlinks(out); err == nil {
-			out = real
-		}
+		defer dst.Close()
+		out = dst.Path
 	}
 	// Rewriting in place replaces the file (temp + rename): its other hard
 	// links would keep the old, hot binary. Refuse and say so (decision
@@ -83,8 +85,12 @@ func Run(path string, opts Options) (*Result, error) {
 			return nil, fmt.Errorf("%s has %d links: rewriting it would leave the other %d with the old binary; patch a copy (-o) or remove the other links: %w",
 				path, sys.Nlink, sys.Nlink-1, ErrHardLinks)
 		}
-	} else if ost, err := os.Stat(out); err == nil {
-		if err := checkOutputOwner(out, ost); err != nil {
+	} else if dst.File >= 0 {
+		ost, err := dst.Stat()
+		if err != nil {
+			return nil, err
+		}
+		if err := checkOutputOwner(dst, out, ost); err != nil {
 			return nil, err
 		}
 		like = ost // an existing output keeps its owner and mode
@@ -118,7 +124,7 @@ func Run(path string, opts Options) (*Result, error) {
 	if like == nil {
 		like = st // a new output file gets the input's mode, not its owner
 	}
-	if err := writeLike(out, patched, like, keepOwner); err != nil {
+	if err := writeLike(dst, out, patched, like, keepOwner); err != nil {
 		return nil, err
 	}
 	res.Written = true

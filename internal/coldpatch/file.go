@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -82,13 +82,13 @@ func checkHeader(f *os.File, size int64, path string) error {
 	return nil
 }
 
-// readChecked opens path, checks its ELF header and only then reads it all.
-// Only a regular file is opened (procfs.OpenRegular): a FIFO named as the
+// readChecked opens the file e found (path), checks its ELF header and only then reads it all.
+// Only a regular file is opened (Entry.OpenRegular): a FIFO named as the
 // binary (or put there, or linked there, by another user: coldpatch runs as
 // root on build outputs) made the open wait for a writer forever, and a
 // device had its open called, before the check that refused them.
-func readChecked(path string) ([]byte, os.FileInfo, error) {
-	f, err := procfs.OpenRegular(path)
+func readChecked(e *procfs.Entry, path string) ([]byte, os.FileInfo, error) {
+	f, err := e.OpenRegular(unix.O_RDONLY)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -117,9 +117,11 @@ func readChecked(path string) ([]byte, os.FileInfo, error) {
 //
 // keepOwner is false for a new output file (-o), which belongs to whoever
 // runs coldpatch and takes only the input's mode.
-func writeLike(path string, data []byte, like os.FileInfo, keepOwner bool) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+func writeLike(e *procfs.Entry, path string, data []byte, like os.FileInfo, keepOwner bool) error {
+	// Everything happens in the directory Walk found (e.Dir), never by
+	// path: a directory of the path swapped for a link meanwhile changes
+	// nothing (D99).
+	tmp, name, err := e.CreateTemp()
 	if err != nil {
 		return err
 	}
@@ -127,7 +129,7 @@ func writeLike(path string, data []byte, like os.FileInfo, keepOwner bool) error
 	defer func() {
 		if !done {
 			tmp.Close()
-			os.Remove(tmp.Name())
+			e.RemoveTemp(name)
 		}
 	}()
 	if _, err := tmp.Write(data); err != nil {
@@ -143,8 +145,8 @@ func writeLike(path string, data []byte, like os.FileInfo, keepOwner bool) error
 		if err := tmp.Chmod(mode); err != nil {
 			return err
 		}
-		if keepOwner {
-			copyXattrs(path, int(tmp.Fd()))
+		if keepOwner && e.File >= 0 {
+			copyXattrs("/proc/self/fd/"+strconv.Itoa(e.File), int(tmp.Fd()))
 		}
 	} else if err := tmp.Chmod(0o755); err != nil {
 		return err
@@ -155,16 +157,13 @@ func writeLike(path string, data []byte, like os.FileInfo, keepOwner bool) error
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		os.Remove(tmp.Name())
+	if err := e.Replace(name); err != nil {
+		e.RemoveTemp(name)
 		done = true
 		return err
 	}
 	done = true
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync() // the rename itself durable; best effort
-		d.Close()
-	}
+	e.SyncDir() // the rename itself durable; best effort
 	return nil
 }
 
@@ -173,22 +172,22 @@ func writeLike(path string, data []byte, like os.FileInfo, keepOwner bool) error
 // is skipped. security.capability is copied after the chown above, which
 // would otherwise have dropped it.
 func copyXattrs(from string, fd int) {
-	sz, err := unix.Llistxattr(from, nil)
+	sz, err := unix.Listxattr(from, nil)
 	if err != nil || sz <= 0 {
 		return
 	}
 	buf := make([]byte, sz)
-	sz, err = unix.Llistxattr(from, buf)
+	sz, err = unix.Listxattr(from, buf)
 	if err != nil {
 		return
 	}
 	for _, name := range splitNul(buf[:sz]) {
-		vsz, err := unix.Lgetxattr(from, name, nil)
+		vsz, err := unix.Getxattr(from, name, nil)
 		if err != nil || vsz < 0 {
 			continue
 		}
 		val := make([]byte, vsz)
-		if vsz, err = unix.Lgetxattr(from, name, val); err != nil {
+		if vsz, err = unix.Getxattr(from, name, val); err != nil {
 			continue
 		}
 		_ = unix.Fsetxattr(fd, name, val[:vsz], 0)
@@ -213,8 +212,8 @@ func splitNul(b []byte) []string {
 // sticky, world-writable directory (ErrOthersOutput): owned neither by us
 // nor by the directory's owner, the rule of fs.protected_regular
 // (procfs.OthersInSticky).
-func checkOutputOwner(out string, st os.FileInfo) error {
-	dir, err := os.Stat(filepath.Dir(out))
+func checkOutputOwner(e *procfs.Entry, out string, st os.FileInfo) error {
+	dir, err := e.DirStat()
 	if err != nil {
 		return nil // the write that follows says why
 	}

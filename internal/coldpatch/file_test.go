@@ -311,3 +311,62 @@ func TestOutputPlanted(t *testing.T) {
 		t.Errorf("root's own output is not the cold binary (%d bytes)", len(b))
 	}
 }
+
+// TestLinkSwapRace: with fs.protected_symlinks off, another user swaps a
+// directory of theirs in /tmp with their link to a directory of root's
+// while root runs coldpatch on their binary in place, and with -o into
+// their directory. Each run must patch the other user's file or refuse the
+// planted link (ErrPlantedLink); root's binary and root's file of the
+// output's name, in the directory the link names, must never change and no
+// temporary may appear there. Before (D99), the links were checked by one
+// walk (CheckLinks) and the paths used by another (EvalSymlinks, the open,
+// the temporary's create, the rename): a swap in between was followed. The
+// loop is bounded by runs, not time.
+func TestLinkSwapRace(t *testing.T) {
+	other := testutil.OtherUser(t)
+	bin := testutil.Build(t, testutil.Spec{Sources: []string{"mt.c"}}).Path
+	hot := mustRead(t, bin)
+	s := testutil.StartLinkSwap(t, other, 1<<40)
+	victim, victimOut := filepath.Join(s.Victim, "app"), filepath.Join(s.Victim, "out.cold")
+	if err := os.WriteFile(victim, hot, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(victimOut, []byte("root's file\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in, out := filepath.Join(s.Path, "app"), filepath.Join(s.Path, "out.cold")
+	runs := map[string][2]int{}
+	count := func(name string, err error) {
+		t.Helper()
+		n := runs[name]
+		switch {
+		case err == nil:
+			n[0]++
+		case errors.Is(err, ErrPlantedLink):
+			n[1]++
+		default:
+			t.Fatalf("%s: %v; want a run or ErrPlantedLink", name, err)
+		}
+		runs[name] = n
+	}
+	for i := 0; i < 150; i++ {
+		if err := os.WriteFile(filepath.Join(s.Real, "app"), hot, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Run(in, Options{})
+		count("in place", err)
+		_, err = Run(bin, Options{Output: out})
+		count("-o", err)
+		if !bytes.Equal(mustRead(t, victim), hot) {
+			t.Fatalf("run %d: root's binary in the linked directory was rewritten through the swapped-in link (runs %v)", i, runs)
+		}
+		if b := mustRead(t, victimOut); string(b) != "root's file\n" {
+			t.Fatalf("run %d: root's file in the linked directory was replaced through the swapped-in link (%d bytes, runs %v)", i, len(b), runs)
+		}
+		if ents, _ := os.ReadDir(s.Victim); len(ents) != 2 {
+			t.Fatalf("run %d: %d entries in root's directory (a temporary put there?)", i, len(ents))
+		}
+	}
+	t.Logf("runs (done, refused at the link): %v", runs)
+	s.Check(t)
+}

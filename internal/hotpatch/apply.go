@@ -223,9 +223,11 @@ type Session struct {
 	// handlersDone: awaitHandlers found no SIGTRAP handler repairing; with
 	// the leader seized since Open, none starts writing again (D90)
 	handlersDone bool
-	mem          *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
-	noSpans      bool        // every flip site written alone (SetSpanWrites)
-	inBatch      bool        // inside Batch: the tracer may not change
+	// regionHeld: Hold took the region's flock (D101).
+	regionHeld bool
+	mem        *ptrace.Mem // reads without a tracer hand-off (nil: read through the tracer)
+	noSpans    bool        // every flip site written alone (SetSpanWrites)
+	inBatch    bool        // inside Batch: the tracer may not change
 	// threadMem: inside Batch, the target's memory as the tracer thread
 	// reaches it (ptrace.ThreadMem), lent for the Batch; nil outside.
 	threadMem *ptrace.ThreadMem
@@ -1045,7 +1047,8 @@ func (s *Session) shownPid() int {
 // reanchor replaces the thread a session reaches a process through once
 // its main thread has exited (D95), when that thread has exited too: the
 // session still holds the process's lock (the flock), so it seizes another
-// live thread, as the lock would. Only a session whose tracer holds that
+// live thread, as the lock would; one another tracer holds ends the
+// command (ErrBusy, D101) rather than being passed over. Only a session whose tracer holds that
 // thread alone (flip), and not inside Batch (which looks before it
 // starts); with a tracer of every thread the command fails on its own
 // path (exitedErr, or the exec it finds). One stat read per command or
@@ -1071,9 +1074,19 @@ func (s *Session) reanchor() error {
 		opts := lockOptions()
 		opts.Process = s.shown
 		t, err := ptrace.Attach(tid, opts)
+		if errors.Is(err, ptrace.ErrTraced) {
+			// Not the next one: a tracer of a thread of the process
+			// may be another hotpatch that reads another /proc
+			// instance and took the lock there (D101), or a debugger.
+			who := "another tracer"
+			if holder := tracerOf(tid); holder > 0 {
+				who = describeTracer(holder)
+			}
+			return fmt.Errorf("pid %d: the thread hotpatch reached it through (%d) exited, and thread %d is traced by %s: %w", s.shown, s.pid, tid, who, ErrBusy)
+		}
 		if err != nil {
 			gone = fmt.Errorf("%w (thread %d: %v)", gone, tid, err)
-			continue // exited meanwhile, or traced by a debugger: the next
+			continue // exited meanwhile: the next
 		}
 		_ = s.tracer.Detach() // it traced nothing that lives
 		s.tracer, s.lock.t, s.lock.via, s.pid = t, t, tid, tid

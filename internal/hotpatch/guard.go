@@ -7,6 +7,8 @@ import (
 	"os"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/edgeprobe/edgeprobe/internal/shm"
 	"github.com/edgeprobe/edgeprobe/internal/xmod"
 )
@@ -215,6 +217,12 @@ func (s *Session) awaitHandlers() error {
 	if s.handlersDone {
 		return nil
 	}
+	// The region's flock before the lock word is read: the runtime's
+	// handler checks it after taking the lock, as it checks the leader's
+	// tracer (D101).
+	if err := s.Hold(); err != nil {
+		return err
+	}
 	g, _ := s.guard().(*inflightGuard)
 	if g == nil {
 		s.handlersDone = true
@@ -237,5 +245,52 @@ func (s *Session) awaitHandlers() error {
 			return fmt.Errorf("pid %d: thread %d, after %v: %w", s.pid, lock, handlerWait, ErrHandlerBusy)
 		}
 		s.tracer.Pause(time.Millisecond) // serves the tracer's events meanwhile
+	}
+}
+
+// regionHoldWait bounds Hold's retries: the runtime's SIGTRAP handler
+// holds the region's flock only for the moment it looks, and a hotpatch
+// of this namespace that held the process before us (--wait) only until
+// its Close, right after its detach; as long as the wait for a handler,
+// so that a loaded machine's scheduling is not taken for a holder.
+const regionHoldWait = handlerWait
+
+// Hold takes an exclusive flock of the runtime's region file (through
+// /proc/PID/fd/N: the memfd's own inode), kept until Close (D101). The
+// runtime's SIGTRAP handler repairs in-process only while no hotpatch
+// holds the process; it sees a tracer in its own pid namespace
+// (TracerPid) and the flock of /proc/PID/fd of its own /proc (D95), but
+// not a hotpatch outside its pid namespace (TracerPid reads 0 there) or
+// one reading another /proc instance: it sees this flock. awaitHandlers
+// takes it before it reads the repair lock (every int3 protocol and
+// repair); a session takes it at its start. A process without the
+// runtime has nothing to hold. Held by another open file for longer than
+// regionHoldWait: another hotpatch holds the process, ErrBusy.
+func (s *Session) Hold() error {
+	if s.regionHeld {
+		return nil
+	}
+	s.openRegion()
+	if s.region == nil {
+		return nil
+	}
+	deadline := time.Now().Add(regionHoldWait)
+	for {
+		err := s.region.TryLock()
+		if err == nil {
+			s.regionHeld = true
+			return nil
+		}
+		if err != unix.EWOULDBLOCK {
+			return nil // no file to hold (the checks of the tracer stand)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pid %d: the runtime's region is locked by another hotpatch (one outside the process's pid namespace, or reading another /proc): %w", s.shown, ErrBusy)
+		}
+		if s.tracer != nil {
+			s.tracer.Pause(time.Millisecond) // serves the tracer's events meanwhile
+		} else {
+			time.Sleep(time.Millisecond)
+		}
 	}
 }

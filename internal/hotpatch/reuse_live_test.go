@@ -123,7 +123,7 @@ func TestSessionReusesReadInBatch(t *testing.T) {
 	if got := r.read(t, r.entry); string(got) != string(r.entry.Inert) {
 		t.Fatalf("entry % x after the batch, want inert % x", got, r.entry.Inert)
 	}
-	r.s.expectMoving(t, "work's probes off", false, false)
+	r.s.expectFrozen(t, "work's probes off") // a worker descheduled inside a hook may finish it late (expectFrozen allows one count per worker in its first window)
 	// A new Batch reads: the last read of the previous one is not used.
 	if err := r.ses.Batch(func() error {
 		res, err := r.apply(r.on)

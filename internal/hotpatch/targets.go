@@ -8,6 +8,7 @@ import (
 	"github.com/edgeprobe/edgeprobe/internal/elfscan"
 	"github.com/edgeprobe/edgeprobe/internal/probecache"
 	"github.com/edgeprobe/edgeprobe/internal/probelist"
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 	"github.com/edgeprobe/edgeprobe/internal/procmaps"
 )
 
@@ -70,6 +71,9 @@ func loadTargets(pid int, objs []procmaps.Object, probeFiles []string) ([]*Targe
 		targets = append(targets, &Target{Object: o, List: list, Origin: "scan"})
 	}
 	if len(targets) == 0 {
+		if err := procfs.Zombie(pid); err != nil {
+			return nil, err // its maps are empty because it has exited
+		}
 		return nil, fmt.Errorf("pid %d maps no object with hook sites (build with -finstrument-functions, or -pg -mfentry; nop-placeholder binaries need --probes)", pid)
 	}
 	return targets, nil
@@ -129,29 +133,62 @@ func matchObject(objs []procmaps.Object, b probelist.Binary) (*procmaps.Object, 
 // rebuild that moved functions) has hook sites whose bytes are the same
 // call at the same addresses, so the byte check before a write passes,
 // and `--enable work` turned on leaf's sites (review7; docs/probe-list.md).
-// Every list probe the scan also finds must be of the same function and
-// kind; probes the scan does not see (nop placeholders) are not compared.
+// Every list probe the scan finds must be of the same function and kind.
+// NOP placeholders, which a scan does not see, are compared with a scan of
+// the object's file with their active forms put back where the file holds
+// their NOPs (a site without its NOP is left to the byte check).
 func sameBuild(pid int, o *procmaps.Object, list *probelist.Index, cache *probecache.Cache) error {
 	scan, err := cache.Scan(pid, o)
-	if errors.Is(err, elfscan.ErrNoHookSites) {
-		return nil
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, elfscan.ErrNoHookSites) {
 		return fmt.Errorf("scanning %s to compare with the list: %w", o.Path, err)
 	}
+	var nops []*probelist.Probe
 	for i := 0; i < list.Len(); i++ {
 		p, err := list.Probe(i)
 		if err != nil {
 			return err
 		}
-		s, ok, err := scan.At(uint64(p.Address))
-		if err != nil {
+		var s *probelist.Probe
+		if scan != nil {
+			if s, _, err = scan.At(uint64(p.Address)); err != nil {
+				return err
+			}
+		}
+		if s == nil {
+			if p.Placeholder == probelist.PlaceholderNop {
+				nops = append(nops, p)
+			}
+			continue
+		}
+		if err := sameFunction(o, p, s); err != nil {
 			return err
 		}
-		if ok && (s.Function != p.Function || s.FunctionAddress != p.FunctionAddress || s.Kind != p.Kind) {
-			return fmt.Errorf("%s is not the build the list describes (no build-id tells them apart): its site at %s is %s's %s, the list's probe %d there is %s's %s",
-				calltrace.Printable(o.Path), p.Address, calltrace.Printable(s.Function), s.Kind, p.ID, calltrace.Printable(p.Function), p.Kind)
+	}
+	if len(nops) == 0 {
+		return nil
+	}
+	// Only the NOPs the file holds are put back: a site that lost its NOP
+	// is refused by the byte check of the sites selected, as before.
+	found, _, _, err := restoredScan(pid, o, nops, true)
+	if err != nil {
+		return fmt.Errorf("scanning %s to compare with the list: %w", o.Path, err)
+	}
+	for _, p := range nops {
+		if s := found[uint64(p.Address)]; s != nil {
+			if err := sameFunction(o, p, s); err != nil {
+				return err
+			}
 		}
+	}
+	return nil
+}
+
+// sameFunction: the list's probe p and the scan's site s at its address
+// must be of the same function and kind.
+func sameFunction(o *procmaps.Object, p, s *probelist.Probe) error {
+	if s.Function != p.Function || s.FunctionAddress != p.FunctionAddress || s.Kind != p.Kind {
+		return fmt.Errorf("%s is not the build the list describes (no build-id tells them apart): its site at %s is %s's %s, the list's probe %d there is %s's %s",
+			calltrace.Printable(o.Path), p.Address, calltrace.Printable(s.Function), s.Kind, p.ID, calltrace.Printable(p.Function), p.Kind)
 	}
 	return nil
 }

@@ -233,35 +233,12 @@ func sameSite(p, sp *probelist.Probe) string {
 // file must hold each listed NOP at the listed offset, and the file with
 // the listed active forms put back must scan to exactly those sites.
 func verifyNops(pid int, t *Target, nops []*probelist.Probe) error {
-	f, err := procmaps.Open(pid, t.Object)
+	found, bad, reason, err := restoredScan(pid, t.Object, nops, false)
 	if err != nil {
-		return err
+		return fmt.Errorf("verifying %s: %w", t.Origin, err)
 	}
-	defer f.Close()
-	data, err := elfsafe.ReadObject(f) // what its headers describe (D88)
-	if err != nil {
-		return fmt.Errorf("%s: %w", t.Object.Path, err)
-	}
-	for _, p := range nops {
-		nop, err := probelist.InertForm(p.Encoding, p.Active, probelist.PlaceholderNop)
-		if err != nil {
-			return unverified(t, p, err.Error())
-		}
-		off := int64(p.Offset)
-		if !bytes.Equal(p.Inert, nop) || off < 0 || off+int64(len(nop)) > int64(len(data)) || !bytes.Equal(data[off:off+int64(len(nop))], nop) {
-			return unverified(t, p, "the file does not hold its NOP placeholder at the listed offset")
-		}
-		copy(data[off:], p.Active)
-	}
-	list, _, err := elfscan.ScanBytes(data, t.Object.Path, elfscan.Options{Placeholder: probelist.PlaceholderNop})
-	if err != nil && !errors.Is(err, elfscan.ErrNoHookSites) {
-		return fmt.Errorf("verifying %s: scanning %s with its listed sites restored: %w", t.Origin, t.Object.Path, err)
-	}
-	found := map[uint64]*probelist.Probe{}
-	if list != nil {
-		for i := range list.Probes {
-			found[uint64(list.Probes[i].Address)] = &list.Probes[i]
-		}
+	if bad != nil {
+		return unverified(t, bad, reason)
 	}
 	for _, p := range nops {
 		sp := found[uint64(p.Address)]
@@ -273,6 +250,47 @@ func verifyNops(pid int, t *Target, nops []*probelist.Probe) error {
 		}
 	}
 	return nil
+}
+
+// restoredScan reads o's file (what its headers describe, D88), puts each
+// NOP probe's active form back at its offset and scans the result: the
+// sites a scan finds, by address. A probe whose NOP placeholder is not at
+// its offset is returned as bad, with the reason; with skip, it is left
+// as it is instead.
+func restoredScan(pid int, o *procmaps.Object, nops []*probelist.Probe, skip bool) (map[uint64]*probelist.Probe, *probelist.Probe, string, error) {
+	f, err := procmaps.Open(pid, o)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	defer f.Close()
+	data, err := elfsafe.ReadObject(f)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("%s: %w", o.Path, err)
+	}
+	for _, p := range nops {
+		nop, err := probelist.InertForm(p.Encoding, p.Active, probelist.PlaceholderNop)
+		off := int64(p.Offset)
+		switch {
+		case err == nil && bytes.Equal(p.Inert, nop) && off >= 0 && off+int64(len(nop)) <= int64(len(data)) && bytes.Equal(data[off:off+int64(len(nop))], nop):
+			copy(data[off:], p.Active)
+		case skip:
+		case err != nil:
+			return nil, p, err.Error(), nil
+		default:
+			return nil, p, "the file does not hold its NOP placeholder at the listed offset", nil
+		}
+	}
+	list, _, err := elfscan.ScanBytes(data, o.Path, elfscan.Options{Placeholder: probelist.PlaceholderNop})
+	if err != nil && !errors.Is(err, elfscan.ErrNoHookSites) {
+		return nil, nil, "", fmt.Errorf("scanning %s with its listed sites restored: %w", o.Path, err)
+	}
+	found := map[uint64]*probelist.Probe{}
+	if list != nil {
+		for i := range list.Probes {
+			found[uint64(list.Probes[i].Address)] = &list.Probes[i]
+		}
+	}
+	return found, nil, "", nil
 }
 
 // verifyBlind is the weaker check for an object in which a scan sees no

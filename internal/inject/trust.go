@@ -27,7 +27,12 @@ import (
 // open waited forever, the target's lock held) or a link to a device (whose
 // open ran) before the checks below refused it (review7).
 func ReadRuntime(path string, uid int) ([]byte, error) {
-	f, err := procfs.OpenRegular(path)
+	e, err := procfs.Walk(path)
+	if err != nil {
+		return nil, fmt.Errorf("runtime %s: %w", path, err)
+	}
+	defer e.Close()
+	f, err := e.OpenRegular(os.O_RDONLY)
 	if errors.Is(err, procfs.ErrNotRegular) {
 		return nil, fmt.Errorf("runtime %s: not a regular file: %w", path, ErrUntrusted)
 	}
@@ -42,9 +47,15 @@ func ReadRuntime(path string, uid int) ([]byte, error) {
 	if err := trusted(path, st, uid); err != nil {
 		return nil, err
 	}
-	if dst, err := os.Stat(filepath.Dir(path)); err == nil {
-		if err := trustedDir(path, dst, uid); err != nil {
-			return nil, err
+	// The directory the file was found in, by descriptor (D99): a path
+	// looked up again could name another directory by now. The directory
+	// of the path as given (its last component may be a link) is checked
+	// too.
+	for _, stat := range []func() (os.FileInfo, error){e.DirStat, func() (os.FileInfo, error) { return os.Stat(filepath.Dir(path)) }} {
+		if dst, err := stat(); err == nil {
+			if err := trustedDir(path, dst, uid); err != nil {
+				return nil, err
+			}
 		}
 	}
 	b, err := io.ReadAll(f)

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -45,7 +46,10 @@ func Parse(text []byte) ([]Line, error) {
 				return nil, fmt.Errorf("phase line %q: %v", sc.Text(), err)
 			}
 			if us {
-				n *= 1000
+				if n > math.MaxInt64/1000 || n < math.MinInt64/1000 {
+					return nil, fmt.Errorf("phase line %q: %s=%s does not fit in ns", sc.Text(), k, v)
+				}
+				n *= 1000 // FuzzParse: it wrapped to a negative time
 			}
 			switch k {
 			case "wall":

@@ -6,6 +6,8 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/edgeprobe/edgeprobe/internal/procfs"
 )
 
 // MaxFileBytes bounds a probe list file: coldpatch writes about 400 bytes
@@ -25,31 +27,34 @@ const MaxFileBytes = 1 << 30
 // lease) nor takes a terminal (O_NOCTTY); the size is the file's at the
 // open, so a file growing meanwhile is read no further.
 func OpenFile(path string) (*os.File, io.Reader, error) {
-	var fd int
-	var err error
-	for {
-		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
-		if err != unix.EINTR {
-			break
-		}
-	}
+	// Looked up by procfs.Walk and checked before anything is opened (D88's
+	// rule, as procfs.OpenRegular: a device's open has effects of its own;
+	// another user's link in /tmp is not followed, D99), then that very
+	// file opened.
+	e, err := procfs.Walk(path)
 	if err != nil {
-		return nil, nil, &os.PathError{Op: "open", Path: path, Err: err}
+		return nil, nil, err
 	}
-	f := os.NewFile(uintptr(fd), path)
+	defer e.Close()
+	if e.File < 0 {
+		return nil, nil, &os.PathError{Op: "open", Path: path, Err: unix.ENOENT}
+	}
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		f.Close()
+	if err := unix.Fstat(e.File, &st); err != nil {
 		return nil, nil, &os.PathError{Op: "fstat", Path: path, Err: err}
 	}
 	switch {
 	case st.Mode&unix.S_IFMT != unix.S_IFREG:
-		f.Close()
 		return nil, nil, fmt.Errorf("%s: %w: not a regular file (%s); a probe list is read from a file", path, ErrFormat, fileKind(st.Mode))
 	case st.Size > MaxFileBytes:
-		f.Close()
 		return nil, nil, fmt.Errorf("%s: %w: %d bytes, more than any probe list (at most %d)", path, ErrFormat, st.Size, MaxFileBytes)
 	}
+	f, err := e.OpenRegular(unix.O_RDONLY)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The size is the file's at the check: a file growing meanwhile is
+	// read no further.
 	return f, io.LimitReader(f, st.Size), nil
 }
 

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -388,11 +387,19 @@ func (l *List) WriteFile(path string) error {
 // directory, fsync and rename: readers see the old file or the new one.
 // The file gets mode less the process's umask, as os.WriteFile's would.
 func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	// By descriptor in the directory Walk found (procfs, D99): another
+	// user's link in /tmp on the way is refused, and a directory swapped
+	// for one meanwhile does not redirect the temporary or the rename.
+	e, err := procfs.Walk(path)
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp.Name()) // no-op after a successful rename
+	defer e.Close()
+	tmp, name, err := e.CreateTemp()
+	if err != nil {
+		return err
+	}
+	defer e.RemoveTemp(name) // no-op after a successful rename
 	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
 		return err
@@ -411,5 +418,5 @@ func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), path)
+	return e.Replace(name)
 }

@@ -2,10 +2,7 @@ package procfs
 
 import (
 	"errors"
-	"fmt"
 	"os"
-	"path/filepath"
-	"strings"
 	"syscall"
 )
 
@@ -15,54 +12,6 @@ import (
 // off). Root following it reads or rewrites whatever the link's owner
 // pointed it at (coldpatch BINARY, hotpatch --commands FILE: review7).
 var ErrPlantedLink = errors.New("symbolic link owned by another user in a sticky world-writable directory")
-
-// CheckLinks follows path's symbolic links as the kernel does and refuses
-// one that fs.protected_symlinks would refuse: in a sticky, world-writable
-// directory, owned neither by us nor by the directory's owner. Errors of
-// the walk itself are left to the open that follows. (A link swapped in
-// after this walk, before the open, is followed: the kernel's own rule,
-// where it is on, closes that window.)
-func CheckLinks(path string) error {
-	p, err := filepath.Abs(path)
-	if err != nil {
-		return nil
-	}
-	for hops := 0; hops < 40 && filepath.IsAbs(p); hops++ {
-		parts := strings.Split(p, "/")[1:]
-		cur, link := "/", -1
-		var fi os.FileInfo
-		for i, part := range parts {
-			next := filepath.Join(cur, part)
-			var err error
-			if fi, err = os.Lstat(next); err != nil {
-				return nil
-			}
-			if fi.Mode()&os.ModeSymlink != 0 {
-				link = i
-				break
-			}
-			cur = next
-		}
-		if link < 0 {
-			return nil
-		}
-		name := filepath.Join(cur, parts[link])
-		if dir, err := os.Stat(cur); err == nil {
-			if uid, theirs := OthersInSticky(dir, fi); theirs {
-				return fmt.Errorf("%s: %w (uid %d): not followed, as fs.protected_symlinks would not; name the file itself", name, ErrPlantedLink, uid)
-			}
-		}
-		target, err := os.Readlink(name)
-		if err != nil {
-			return nil
-		}
-		if !filepath.IsAbs(target) {
-			target = filepath.Join(cur, target)
-		}
-		p = filepath.Join(append([]string{target}, parts[link+1:]...)...)
-	}
-	return nil
-}
 
 // OthersInSticky reports whether f, an entry of the directory dir, belongs
 // to another user in a sticky directory everyone may write (/tmp): owned

@@ -90,21 +90,31 @@ func ReadStat(pid, tid int) (Stat, error) {
 	if err != nil {
 		return Stat{}, err
 	}
+	st, ok := parseStat(b)
+	if !ok {
+		return Stat{}, fmt.Errorf("%s: unexpected format", path(pid, tid, "stat"))
+	}
+	return st, nil
+}
+
+// parseStat parses a stat file's text; the process chooses its command
+// name, spaces and parentheses included (FuzzParseStat).
+func parseStat(b []byte) (Stat, bool) {
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return Stat{}, fmt.Errorf("%s: unexpected format", path(pid, tid, "stat"))
+		return Stat{}, false
 	}
 	f := strings.Fields(s[i+1:])
 	if len(f) < 20 || len(f[0]) != 1 {
-		return Stat{}, fmt.Errorf("%s: unexpected format", path(pid, tid, "stat"))
+		return Stat{}, false
 	}
 	// f[0] is field 3 (state); utime, stime and starttime are 14, 15, 22.
 	st := Stat{State: f[0][0]}
 	st.Utime, _ = strconv.ParseUint(f[11], 10, 64)
 	st.Stime, _ = strconv.ParseUint(f[12], 10, 64)
 	st.StartTime, _ = strconv.ParseUint(f[19], 10, 64)
-	return st, nil
+	return st, true
 }
 
 // Gone reports whether the process (or thread) no longer runs: absent, or
@@ -112,6 +122,19 @@ func ReadStat(pid, tid int) (Stat, error) {
 func Gone(pid, tid int) bool {
 	st, err := ReadStat(pid, tid)
 	return err != nil || st.State == 'Z' || st.State == 'X'
+}
+
+// Zombie returns the one-line error for a process that has exited whose
+// parent has not reaped it (a zombie: every thread gone), wrapping
+// ErrNoProcess, or nil (it runs, or only its main thread exited, D95, or
+// it does not exist: the caller's own error says so). The kernel answers
+// such a process's ptrace attach and /proc/PID/mem with EPERM and ESRCH,
+// which read as a permission problem (review8).
+func Zombie(pid int) error {
+	if st, err := ReadStat(pid, 0); err == nil && st.State == 'Z' && !LeaderExited(pid) {
+		return fmt.Errorf("pid %d has exited (a zombie its parent has not reaped): %w", pid, ErrNoProcess)
+	}
+	return nil
 }
 
 // HasMemory reports whether the process has an address space: false once

@@ -33,31 +33,46 @@ func OpenRegular(path string) (*os.File, error) {
 // OpenRegularFile is OpenRegular with the access mode flag (O_RDONLY,
 // O_WRONLY or O_RDWR).
 func OpenRegularFile(path string, flag int) (*os.File, error) {
-	pfd, st, err := lookup(path)
+	e, err := Walk(path)
 	if err != nil {
 		return nil, err
 	}
-	defer unix.Close(pfd)
+	defer e.Close()
+	return e.openRegular(path, flag)
+}
+
+// OpenRegular opens the file Walk found, as OpenRegularFile does: only a
+// regular file, through our /proc/self/fd link to the very file checked.
+func (e *Entry) OpenRegular(flag int) (*os.File, error) { return e.openRegular(e.Path, flag) }
+
+func (e *Entry) openRegular(path string, flag int) (*os.File, error) {
+	if e.File < 0 {
+		return nil, &os.PathError{Op: "open", Path: path, Err: unix.ENOENT}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(e.File, &st); err != nil {
+		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return nil, fmt.Errorf("%s: %w (mode %#o)", path, ErrNotRegular, st.Mode&unix.S_IFMT)
 	}
-	return reopen(path, pfd, flag&unix.O_ACCMODE|unix.O_NONBLOCK)
+	return reopen(path, e.File, flag&unix.O_ACCMODE|unix.O_NONBLOCK)
 }
 
-// lookup finds path with O_PATH, which opens nothing (a FIFO does not wait,
-// a device's open is not called), and fstats what it found.
+// lookup finds path with Walk (O_PATH, which opens nothing: a FIFO does not
+// wait, a device's open is not called; links checked on the way, D99), and
+// fstats what it found.
 func lookup(path string) (int, unix.Stat_t, error) {
 	var st unix.Stat_t
-	var pfd int
-	var err error
-	for {
-		pfd, err = unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
-		if err != unix.EINTR {
-			break
-		}
-	}
+	e, err := Walk(path)
 	if err != nil {
-		return -1, st, &os.PathError{Op: "open", Path: path, Err: err}
+		return -1, st, err
+	}
+	pfd := e.File
+	e.File = -1
+	e.Close()
+	if pfd < 0 {
+		return -1, st, &os.PathError{Op: "open", Path: path, Err: unix.ENOENT}
 	}
 	if err := unix.Fstat(pfd, &st); err != nil {
 		unix.Close(pfd)
@@ -100,10 +115,7 @@ var ErrNotOwned = errors.New("owned by another user")
 // in the process named, or hold it in the open forever.
 func OpenOwned(path string) (*os.File, error) {
 	// A link another user planted in /tmp to a file of root's would pass
-	// the owner check below: not followed (CheckLinks).
-	if err := CheckLinks(path); err != nil {
-		return nil, err
-	}
+	// the owner check below: not followed (Walk, in lookup).
 	pfd, st, err := lookup(path)
 	if err != nil {
 		return nil, err
@@ -116,4 +128,32 @@ func OpenOwned(path string) (*os.File, error) {
 		return nil, fmt.Errorf("%s: %w (uid %d): its content would choose what this hotpatch (uid %d) does", path, ErrNotOwned, st.Uid, euid)
 	}
 	return reopen(path, pfd, unix.O_RDONLY) // blocking: our own FIFO waits for its writer
+}
+
+// OpenInput opens path for reading if it is a regular file (anybody's),
+// or a FIFO or pipe of ours or root's (`<(...)`, a FIFO we made), and runs
+// no open of anything else: looked up by Walk (another user's link in
+// /tmp is not followed), checked with fstat, then that very file opened
+// (a FIFO of ours waits for its writer, as named on purpose).
+//
+// It is for files we only print (`hotpatch replay FILE`, D100): another
+// user's regular file is data like any other, but their FIFO in /tmp held
+// the command in the open forever, and a device (or a link to one) had its
+// open called.
+func OpenInput(path string) (*os.File, error) {
+	pfd, st, err := lookup(path)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(pfd)
+	switch t := st.Mode & unix.S_IFMT; {
+	case t == unix.S_IFREG:
+		return reopen(path, pfd, unix.O_RDONLY|unix.O_NONBLOCK)
+	case t != unix.S_IFIFO:
+		return nil, fmt.Errorf("%s: %w nor a FIFO (mode %#o)", path, ErrNotRegular, t)
+	}
+	if euid := uint32(os.Geteuid()); st.Uid != euid && st.Uid != 0 {
+		return nil, fmt.Errorf("%s: a FIFO %w (uid %d): its writer would hold this command (uid %d) in the open", path, ErrNotOwned, st.Uid, euid)
+	}
+	return reopen(path, pfd, unix.O_RDONLY)
 }

@@ -34,6 +34,9 @@ func OpenMem(pid int) (*Mem, error) {
 		if procfs.LeaderExited(pid) {
 			return nil, fmt.Errorf("pid %d: %w", pid, ErrLeaderExited)
 		}
+		if err := procfs.Zombie(pid); err != nil {
+			return nil, err
+		}
 		return nil, fmt.Errorf("open /proc/%d/mem: %w", pid, mapErrno(err))
 	}
 	return &Mem{pid: pid, fd: fd}, nil

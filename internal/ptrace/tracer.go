@@ -373,10 +373,17 @@ func (t *Tracer) attach() error {
 // Until patient, a thread still traced by another tracer is waited for
 // (Upgrade: we hold the leader, so that tracer is one letting go).
 func (t *Tracer) seizeAll(options uintptr, patient ...time.Time) error {
+	waited := 0 // a thread whose other tracer we waited for in the last scan
 	for round := 0; ; round++ {
 		if round >= 1000 && (len(patient) == 0 || time.Now().After(patient[0])) {
+			if waited != 0 && tracerOf(waited) > 0 {
+				// Its tracer did not let go: name it (review8), not
+				// the thread list.
+				return attachErr(waited, unix.EPERM)
+			}
 			return fmt.Errorf("attach to pid %d: thread list did not settle after %d scans", t.pid, round)
 		}
+		waited = 0
 		tids, err := listThreads(t.pid)
 		if err != nil {
 			return err
@@ -402,6 +409,7 @@ func (t *Tracer) seizeAll(options uintptr, patient ...time.Time) error {
 			case err == unix.EPERM && len(patient) > 0 && time.Now().Before(patient[0]) && tracerOf(tid) > 0:
 				time.Sleep(100 * time.Microsecond) // its tracer is detaching: poll
 				fresh++                            // not settled: scan again
+				waited = tid
 				continue
 			default:
 				return attachErr(tid, err)
@@ -454,15 +462,40 @@ func attachErr(tid int, err error) error {
 		if procfs.LeaderExited(tid) {
 			return fmt.Errorf("pid %d: %w", tid, ErrLeaderExited)
 		}
-		if who := tracerOf(tid); who > 0 {
-			return fmt.Errorf("attach to thread %d: %w by pid %d: %w", tid, ErrTraced, who, ErrPermission)
+		if err := procfs.Zombie(tid); err != nil {
+			return err
 		}
-		if _, serr := os.Stat(fmt.Sprintf("/proc/%d", tid)); serr != nil {
+		if who := tracerOf(tid); who > 0 {
+			return fmt.Errorf("attach to thread %d: %w by %s: %w", tid, ErrTraced, describe(who), ErrPermission)
+		}
+		var pst unix.Stat_t
+		if unix.Stat(fmt.Sprintf("/proc/%d", tid), &pst) != nil {
 			return fmt.Errorf("attach to thread %d: %w", tid, ErrNoProcess)
+		}
+		if notDumpable(tid, int(pst.Uid)) {
+			return fmt.Errorf("attach to thread %d: the process is yours but not dumpable (it runs a set-id or file-capability program, or called prctl(PR_SET_DUMPABLE, 0)): tracing it needs CAP_SYS_PTRACE: %w", tid, ErrPermission)
 		}
 		return fmt.Errorf("attach to thread %d (%s): %w", tid, permissionHint(yamaScope(), os.Geteuid()), ErrPermission)
 	}
 	return fmt.Errorf("attach to thread %d: %w", tid, err)
+}
+
+// notDumpable reports whether thread tid, whose /proc directory belongs
+// to procUID, is a process of ours by its real uid that the kernel does
+// not let us trace: its /proc files belong to root (the kernel's mark of a
+// process that is not dumpable: a set-id or file-capability exec, or
+// prctl(PR_SET_DUMPABLE, 0)). Root traces those anyway.
+func notDumpable(tid, procUID int) bool {
+	euid := os.Geteuid()
+	if euid == 0 || procUID == euid {
+		return false
+	}
+	st, err := procfs.ReadStatus(tid, 0)
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(st["Uid"]) // real, effective, saved, filesystem
+	return len(f) == 4 && f[0] == strconv.Itoa(euid)
 }
 
 // yamaScope is kernel.yama.ptrace_scope, "" without Yama.
@@ -1649,4 +1682,20 @@ func sigPending(pid, tid int, sig unix.Signal) bool {
 	}
 	bit := uint64(1) << (uint(sig) - 1)
 	return (st.SigMask("SigPnd")|st.SigMask("ShdPnd"))&bit != 0
+}
+
+// describe names a tracer thread by its process: "pid 4242 (strace)".
+func describe(tid int) string {
+	pid := tid
+	if st, err := procfs.ReadStatus(tid, 0); err == nil {
+		if n := st.Int("Tgid"); n > 0 {
+			pid = n
+		}
+	}
+	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil {
+		if name := strings.TrimSpace(string(comm)); name != "" {
+			return fmt.Sprintf("pid %d (%s)", pid, name)
+		}
+	}
+	return fmt.Sprintf("pid %d", pid)
 }

@@ -27,6 +27,7 @@ type Region struct {
 	writable bool
 	dataBuf  []uint64 // Consume's payload buffer for EvData records
 	file     *os.File // the region's file, for data's questions (nil: none)
+	lock     *os.File // our own open file of it, flocked by TryLock (nil: none)
 	// stamps: per slot, the generation of the last DataGen record Consume
 	// met in its ring (D79); a slot not in it has had none read yet.
 	stamps map[int]uint32
@@ -218,7 +219,37 @@ func (r *Region) Close() error {
 		r.file.Close()
 		r.file = nil
 	}
+	if r.lock != nil {
+		r.lock.Close()
+		r.lock = nil
+	}
 	return err
+}
+
+// TryLock takes an exclusive flock of the region's file without waiting,
+// held until Close: unix.EWOULDBLOCK when another open file of it holds
+// one (another hotpatch, or the runtime's SIGTRAP handler looking, D101),
+// ErrNoRuntime when the region has no file. The lock is on an open file of
+// our own (the memfd opened again through /proc/self/fd): the region's
+// descriptor is the program's own open file (pidfd_getfd), whose flock
+// would be the runtime's too, and never conflict with its look.
+func (r *Region) TryLock() error {
+	if r.lock == nil {
+		if r.file == nil {
+			return fmt.Errorf("shm: %s: %w", r.path, ErrNoRuntime)
+		}
+		f, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", r.file.Fd()), os.O_RDONLY, 0)
+		if err != nil {
+			return fmt.Errorf("shm: %s: %w", r.path, err)
+		}
+		r.lock = f
+	}
+	for {
+		err := unix.Flock(int(r.lock.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err != unix.EINTR {
+			return err
+		}
+	}
 }
 
 // Path is the file the region was opened from.

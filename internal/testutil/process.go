@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -35,8 +36,36 @@ type Process struct {
 // is killed when the test ends, if it still runs.
 func Start(t testing.TB, env []string, bin string, args ...string) *Process {
 	t.Helper()
+	return startWrapped(t, env, nil, bin, args...)
+}
+
+// StartPidNS is Start with the program in a pid namespace of its own, with
+// its own /proc (`unshare -p -f --mount-proc`, as a container has): inside,
+// it is pid 1 and its ready line says so; Pid is its pid outside, the one
+// a tool outside the namespace is given. env is set inside.
+func StartPidNS(t testing.TB, env []string, bin string, args ...string) *Process {
+	t.Helper()
+	RequireRoot(t, "unshares a pid namespace")
+	RequireTool(t, "unshare")
+	p := startWrapped(t, nil, append([]string{"unshare", "-p", "-f", "--kill-child", "--mount-proc", "env"}, env...), bin, args...)
+	kids, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", p.Pid, p.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(kids)))
+	if err != nil {
+		t.Fatalf("unshare's child: %q", kids)
+	}
+	p.Pid = pid
+	return p
+}
+
+// startWrapped runs wrapper... bin STOP args... (wrapper may be empty).
+func startWrapped(t testing.TB, env, wrapper []string, bin string, args ...string) *Process {
+	t.Helper()
 	stop := filepath.Join(t.TempDir(), "stop")
-	cmd := exec.Command(bin, append([]string{stop}, args...)...)
+	argv := append(append(append([]string(nil), wrapper...), bin, stop), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), env...)
 	// A test binary killed by its timeout (or by a developer) runs no
 	// cleanup: without this its targets live on, orphaned, spinning on the
