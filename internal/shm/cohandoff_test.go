@@ -2,6 +2,7 @@ package shm
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -345,6 +346,71 @@ func TestCoroutineHandoffSignals(t *testing.T) {
 						"each matched or a counted drop (counters %+v)", o.Entries, o.Exits, o.Orphans, o.Unmatched, o.Open, c.ReentrantDrops, c.PreinitDrops, handled, c)
 				}
 				t.Logf("%d migrations, %d signals handled, %d reentrant, %d early, %d late drops", m, handled, c.ReentrantDrops, c.PreinitDrops, c.LateDrops)
+			})
+		}
+	}
+}
+
+// TestCoroutineParkedLive (D102, D103): five coroutines suspended inside
+// probed handle() while the process idles (copark.c). Read live, the five
+// calls are on no thread's shadow stack (every slot's depth 0: they are
+// parked with their coroutines), yet counted open through the cache
+// entries' parked counts, so handle() balances; once a second thread has
+// resumed them (handle returns there), the same reading shows five matched,
+// timed exits and nothing open.
+func TestCoroutineParkedLive(t *testing.T) {
+	testutil.RequirePtrace(t) // reads the live region
+	for _, cc := range []string{"gcc", "clang"} {
+		for _, prof := range []string{"cyg", testutil.ProfileFentry} {
+			t.Run(cc+"-"+prof, func(t *testing.T) {
+				lib := buildRuntime(t, cc)
+				spec := testutil.Spec{Compiler: cc, Opt: "-O2", Sources: []string{"copark.c"}, Flags: []string{"-pthread"},
+					Name: fmt.Sprintf("copark-%s-%s", cc, prof)}
+				if prof == testutil.ProfileFentry {
+					spec.NoInstr, spec.Profile = true, prof
+				}
+				bin := testutil.Build(t, spec).Path
+				gofile := filepath.Join(t.TempDir(), "go")
+				p := testutil.Start(t, []string{"LD_PRELOAD=" + lib}, bin, gofile)
+				handle := p.Symbol(bin, "handle")
+				read := func() (Func, []Thread) {
+					r, err := OpenPID(p.Pid)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer r.Close()
+					for _, f := range r.Functions() {
+						if f.Addr == handle {
+							return f, r.Threads()
+						}
+					}
+					t.Fatal("handle not recorded")
+					return Func{}, nil
+				}
+				h, ths := read()
+				if h.Entries != 5 || h.Exits != 0 || h.Open != 5 || h.Unmatched+h.Orphans != 0 || !h.Balanced() {
+					t.Errorf("suspended: handle %d entries, %d exits, %d open, %d unmatched, %d orphans, balanced %v; want 5 calls open",
+						h.Entries, h.Exits, h.Open, h.Unmatched, h.Orphans, h.Balanced())
+				}
+				for _, th := range ths {
+					if th.Depth != 0 {
+						t.Errorf("suspended: thread slot %d (tid %d) has shadow depth %d; want every call parked with its coroutine", th.Index, th.Tid, th.Depth)
+					}
+				}
+				if err := os.WriteFile(gofile, nil, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if l := p.Line(); l != "resumed 5" {
+					t.Fatalf("after go: %q, want resumed 5", l)
+				}
+				h, _ = read()
+				if h.Entries != 5 || h.Exits != 5 || h.Samples != 5 || h.Open+h.Unmatched+h.Orphans != 0 || !h.Balanced() {
+					t.Errorf("resumed: handle %d entries, %d exits, %d samples, %d open, %d unmatched, %d orphans; want 5 matched, timed exits",
+						h.Entries, h.Exits, h.Samples, h.Open, h.Unmatched, h.Orphans)
+				}
+				if out, _ := p.Finish(); out != "done 5\n" {
+					t.Errorf("program ended with %q, want done 5", out)
+				}
 			})
 		}
 	}
