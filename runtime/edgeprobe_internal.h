@@ -193,6 +193,7 @@ EP_HIDDEN extern uint64_t ep_early_drops; /* drops before a header exists */
 EP_HIDDEN extern pthread_key_t ep_key;    /* thread-exit destructor (ep_thread_dtor) */
 EP_HIDDEN extern int ep_key_ok;
 EP_HIDDEN extern int ep_fd;               /* the region's memfd, kept open; -1 when there is none */
+EP_HIDDEN extern uint64_t ep_fd_dev, ep_fd_ino; /* that memfd's identity (the trap handler, D101) */
 EP_HIDDEN extern int ep_forked;           /* this image is a fork child of the process that loaded us */
 EP_HIDDEN extern char ep_out[4096];       /* EDGEPROBE_OUTPUT, %p expanded */
 EP_HIDDEN extern int ep_region_pid;

@@ -28,6 +28,7 @@ EP_HIDDEN int ep_key_ok;
  * process's "/memfd:edgeprobe" descriptor (/proc/PID/fd), which takes the
  * same rights as ptrace. -1 when there is none. */
 EP_HIDDEN int ep_fd = -1;
+EP_HIDDEN uint64_t ep_fd_dev, ep_fd_ino;
 EP_HIDDEN int ep_forked; /* this image is a fork child of the process that loaded us */
 EP_HIDDEN char ep_out[4096];
 EP_HIDDEN int ep_region_pid;
@@ -444,7 +445,13 @@ EP_STATIC int ep_make_region(void) {
 
 	/* Publish: magic last (a reader may find the descriptor before). */
 	__atomic_store_n(&h->magic, EP_MAGIC, __ATOMIC_RELEASE);
-	ep_fd = fd;
+	struct stat fst;
+	if (fstat(fd, &fst) == 0) {
+		/* Before ep_fd: the trap handler reads ep_fd, then these. */
+		ep_fd_dev = (uint64_t)fst.st_dev;
+		ep_fd_ino = (uint64_t)fst.st_ino;
+	}
+	__atomic_store_n(&ep_fd, fd, __ATOMIC_RELEASE);
 
 	const char *out = getenv("EDGEPROBE_OUTPUT");
 	ep_out[0] = 0;

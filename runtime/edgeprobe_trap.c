@@ -180,19 +180,42 @@ EP_STATIC int ep_trap_flocked(void) {
  * The memfd is one inode whatever /proc or pid namespace a hotpatch sees
  * the process through, where TracerPid names a tracer outside this
  * process's pid namespace as 0 and the flock of /proc/self/fd is of this
- * /proc's inode only (a container's own /proc). Taken and dropped at once
- * on our own descriptor (one open file, so our other threads never
- * conflict with it): 1 when another holds it, 0 when it was free or cannot
- * be checked (no region yet, or the program closed or replaced the
- * descriptor: the other checks stand, as before). */
+ * /proc's inode only (a container's own /proc). Tried on an open file of
+ * our own (/proc/thread-self/fd/N opened again), never on ep_fd itself: a program
+ * that closed every descriptor may have its own file at that number, with
+ * a flock it holds through that very open file, which our LOCK_EX would
+ * share and our LOCK_UN release (the lead's review of D101). The file
+ * opened must be the memfd (device and inode recorded at its creation).
+ * 1 when another holds it; 0 when it was free or cannot be checked (no
+ * region yet, the number now names another file, no /proc: the other
+ * checks stand). */
 EP_STATIC int ep_trap_region_locked(void) {
-	int fd = __atomic_load_n(&ep_fd, __ATOMIC_RELAXED);
+	int n = __atomic_load_n(&ep_fd, __ATOMIC_ACQUIRE);
+	if (n < 0)
+		return 0;
+	/* thread-self: the main thread's /proc/self/fd reaches nothing once
+	 * it has exited (D95). */
+	char path[48] = "/proc/thread-self/fd/", digits[12];
+	int k = 0, len = 21;
+	do
+		digits[k++] = (char)('0' + n % 10);
+	while ((n /= 10) > 0);
+	while (k > 0)
+		path[len++] = digits[--k];
+	path[len] = 0;
+	long fd = ep_trap_open(path, O_RDONLY);
 	if (fd < 0)
 		return 0;
-	long r = ep_sys2(SYS_flock, fd, LOCK_EX | LOCK_NB);
-	if (r == 0)
-		ep_sys2(SYS_flock, fd, LOCK_UN);
-	return r == -EWOULDBLOCK;
+	int held = 0;
+	struct stat st;
+	if (ep_sys2(SYS_fstat, fd, (long)&st) == 0 && (uint64_t)st.st_dev == ep_fd_dev && (uint64_t)st.st_ino == ep_fd_ino) {
+		long r = ep_sys2(SYS_flock, fd, LOCK_EX | LOCK_NB);
+		if (r == 0)
+			ep_sys2(SYS_flock, fd, LOCK_UN); /* our own open file's lock only */
+		held = r == -EWOULDBLOCK;
+	}
+	ep_sys1(SYS_close, fd);
+	return held;
 }
 
 /* Whether a hotpatch holds this process: a tracer holds this thread or the

@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/edgeprobe/edgeprobe/internal/testutil"
 )
@@ -212,6 +215,62 @@ func TestReanchorOtherTracer(t *testing.T) {
 	a.cmd.Wait()
 	if err := os.WriteFile(p.StopFile+".idle2", nil, 0o644); err != nil {
 		t.Fatal(err)
+	}
+	p.Finish()
+}
+
+// TestHandlerKeepsProgramLock: the runtime's SIGTRAP handler looks for a
+// hotpatch's flock of the region's memfd (D101). A program that closed
+// that descriptor and put a lock file of its own at the same number, with
+// an exclusive flock through that very open file, meets an int3 a killed
+// hotpatch left: the handler repairs (no hotpatch holds the process), and
+// the program's lock must still be held afterwards. The first version
+// flocked the descriptor by number: its LOCK_EX shared the program's open
+// file and its LOCK_UN released the program's lock (the lead's review).
+func TestHandlerKeepsProgramLock(t *testing.T) {
+	testutil.RequirePtrace(t)
+	rt := testutil.Runtime(t, "gcc")
+	fx := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"fdlock.c"}})
+	list := testutil.ProbeList(t, filepath.Join(filepath.Dir(fx.Path), "fdlock.json"), fx.Path)
+	lockFile := filepath.Join(t.TempDir(), "program.lock")
+	p := testutil.Start(t, []string{"LD_PRELOAD=" + rt}, fx.Path, lockFile)
+	s := &subject{Process: p, probeArgs: []string{"--probes", list}}
+	killMidPatch(t, s)
+	if err := os.WriteFile(p.StopFile+".swap", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if l := p.Line(); !strings.HasPrefix(l, "locked ") {
+		t.Fatalf("fixture: %q", l)
+	}
+	held := func() bool {
+		t.Helper()
+		f, err := os.OpenFile(lockFile, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err != nil && err != unix.EWOULDBLOCK {
+			t.Fatal(err)
+		}
+		return err == unix.EWOULDBLOCK // our lock, if we got it, goes with f
+	}
+	if !held() {
+		t.Fatal("the program's lock is not held before the step")
+	}
+	if err := os.WriteFile(p.StopFile+".1", nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if l := p.Line(); l != "step 1" {
+		t.Fatalf("step 1: %q", l)
+	}
+	if !held() {
+		t.Fatal("the program's flock of its own file was released by the runtime's SIGTRAP handler")
+	}
+	for _, st := range listStates(t, fmt.Sprint(p.Pid), list) {
+		if st.State != "on" && st.State != "off" {
+			t.Fatalf("probe %d (%s %s) left %s: %s", st.ID, st.Kind, st.Function, st.State, st.Bytes)
+		}
 	}
 	p.Finish()
 }
