@@ -327,8 +327,13 @@ func runsOnAfter(t *testing.T, p *testutil.Process, progress uint64, what, hpStd
 func recordsAndEnds(t *testing.T, p *testutil.Process, progress uint64, want, hpStderr string) {
 	t.Helper()
 	p.AwaitProgress(progress, 20000)
-	if w := funcStats(statsOf(t, p.Pid), "work"); w.Entries == 0 || w.Exits == 0 {
-		t.Fatalf("work after the load: %+v", w)
+	if st := statsOf(t, p.Pid); funcStats(st, "work").Entries == 0 || funcStats(st, "work").Exits == 0 {
+		// Seen about once in a hundred runs under load after a kill at
+		// pthread_create:end, cause not yet known: say all that may tell it.
+		raw := hotpatchOK(t, "stats", "--pid", fmt.Sprint(p.Pid), "--json")
+		again := testutil.Run(t, "hotpatch", "--pid", fmt.Sprint(p.Pid), "--enable", "work", "-v")
+		t.Fatalf("work after the load: %+v\nstats: %s\na second --enable work -v: exit %d, stderr %q; work then: %+v\nthe killed hotpatch's stderr: %q",
+			funcStats(st, "work"), raw.Stdout, again.Code, again.Stderr, funcStats(statsOf(t, p.Pid), "work"), hpStderr)
 	}
 	out, perr := p.Finish()
 	if out != want {
