@@ -19,23 +19,10 @@ import (
 // invalid. Each run is bounded (10 s), so a hang fails the test.
 func TestCalibrationFileOwner(t *testing.T) {
 	other := testutil.OtherUser(t)
-	dir, err := os.MkdirTemp("", "edgeprobe-calib-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
-		t.Fatal(err)
-	}
-	as := func(args ...string) {
-		t.Helper()
-		if out, err := testutil.CombinedOutputBound(other.Command(args[0], args[1:]...)); err != nil {
-			t.Fatalf("%v as %s: %v: %s", args, other.Name, err, out)
-		}
-	}
+	dir := testutil.StickyDir(t, "edgeprobe-calib-")
 	fifo, theirs, ours := filepath.Join(dir, "fifo"), filepath.Join(dir, "theirs.json"), filepath.Join(dir, "ours.json")
-	as("mkfifo", fifo)
-	as("sh", "-c", `echo '{}' > "$0"`, theirs)
+	other.Run(t, "mkfifo", fifo)
+	other.Run(t, "sh", "-c", `echo '{}' > "$0"`, theirs)
 	if err := os.WriteFile(ours, []byte("{}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}

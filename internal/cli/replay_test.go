@@ -40,28 +40,15 @@ func TestReplayInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	trace := pf.Bytes()
-	dir, err := os.MkdirTemp("", "edgeprobe-replay-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
-		t.Fatal(err)
-	}
-	as := func(args ...string) {
-		t.Helper()
-		if out, err := testutil.CombinedOutputBound(other.Command(args[0], args[1:]...)); err != nil {
-			t.Fatalf("%v as %s: %v: %s", args, other.Name, err, out)
-		}
-	}
+	dir := testutil.StickyDir(t, "edgeprobe-replay-")
 	rootsTrace := filepath.Join(t.TempDir(), "root.pftrace")
 	if err := os.WriteFile(rootsTrace, trace, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	theirFIFO, theirLink, theirFile := filepath.Join(dir, "fifo"), filepath.Join(dir, "link"), filepath.Join(dir, "theirs.pftrace")
-	as("mkfifo", theirFIFO)
-	as("ln", "-s", rootsTrace, theirLink)
-	as("cp", "/dev/null", theirFile)
+	other.Run(t, "mkfifo", theirFIFO)
+	other.Run(t, "ln", "-s", rootsTrace, theirLink)
+	other.Run(t, "cp", "/dev/null", theirFile)
 	if err := os.WriteFile(theirFile, trace, 0); err != nil { // root writes their file's bytes; it stays theirs
 		t.Fatal(err)
 	}

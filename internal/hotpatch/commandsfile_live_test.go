@@ -32,20 +32,7 @@ func TestCommandsFileOwner(t *testing.T) {
 	bin := testutil.Build(t, testutil.Spec{Compiler: "gcc", Opt: "-O2", Sources: []string{"mt.c"}}).Path
 	p := testutil.Start(t, nil, bin)
 	pid := fmt.Sprint(p.Pid)
-	dir, err := os.MkdirTemp("", "edgeprobe-commands-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil { // as /tmp
-		t.Fatal(err)
-	}
-	asOther := func(args ...string) {
-		t.Helper()
-		if out, err := testutil.CombinedOutputBound(other.Command(args[0], args[1:]...)); err != nil {
-			t.Fatalf("%s as %s: %v: %s", strings.Join(args, " "), other.Name, err, out)
-		}
-	}
+	dir := testutil.StickyDir(t, "edgeprobe-commands-")
 	hp := testutil.Command(t, "hotpatch")
 	// run is root's `hotpatch --commands path`, bounded: a refusal reads
 	// nothing and takes milliseconds; a run still going after 10 s waits in
@@ -72,7 +59,7 @@ func TestCommandsFileOwner(t *testing.T) {
 
 	t.Run("other-fifo", func(t *testing.T) {
 		fifo := filepath.Join(dir, "fifo")
-		asOther("mkfifo", "-m", "0666", fifo)
+		other.Run(t, "mkfifo", "-m", "0666", fifo)
 		// The other user's writer: its open waits for root's reader.
 		w := other.Command("sh", "-c", `echo "enable work" > "$0"`, fifo)
 		if err := testutil.StartBound(w); err != nil {
@@ -86,7 +73,7 @@ func TestCommandsFileOwner(t *testing.T) {
 	})
 	t.Run("other-file", func(t *testing.T) {
 		f := filepath.Join(dir, "cmds")
-		asOther("sh", "-c", `echo "enable work" > "$0"`, f)
+		other.Run(t, "sh", "-c", `echo "enable work" > "$0"`, f)
 		code, so, se := run(f)
 		if code != 1 || so != "" || strings.Count(se, "\n") != 1 || !strings.Contains(se, "owned by another user") {
 			t.Errorf("another user's file: exit %d, stdout %q, stderr %q; want exit 1, one line: owned by another user", code, so, se)
@@ -94,7 +81,7 @@ func TestCommandsFileOwner(t *testing.T) {
 	})
 	t.Run("other-link-to-device", func(t *testing.T) {
 		l := filepath.Join(dir, "link")
-		asOther("ln", "-s", "/dev/zero", l)
+		other.Run(t, "ln", "-s", "/dev/zero", l)
 		code, so, se := run(l)
 		if code != 1 || so != "" || strings.Count(se, "\n") != 1 || !strings.Contains(se, "symbolic link owned by another user") {
 			t.Errorf("the other user's link to /dev/zero: exit %d, stdout %.200q, stderr %q; want exit 1, one line: symbolic link owned by another user", code, so, se)
@@ -118,7 +105,7 @@ func TestCommandsFileOwner(t *testing.T) {
 			t.Fatal(err)
 		}
 		l := filepath.Join(dir, "link2")
-		asOther("ln", "-s", roots, l)
+		other.Run(t, "ln", "-s", roots, l)
 		code, so, se := run(l)
 		if code != 1 || so != "" || strings.Count(se, "\n") != 1 || !strings.Contains(se, "symbolic link owned by another user") {
 			t.Errorf("the other user's link to root's file: exit %d, stdout %q, stderr %q; want exit 1, one line: symbolic link owned by another user", code, so, se)

@@ -36,11 +36,7 @@ func TestCoroutineHandoff(t *testing.T) {
 		for _, opt := range []string{"-O0", "-O2", "-O2-static"} {
 			for _, prof := range []string{"cyg", testutil.ProfileFentry} {
 				t.Run(cc+opt+"-"+prof, func(t *testing.T) {
-					spec := testutil.Spec{Compiler: cc, Opt: opt, Sources: []string{"cohandoff.c"}, Flags: []string{"-pthread"},
-						Name: fmt.Sprintf("cohandoff-%s%s-%s", cc, opt, prof)}
-					if prof == testutil.ProfileFentry {
-						spec.NoInstr, spec.Profile = true, prof
-					}
+					spec := cohandoffSpec(cc, opt, prof)
 					var lib string
 					if opt == "-O2-static" {
 						spec.Opt, spec.Static, spec.PIE = "-O2", true, testutil.Bool(false)
@@ -122,12 +118,7 @@ func TestCoroutineHandoffDeep(t *testing.T) {
 		for _, prof := range []string{"cyg", testutil.ProfileFentry} {
 			t.Run(cc+"-"+prof, func(t *testing.T) {
 				lib := buildRuntime(t, cc)
-				spec := testutil.Spec{Compiler: cc, Opt: "-O2", Sources: []string{"cohandoff.c"}, Flags: []string{"-pthread"},
-					Name: fmt.Sprintf("cohandoff-%s-O2-%s", cc, prof)}
-				if prof == testutil.ProfileFentry {
-					spec.NoInstr, spec.Profile = true, prof
-				}
-				bin := testutil.Build(t, spec).Path
+				bin := testutil.Build(t, cohandoffSpec(cc, "-O2", prof)).Path
 				for _, depth := range []uint64{20, 100} {
 					out := filepath.Join(t.TempDir(), "out")
 					got := mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + out}, fmt.Sprint(rounds), fmt.Sprint(depth), "nosig", "small")
@@ -314,12 +305,7 @@ func TestCoroutineHandoffSignals(t *testing.T) {
 		for _, prof := range []string{"cyg", testutil.ProfileFentry} {
 			t.Run(cc+"-"+prof, func(t *testing.T) {
 				lib := buildRuntime(t, cc)
-				spec := testutil.Spec{Compiler: cc, Opt: "-O2", Sources: []string{"cohandoff.c"}, Flags: []string{"-pthread"},
-					Name: fmt.Sprintf("cohandoff-%s-O2-%s", cc, prof)}
-				if prof == testutil.ProfileFentry {
-					spec.NoInstr, spec.Profile = true, prof
-				}
-				bin := testutil.Build(t, spec).Path
+				bin := testutil.Build(t, cohandoffSpec(cc, "-O2", prof)).Path
 				out := filepath.Join(t.TempDir(), "out")
 				got := mustRun(t, lib, bin, []string{"EDGEPROBE_OUTPUT=" + out}, fmt.Sprint(rounds), "0", "sig")
 				var s, f, m, lo, hi, handled uint64
@@ -414,4 +400,16 @@ func TestCoroutineParkedLive(t *testing.T) {
 			})
 		}
 	}
+}
+
+// cohandoffSpec is cohandoff.c built with cc at opt for the provider prof
+// ("cyg", or testutil.ProfileFentry: -pg -mfentry instead of
+// -finstrument-functions); each combination has a binary of its own.
+func cohandoffSpec(cc, opt, prof string) testutil.Spec {
+	spec := testutil.Spec{Compiler: cc, Opt: opt, Sources: []string{"cohandoff.c"}, Flags: []string{"-pthread"},
+		Name: fmt.Sprintf("cohandoff-%s%s-%s", cc, opt, prof)}
+	if prof == testutil.ProfileFentry {
+		spec.NoInstr, spec.Profile = true, prof
+	}
+	return spec
 }

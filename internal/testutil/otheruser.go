@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"os"
 	"os/exec"
 	"os/user"
 	"strconv"
@@ -45,4 +46,30 @@ func (o Other) Command(name string, args ...string) *exec.Cmd {
 	cmd := exec.Command(name, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: o.UID, Gid: o.GID, Groups: []uint32{}}}
 	return cmd
+}
+
+// Run runs a command as this user, bounded as CombinedOutputBound, and ends
+// the test if it fails: the neighbour's setup step (plant a file, a link, a
+// FIFO) must have happened for the test to mean anything.
+func (o Other) Run(t testing.TB, name string, args ...string) {
+	t.Helper()
+	if out, err := CombinedOutputBound(o.Command(name, args...)); err != nil {
+		t.Fatalf("%s %v as %s: %v: %s", name, args, o.Name, err, out)
+	}
+}
+
+// StickyDir makes a directory like /tmp (mode 1777: everyone writes, only an
+// entry's owner removes it), removed with the test: where another user plants
+// things next to ours.
+func StickyDir(t testing.TB, prefix string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
