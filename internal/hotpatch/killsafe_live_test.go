@@ -34,6 +34,27 @@ func inflightCounters(t *testing.T, s *subject) (traps, repairs, holds uint64) {
 	return s.Read64(h.Inflight + shm.InflightTrapsOff), s.Read64(h.Inflight + shm.InflightRepairsOff), s.Read64(h.Inflight + shm.InflightHoldsOff)
 }
 
+// awaitHeldUnrepaired waits (a minute at most) until the SIGTRAP handler
+// holds a thread of s, failing if it repairs a site meanwhile: held names
+// what holds the process (a session), so the handler must leave the text.
+func awaitHeldUnrepaired(t *testing.T, s *subject, held string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, repairs, holds := inflightCounters(t, s)
+		if repairs != 0 {
+			t.Fatalf("the handler repaired %d sites while %s held the process", repairs, held)
+		}
+		if holds > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no thread was held by the SIGTRAP handler in a minute")
+		}
+		time.Sleep(time.Millisecond) // polling, not synchronisation
+	}
+}
+
 // killMidPatch starts `hotpatch --protocol int3 --enable work` with a
 // long first wait, and SIGKILLs it once a site holds its int3: the workers
 // run work() in a loop, so they meet the int3 with no tracer at once.

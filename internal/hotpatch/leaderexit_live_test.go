@@ -241,20 +241,7 @@ func TestLeaderExitedKilledMidPatch(t *testing.T) {
 				t.Fatal(err)
 			}
 			if mode != "alone" {
-				deadline := time.Now().Add(time.Minute)
-				for {
-					_, repairs, holds := inflightCounters(t, s)
-					if repairs != 0 {
-						t.Fatalf("the handler repaired %d sites while a session held the process", repairs)
-					}
-					if holds > 0 {
-						break
-					}
-					if time.Now().After(deadline) {
-						t.Fatal("no thread was held by the SIGTRAP handler in a minute")
-					}
-					time.Sleep(time.Millisecond) // polling, not synchronisation
-				}
+				awaitHeldUnrepaired(t, s, "a session")
 				torn := 0
 				for _, st := range listStates(t, fmt.Sprint(p.Pid), list) {
 					if st.State == stateTorn {

@@ -55,20 +55,7 @@ func TestPidNamespaceKilledMidPatch(t *testing.T) {
 			if err := os.WriteFile(p.StopFile+".1", nil, 0o644); err != nil {
 				t.Fatal(err)
 			}
-			deadline := time.Now().Add(time.Minute)
-			for {
-				_, repairs, holds := inflightCounters(t, s)
-				if repairs != 0 {
-					t.Fatalf("the handler repaired %d sites while a session (outside its pid namespace) held the process", repairs)
-				}
-				if holds > 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("no thread was held by the SIGTRAP handler in a minute")
-				}
-				time.Sleep(time.Millisecond) // polling, not synchronisation
-			}
+			awaitHeldUnrepaired(t, s, "a session (outside its pid namespace)")
 			ss.in.Close()
 			ss.wait(t)
 			if l := p.Line(); l != "step 1" {
